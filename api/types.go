@@ -1,0 +1,142 @@
+// Package api holds the public request and response types of the agentvm REST API.
+// It is the contract shared by the server and the Go SDK and imports no internal package.
+package api
+
+import "time"
+
+// VM states.
+const (
+	StateCreating  = "creating"
+	StateRunning   = "running"
+	StatePaused    = "paused"
+	StateSuspended = "suspended"
+	StateStopped   = "stopped"
+	StateCrashed   = "crashed"
+	StateDeleting  = "deleting"
+	StateError     = "error"
+)
+
+// VM is the public view of a virtual machine.
+type VM struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	State     string            `json:"state"`
+	CPUs      int               `json:"cpus"`
+	MemoryMiB int64             `json:"memory_mib"`
+	DiskBytes int64             `json:"disk_bytes"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	IP        string            `json:"ip,omitempty"`
+	Subnet    string            `json:"subnet,omitempty"`
+	Gateway   string            `json:"gateway,omitempty"`
+	PID       int               `json:"pid,omitempty"`
+	Accel     string            `json:"accel,omitempty"`
+	Template  string            `json:"template,omitempty"`
+	Error     string            `json:"error,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	StartedAt *time.Time        `json:"started_at,omitempty"`
+	// CreateMs is how long the create took on the server, restore plus identity.
+	CreateMs int64 `json:"create_ms,omitempty"`
+}
+
+// CreateVMRequest creates a VM. Memory and Disk accept MiB as a bare number or a
+// size with a K/M/G/T suffix ("1024", "1G", "512M").
+type CreateVMRequest struct {
+	Name           string            `json:"name,omitempty"`
+	CPUs           int               `json:"cpus,omitempty"`
+	Memory         Size              `json:"memory,omitempty"`
+	Disk           Size              `json:"disk,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+}
+
+// ListVMsResponse is returned by GET /v1/vms.
+type ListVMsResponse struct {
+	VMs []VM `json:"vms"`
+}
+
+// ExecRequest runs a command in a VM. Exactly one of Cmd or Shell is set.
+type ExecRequest struct {
+	Cmd     []string          `json:"cmd,omitempty"`
+	Shell   string            `json:"shell,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	User    string            `json:"user,omitempty"`
+	Timeout Duration          `json:"timeout,omitempty"`
+	// Stdin is sent to the process for non-interactive (JSON or NDJSON) calls.
+	Stdin string `json:"stdin,omitempty"`
+}
+
+// ExecEvent is one line of a streaming (application/x-ndjson) exec response.
+// Type is "stdout", "stderr", "exit" or "error".
+type ExecEvent struct {
+	Type     string `json:"type"`
+	Data     string `json:"data,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Message  string `json:"message,omitempty"`
+}
+
+// ExecResult is the buffered (non-streaming) exec response.
+type ExecResult struct {
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	ExitCode   int    `json:"exit_code"`
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// Health is returned by GET /v1/health (no auth).
+type Health struct {
+	Status  string `json:"status"`
+	Version string `json:"version"`
+	Accel   string `json:"accel"`
+}
+
+// Error is the body of every non-2xx response.
+type Error struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody carries a stable machine code and a human message.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error codes.
+const (
+	CodeInvalid      = "invalid_argument"
+	CodeNotFound     = "not_found"
+	CodeConflict     = "conflict"
+	CodeUnauthorized = "unauthorized"
+	CodeInsufficient = "insufficient_storage"
+	CodeUnavailable  = "unavailable"
+	CodeInternal     = "internal"
+)
+
+// ExecUpgrade is the Upgrade protocol for full-duplex exec (stdin streaming).
+// After 101 both sides speak frames: 1 byte type, 4 byte big-endian length, payload.
+const ExecUpgrade = "agentvm-exec"
+
+// Exec frame types on the upgraded stream.
+const (
+	FrameStdin    byte = 1 // client -> server
+	FrameStdinEOF byte = 2 // client -> server
+	FrameStdout   byte = 3
+	FrameStderr   byte = 4
+	FrameExit     byte = 5 // JSON ExitStatus; the last frame
+	FrameError    byte = 6 // JSON {"message"}
+	FrameSignal   byte = 7 // client -> server, decimal signal number
+)
+
+// ExitStatus is the payload of an exit frame on the upgraded exec stream.
+type ExitStatus struct {
+	ExitCode   int    `json:"exit_code"`
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+}

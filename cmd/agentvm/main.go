@@ -1,0 +1,52 @@
+// Command agentvm is the agentvm daemon (`agentvm serve`) and CLI.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agentvm/agentvm/pkg/client"
+	"github.com/spf13/cobra"
+)
+
+// exitError carries a process exit code (exec exits with the command's code).
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func main() {
+	root := &cobra.Command{
+		Use:           "agentvm",
+		Short:         "Durable, forkable Linux VMs for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
+		execCmd(), logsCmd(), imageCmd(), versionCmd())
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := root.ExecuteContext(ctx)
+	cancel()
+	if err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, "agentvm:", err)
+		var ae *client.APIError
+		if errors.As(err, &ae) && ae.Status == 404 {
+			os.Exit(3)
+		}
+		os.Exit(1)
+	}
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

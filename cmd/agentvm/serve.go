@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/server"
+	"github.com/spf13/cobra"
+)
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func serveCmd() *cobra.Command {
+	var cfg server.Config
+	var noWarm bool
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the agentvm daemon",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			s, err := server.New(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "agentvm listening on http://%s (admin token in %s/admin.token)\n", s.Addr(), cfg.DataDir)
+			if !noWarm {
+				go func() {
+					if err := s.Warm(cmd.Context(), 1, 1024); err != nil {
+						cfg.Log.Error("warming the default template failed", "err", err)
+					}
+				}()
+			}
+			return s.Serve(cmd.Context())
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir(), "data directory (env AGENTVM_DATA_DIR)")
+	f.StringVar(&cfg.Listen, "listen", envOr("AGENTVM_LISTEN", "127.0.0.1:7070"), "API listen address")
+	f.StringVar(&cfg.Accel, "accel", envOr("AGENTVM_ACCEL", "auto"), "accelerator: auto, kvm or tcg")
+	f.StringVar(&cfg.CacheDir, "cache-dir", image.DefaultCacheDir(), "image and template cache (env AGENTVM_CACHE_DIR)")
+	f.StringVar(&cfg.TemplateDir, "template-dir", os.Getenv("AGENTVM_TEMPLATE_DIR"), "template snapshots (default <cache-dir>/templates)")
+	f.StringVar(&cfg.QEMU, "qemu", envOr("AGENTVM_QEMU", "qemu-system-x86_64"), "QEMU binary")
+	f.StringVar(&cfg.AgentPath, "guest-agent", os.Getenv("AGENTVM_GUEST_AGENT"), "agentvm-guest binary to bake into the image (default: next to agentvm)")
+	f.BoolVar(&cfg.AllowPrivateEgress, "allow-private-egress", false, "let VMs reach loopback, private and link-local addresses and this host (unsafe)")
+	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
+	return c
+}
+
+func imageCmd() *cobra.Command {
+	c := &cobra.Command{Use: "image", Short: "Manage the default guest image"}
+	var o image.Options
+	build := &cobra.Command{
+		Use:   "build",
+		Short: "Build (or rebuild) the default Debian image",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.AgentPath == "" {
+				exe, _ := os.Executable()
+				o.AgentPath = exe[:len(exe)-len("agentvm")] + "agentvm-guest"
+			}
+			o.Progress = func(step string) { fmt.Fprintln(os.Stderr, "==>", step) }
+			img, err := image.Ensure(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("image %s\n  kernel %s\n  initrd %s\n  disk   %s\n", img.Hash, img.Kernel, img.Initrd, img.Disk)
+			return nil
+		},
+	}
+	build.Flags().StringVar(&o.CacheDir, "cache-dir", image.DefaultCacheDir(), "image cache")
+	build.Flags().StringVar(&o.AgentPath, "guest-agent", os.Getenv("AGENTVM_GUEST_AGENT"), "agentvm-guest binary (default: next to agentvm)")
+	build.Flags().BoolVar(&o.Force, "force", true, "rebuild even if cached")
+	c.AddCommand(build)
+	return c
+}

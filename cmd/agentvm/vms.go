@@ -1,0 +1,266 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/pkg/client"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+func parseKV(list []string, what string) (map[string]string, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range list {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("invalid %s %q: want KEY=VALUE", what, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func createCmd() *cobra.Command {
+	var (
+		req                  api.CreateVMRequest
+		memory, disk         string
+		labels, env          []string
+		asJSON               bool
+	)
+	c := &cobra.Command{
+		Use:   "create",
+		Short: "Create a running VM (restored from the image's template snapshot)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if memory != "" {
+				if req.Memory, err = api.ParseSize(memory); err != nil {
+					return fmt.Errorf("--memory: %w", err)
+				}
+			}
+			if disk != "" {
+				if req.Disk, err = api.ParseSize(disk); err != nil {
+					return fmt.Errorf("--disk: %w", err)
+				}
+			}
+			if req.Labels, err = parseKV(labels, "label"); err != nil {
+				return err
+			}
+			if req.Env, err = parseKV(env, "env"); err != nil {
+				return err
+			}
+			v, err := client.FromEnv().CreateVM(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(v)
+			}
+			fmt.Println(v.Name)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&req.Name, "name", "", "VM name (hostname); default: its id")
+	f.IntVar(&req.CPUs, "cpus", 1, "vCPUs")
+	f.StringVar(&memory, "memory", "1024", "memory (MiB, or with K/M/G suffix)")
+	f.StringVar(&disk, "disk", "8G", "disk size (MiB, or with K/M/G suffix)")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
+	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for every exec (repeatable)")
+	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retried create with the same key returns the same VM")
+	f.BoolVar(&asJSON, "json", false, "print the VM as JSON")
+	return c
+}
+
+func lsCmd() *cobra.Command {
+	var asJSON bool
+	var labels []string
+	c := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List VMs",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			vms, err := client.FromEnv().ListVMs(cmd.Context(), labels...)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(vms)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCPUS\tMEMORY\tDISK\tIP\tAGE")
+			for _, v := range vms {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s\n", v.ID, v.Name, v.State, v.CPUs, v.MemoryMiB,
+					api.Size(v.DiskBytes), v.IP, time.Since(v.CreatedAt).Round(time.Second))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().StringArrayVar(&labels, "label", nil, "filter by label KEY=VALUE or KEY (repeatable)")
+	return c
+}
+
+func inspectCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect VM",
+		Short: "Show a VM as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v, err := client.FromEnv().GetVM(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(v)
+		},
+	}
+}
+
+func rmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm VM...",
+		Aliases: []string{"delete"},
+		Short:   "Delete VMs (process, disk and record)",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := client.FromEnv()
+			for _, id := range args {
+				if err := c.DeleteVM(cmd.Context(), id); err != nil {
+					return err
+				}
+				fmt.Println(id)
+			}
+			return nil
+		},
+	}
+}
+
+func lifecycleCmd(use, short string, op func(*client.Client, *cobra.Command, string) (*api.VM, error)) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   use + " VM",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v, err := op(client.FromEnv(), cmd, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(v)
+			}
+			fmt.Printf("%s %s\n", v.Name, v.State)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the VM as JSON")
+	return c
+}
+
+func startCmd() *cobra.Command {
+	return lifecycleCmd("start", "Boot a stopped VM from its disk", func(c *client.Client, cmd *cobra.Command, id string) (*api.VM, error) {
+		return c.StartVM(cmd.Context(), id)
+	})
+}
+
+func stopCmd() *cobra.Command {
+	return lifecycleCmd("stop", "Shut a VM down (ACPI, then quit, then kill); the disk is kept", func(c *client.Client, cmd *cobra.Command, id string) (*api.VM, error) {
+		return c.StopVM(cmd.Context(), id)
+	})
+}
+
+func logsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "logs VM",
+		Short: "Print the VM's serial console and QEMU log",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := client.FromEnv().Logs(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			_, err = io.WriteString(os.Stdout, s)
+			return err
+		},
+	}
+}
+
+func execCmd() *cobra.Command {
+	var (
+		req         api.ExecRequest
+		env         []string
+		timeout     time.Duration
+		interactive bool
+		shell       bool
+	)
+	c := &cobra.Command{
+		Use:   "exec VM [flags] -- CMD [ARGS...]",
+		Short: "Run a command in a VM; exits with its exit code",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if req.Env, err = parseKV(env, "env"); err != nil {
+				return err
+			}
+			req.Timeout = api.Duration(timeout)
+			if shell {
+				req.Shell = strings.Join(args[1:], " ")
+			} else {
+				req.Cmd = args[1:]
+			}
+			var stdin io.Reader
+			if interactive || !term.IsTerminal(int(os.Stdin.Fd())) {
+				stdin = os.Stdin
+			}
+			st, err := client.FromEnv().Run(cmd.Context(), args[0], req, stdin, os.Stdout, os.Stderr)
+			if err != nil {
+				return err
+			}
+			if st.TimedOut {
+				fmt.Fprintf(os.Stderr, "agentvm: command timed out after %s\n", timeout)
+			}
+			if st.Signal != "" {
+				return exitError{128 + signalNumber(st.Signal)}
+			}
+			if st.ExitCode != 0 {
+				return exitError{st.ExitCode}
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVarP(&req.User, "user", "u", "", "user to run as (root or agent; default root)")
+	f.StringVarP(&req.Cwd, "cwd", "w", "", "working directory (default: the user's home)")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.DurationVar(&timeout, "timeout", 0, "kill the command's process group after this long (default: no timeout)")
+	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin even when it is a terminal")
+	f.BoolVar(&shell, "sh", false, "run the arguments as one shell string with /bin/sh -c")
+	return c
+}
+
+var signalNumbers = map[string]int{"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGILL": 4, "SIGTRAP": 5, "SIGABRT": 6,
+	"SIGBUS": 7, "SIGFPE": 8, "SIGKILL": 9, "SIGUSR1": 10, "SIGSEGV": 11, "SIGUSR2": 12, "SIGPIPE": 13, "SIGALRM": 14, "SIGTERM": 15}
+
+func signalNumber(name string) int {
+	if n, ok := signalNumbers[name]; ok {
+		return n
+	}
+	return 0
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{Use: "version", Short: "Print the version", Args: cobra.NoArgs, Run: func(*cobra.Command, []string) {
+		fmt.Println("agentvm", "0.1.0-dev")
+	}}
+}
+

@@ -1,0 +1,280 @@
+// Package testenv starts real agentvm servers for end-to-end tests: it builds the
+// binaries once, runs `agentvm serve` on a loopback port with its own data dir, and
+// drives it through the Go SDK and the CLI.
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/pkg/client"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// RepoRoot is the repository root.
+func RepoRoot() string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(f)))
+}
+
+// Binaries builds agentvm and agentvm-guest once per test process (without -race,
+// as the QEMU-heavy server should not be slowed down) and returns their directory.
+func Binaries(t testing.TB) string {
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "agentvm-e2e-bin-")
+		if buildErr != nil {
+			return
+		}
+		root := RepoRoot()
+		for _, b := range []struct{ out, pkg string; cgo bool }{
+			{"agentvm-guest", "./cmd/agentvm-guest", false},
+			{"agentvm", "./cmd/agentvm", true},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+			cmd.Dir = root
+			cmd.Env = os.Environ()
+			if !b.cgo {
+				cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+// Require skips the test with a reason when the host cannot run VMs.
+func Require(t testing.TB) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("end-to-end tests need root (debootstrap builds the image)")
+	}
+	for _, b := range []string{"qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("%s not installed (run scripts/setup.sh)", b)
+		}
+	}
+}
+
+// Server is one `agentvm serve` process.
+type Server struct {
+	t       testing.TB
+	Bin     string
+	DataDir string
+	URL     string
+	Token   string
+	Client  *client.Client
+	Args    []string
+	cmd     *exec.Cmd
+	logBuf  *syncBuffer
+	exited  chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var listenRe = regexp.MustCompile(`agentvm listening on (http://[0-9.:]+)`)
+
+// Start runs a server on a fresh data dir (or dataDir if non-empty).
+func Start(t testing.TB, dataDir string, extra ...string) *Server {
+	t.Helper()
+	Require(t)
+	bin := Binaries(t)
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	s := &Server{t: t, Bin: bin, DataDir: dataDir, Args: extra}
+	s.start()
+	return s
+}
+
+func (s *Server) start() {
+	t := s.t
+	t.Helper()
+	args := append([]string{"serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm"}, s.Args...)
+	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
+	pr, pw, _ := os.Pipe()
+	s.logBuf = &syncBuffer{}
+	cmd.Stdout = s.logBuf
+	cmd.Stderr = pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	s.cmd = cmd
+	s.exited = make(chan struct{})
+	go func() { cmd.Wait(); close(s.exited) }()
+	urlc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sent := false
+		for sc.Scan() {
+			line := sc.Text()
+			s.logBuf.Write([]byte(line + "\n"))
+			if m := listenRe.FindStringSubmatch(line); m != nil && !sent {
+				urlc <- m[1]
+				sent = true
+			}
+		}
+	}()
+	select {
+	case s.URL = <-urlc:
+	case <-s.exited:
+		t.Fatalf("agentvm serve exited at start:\n%s", s.logBuf.String())
+	case <-time.After(10 * time.Minute): // a first run builds the image
+		t.Fatalf("agentvm serve did not start:\n%s", s.logBuf.String())
+	}
+	tok, err := os.ReadFile(filepath.Join(s.DataDir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Token = strings.TrimSpace(string(tok))
+	s.Client = client.New(s.URL, s.Token)
+	t.Cleanup(s.cleanup)
+}
+
+// Logs returns the server's output so far.
+func (s *Server) Logs() string { return s.logBuf.String() }
+
+// Kill9 kills the server process with SIGKILL (VMs keep running).
+func (s *Server) Kill9() {
+	s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.exited
+}
+
+// Restart starts the server again on the same data dir.
+func (s *Server) Restart() {
+	s.start()
+}
+
+// cleanup deletes every VM through the API, then stops the server. If the API is
+// gone it kills the VMs' QEMU processes by the pids the server recorded.
+func (s *Server) cleanup() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if vms, err := s.Client.ListVMs(ctx); err == nil {
+		for _, v := range vms {
+			if err := s.Client.DeleteVM(ctx, v.ID); err != nil && v.PID > 0 {
+				syscall.Kill(v.PID, syscall.SIGKILL)
+			}
+		}
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+	if s.t.Failed() {
+		s.t.Logf("server log:\n%s", tailString(s.logBuf.String(), 6000))
+	}
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// CLI runs the agentvm CLI against this server and returns stdout, stderr and the exit code.
+func (s *Server) CLI(stdin string, args ...string) (string, string, int) {
+	s.t.Helper()
+	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
+	cmd.Env = append(os.Environ(), "AGENTVM_URL="+s.URL, "AGENTVM_DATA_DIR="+s.DataDir, "AGENTVM_TOKEN=")
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		s.t.Fatalf("run agentvm %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// CreateVM creates a small VM (512 MiB) and registers its deletion.
+func (s *Server) CreateVM(ctx context.Context, req api.CreateVMRequest) *api.VM {
+	s.t.Helper()
+	if req.Memory == 0 {
+		req.Memory = 512 << 20
+	}
+	v, err := s.Client.CreateVM(ctx, req)
+	if err != nil {
+		s.t.Fatalf("create VM: %v", err)
+	}
+	return v
+}
+
+// Exec runs a shell string in a VM and returns its result, failing the test on API errors.
+func (s *Server) Exec(ctx context.Context, vm, shell string) *api.ExecResult {
+	s.t.Helper()
+	r, err := s.Client.Exec(ctx, vm, api.ExecRequest{Shell: shell})
+	if err != nil {
+		s.t.Fatalf("exec %q: %v", shell, err)
+	}
+	return r
+}
+
+// QEMUProcesses returns the pids of live QEMU processes whose -name carries id.
+func QEMUProcesses(id string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte("guest="+id+",")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

@@ -1,0 +1,161 @@
+// Package agent is the guest side of the agent channel: it owns the
+// virtio-serial port, performs the handshake, runs a yamux server session
+// and serves the agent's HTTP API on it, returning to scanning mode whenever
+// a session ends (host gone, snapshot restored, garbage received).
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/hashicorp/yamux"
+)
+
+// Options configures an Agent.
+type Options struct {
+	// DevicePath is the virtio-serial port (default guest.DevicePath).
+	DevicePath string
+	// Open overrides how the port is opened (tests).
+	Open func() (io.ReadWriteCloser, error)
+	// Root prefixes the /etc files the agent reads and writes (default "/").
+	Root string
+	// NoSystem skips changes to the running machine in SetIdentity
+	// (hostname syscall, clock, network, journald, resize2fs).
+	NoSystem bool
+	// Logf logs (default log.Printf).
+	Logf func(format string, args ...any)
+}
+
+// Agent is the guest agent.
+type Agent struct {
+	opts    Options
+	logf    func(string, ...any)
+	srv     *http.Server
+	hs      guest.GuestHandshake
+	users   *userDB
+	env     atomic.Pointer[map[string]string]
+	devnull *os.File
+	start   time.Time
+}
+
+// New creates an agent; it loads the base environment file.
+func New(opts Options) (*Agent, error) {
+	if opts.DevicePath == "" {
+		opts.DevicePath = guest.DevicePath
+	}
+	if opts.Root == "" {
+		opts.Root = "/"
+	}
+	if opts.Open == nil {
+		path := opts.DevicePath
+		opts.Open = func() (io.ReadWriteCloser, error) {
+			return os.OpenFile(path, os.O_RDWR, 0)
+		}
+	}
+	a := &Agent{opts: opts, logf: opts.Logf, start: time.Now()}
+	if a.logf == nil {
+		a.logf = log.Printf
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	a.devnull = devnull
+	a.users = &userDB{root: opts.Root}
+	a.loadEnv()
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+guest.PathHealthz, func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET "+guest.PathInfo, a.handleInfo)
+	mux.HandleFunc("POST "+guest.PathIdentity, a.handleIdentity)
+	mux.HandleFunc("POST "+guest.PathExec, a.handleExec)
+	a.srv = &http.Server{
+		Handler:     mux,
+		IdleTimeout: 10 * time.Minute,
+		ErrorLog:    log.New(logWriter{a.logf}, "", 0),
+	}
+	return a, nil
+}
+
+type logWriter struct{ logf func(string, ...any) }
+
+func (w logWriter) Write(p []byte) (int, error) { w.logf("http: %s", p); return len(p), nil }
+
+func (a *Agent) path(p string) string { return filepath.Join(a.opts.Root, p) }
+
+func (a *Agent) loadEnv() {
+	m := map[string]string{}
+	if b, err := os.ReadFile(a.path(envFile)); err == nil {
+		if err := json.Unmarshal(b, &m); err != nil {
+			a.logf("bad %s: %v", envFile, err)
+			m = map[string]string{}
+		}
+	}
+	a.env.Store(&m)
+}
+
+// Run serves until ctx is cancelled.
+func (a *Agent) Run(ctx context.Context) error {
+	p := newPort(a.opts.Open, a.logf)
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		p.readLoop(ctx.Done())
+	}()
+	defer func() { <-loopDone }()
+
+	for ctx.Err() == nil {
+		v := newView(p)
+		v.ignoreEOF.Store(true)
+		stop := context.AfterFunc(ctx, v.close)
+		br := bufio.NewReaderSize(v, guest.MaxHandshakeLine)
+		nonce, err := a.hs.Scan(br, p)
+		if err != nil {
+			stop()
+			v.close()
+			if ctx.Err() == nil {
+				a.logf("handshake: %v", err)
+				time.Sleep(50 * time.Millisecond)
+			}
+			continue
+		}
+		v.ignoreEOF.Store(false)
+		conn := &sessConn{r: br, v: v, p: p}
+		sess, err := yamux.Server(conn, guest.YamuxConfig(false))
+		if err != nil {
+			stop()
+			conn.Close()
+			a.logf("yamux: %v", err)
+			continue
+		}
+		a.logf("session %s started", nonce)
+		err = a.srv.Serve(sess)
+		sess.Close()
+		stop()
+		a.logf("session %s ended: %v", nonce, err)
+	}
+	return ctx.Err()
+}
+
+// writeError writes the API error envelope.
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(guest.ErrorEnvelope{Error: &guest.APIError{Code: code, Message: msg}})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}

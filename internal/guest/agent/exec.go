@@ -1,0 +1,366 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	rootPath    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	userPath    = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+	drainWindow = 30 * time.Millisecond
+	pipeChunk   = 32 << 10
+)
+
+// execSpec is a validated exec request.
+type execSpec struct {
+	argv    []string
+	path    string // resolved executable, "" when lookup failed
+	lookErr error
+	dir     string
+	env     []string
+	cred    *syscall.Credential
+	timeout time.Duration
+	stdin   bool
+}
+
+func (a *Agent) prepareExec(req *guest.ExecRequest) (*execSpec, error) {
+	sp := &execSpec{stdin: req.Stdin, timeout: time.Duration(req.TimeoutMS) * time.Millisecond}
+	switch {
+	case len(req.Argv) > 0 && req.Shell != "":
+		return nil, errors.New("give either argv or shell, not both")
+	case req.Shell != "":
+		sp.argv = []string{"/bin/sh", "-c", req.Shell}
+	case len(req.Argv) > 0 && req.Argv[0] != "":
+		sp.argv = req.Argv
+	default:
+		return nil, errors.New("argv or shell is required")
+	}
+	if req.TimeoutMS < 0 {
+		return nil, errors.New("timeout_ms must be >= 0")
+	}
+	u, err := a.users.lookup(req.User)
+	if err != nil {
+		return nil, err
+	}
+	if uint32(os.Getuid()) != u.UID || uint32(os.Getgid()) != u.GID {
+		sp.cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+	}
+
+	env := make(map[string]string, 16)
+	if u.UID == 0 {
+		env["PATH"] = rootPath
+	} else {
+		env["PATH"] = userPath
+	}
+	for k, v := range *a.env.Load() {
+		env[k] = v
+	}
+	env["HOME"], env["USER"], env["LOGNAME"], env["SHELL"] = u.Home, u.Name, u.Name, u.Shell
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, errors.New("invalid env name " + strconv.Quote(k))
+		}
+		env[k] = v
+	}
+	sp.env = make([]string, 0, len(env))
+	for k, v := range env {
+		sp.env = append(sp.env, k+"="+v)
+	}
+
+	if req.Cwd != "" {
+		dir := req.Cwd
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(u.Home, dir)
+		}
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return nil, errors.New("cwd: " + err.Error())
+		}
+		if !fi.IsDir() {
+			return nil, errors.New("cwd " + strconv.Quote(dir) + " is not a directory")
+		}
+		sp.dir = dir
+	} else if fi, err := os.Stat(u.Home); err == nil && fi.IsDir() {
+		sp.dir = u.Home
+	} else {
+		sp.dir = "/"
+	}
+	sp.path, sp.lookErr = lookPath(sp.argv[0], env["PATH"], sp.dir)
+	return sp, nil
+}
+
+// lookPath resolves file like a shell would. Paths with a slash are not
+// checked here: execve reports their errors.
+func lookPath(file, pathEnv, dir string) (string, error) {
+	if strings.Contains(file, "/") {
+		if !filepath.IsAbs(file) {
+			file = filepath.Join(dir, file)
+		}
+		return file, nil
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := d + "/" + file
+		fi, err := os.Stat(p)
+		if err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", errors.New(file + ": command not found")
+}
+
+func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), guest.ExecUpgrade) {
+		writeError(w, http.StatusBadRequest, "invalid", "exec needs Upgrade: "+guest.ExecUpgrade)
+		return
+	}
+	var req guest.ExecRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", "bad exec JSON: "+err.Error())
+		return
+	}
+	sp, err := a.prepareExec(&req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+		return
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.ExecUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+		return
+	}
+	run := &execRun{conn: conn}
+	run.run(a, sp, brw.Reader)
+}
+
+// execRun is one running exec stream.
+type execRun struct {
+	conn net.Conn
+	wmu  sync.Mutex
+
+	mu       sync.Mutex
+	pid      int
+	exited   bool
+	timedOut bool
+
+	stdinW    *os.File
+	stdinOnce sync.Once
+}
+
+func (e *execRun) write(b []byte) error {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	_, err := e.conn.Write(b)
+	return err
+}
+
+func (e *execRun) sendJSON(typ byte, v any) {
+	b, _ := json.Marshal(v)
+	e.write(guest.AppendFrame(make([]byte, 0, guest.FrameHeaderLen+len(b)), typ, b))
+}
+
+// killGroup signals the process group unless the main process has exited
+// (after that, its group belongs to background children that must live).
+func (e *execRun) killGroup(sig syscall.Signal) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.exited {
+		syscall.Kill(-e.pid, sig)
+	}
+}
+
+func (e *execRun) closeStdin() {
+	e.stdinOnce.Do(func() {
+		if e.stdinW != nil {
+			e.stdinW.Close()
+		}
+	})
+}
+
+func (e *execRun) fail(code int, msg string) {
+	e.sendJSON(guest.FrameError, guest.ErrorBody{Message: msg})
+	e.sendJSON(guest.FrameExit, guest.ExitStatus{ExitCode: code})
+}
+
+func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
+	if sp.lookErr != nil {
+		e.fail(127, sp.lookErr.Error())
+		return
+	}
+	stdinR := a.devnull
+	if sp.stdin {
+		r, w, err := os.Pipe()
+		if err != nil {
+			e.fail(126, "pipe: "+err.Error())
+			return
+		}
+		stdinR, e.stdinW = r, w
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		e.closeStdin()
+		e.fail(126, "pipe: "+err.Error())
+		return
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		e.closeStdin()
+		outR.Close()
+		outW.Close()
+		e.fail(126, "pipe: "+err.Error())
+		return
+	}
+	start := time.Now()
+	proc, err := os.StartProcess(sp.path, sp.argv, &os.ProcAttr{
+		Dir:   sp.dir,
+		Env:   sp.env,
+		Files: []*os.File{stdinR, outW, errW},
+		Sys:   &syscall.SysProcAttr{Setsid: true, Credential: sp.cred},
+	})
+	outW.Close()
+	errW.Close()
+	if sp.stdin {
+		stdinR.Close()
+	}
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		e.closeStdin()
+		code := 126
+		if errors.Is(err, syscall.ENOENT) {
+			code = 127
+		}
+		e.fail(code, "exec "+sp.argv[0]+": "+unwrapExecErr(err))
+		return
+	}
+	e.pid = proc.Pid
+
+	var drained sync.WaitGroup
+	drained.Add(2)
+	go e.pump(outR, guest.FrameStdout, &drained)
+	go e.pump(errR, guest.FrameStderr, &drained)
+	go e.readHost(br)
+
+	var timer *time.Timer
+	if sp.timeout > 0 {
+		timer = time.AfterFunc(sp.timeout, func() {
+			e.mu.Lock()
+			if !e.exited {
+				e.timedOut = true
+				syscall.Kill(-e.pid, syscall.SIGKILL)
+			}
+			e.mu.Unlock()
+		})
+	}
+	state, werr := proc.Wait()
+	e.mu.Lock()
+	e.exited = true
+	timedOut := e.timedOut
+	e.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
+	st := guest.ExitStatus{TimedOut: timedOut, DurationMS: time.Since(start).Milliseconds()}
+	if werr != nil {
+		st.ExitCode = 255
+		e.sendJSON(guest.FrameError, guest.ErrorBody{Message: "wait: " + werr.Error()})
+	} else if ws, ok := state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		st.ExitCode = 128 + int(ws.Signal())
+		st.Signal = unix.SignalName(ws.Signal())
+	} else {
+		st.ExitCode = state.ExitCode()
+	}
+	// Forward what is already buffered, but do not wait for background
+	// children that keep the pipes open.
+	dl := time.Now().Add(drainWindow)
+	outR.SetReadDeadline(dl)
+	errR.SetReadDeadline(dl)
+	drained.Wait()
+	e.sendJSON(guest.FrameExit, st)
+	e.closeStdin()
+}
+
+func unwrapExecErr(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// pump forwards a pipe chunk by chunk until EOF or until the post-exit
+// deadline; after that it keeps reading and discarding until EOF so that
+// background writers do not get SIGPIPE.
+func (e *execRun) pump(f *os.File, typ byte, drained *sync.WaitGroup) {
+	defer f.Close()
+	buf := make([]byte, guest.FrameHeaderLen+pipeChunk)
+	forwarding := true
+	for {
+		n, err := f.Read(buf[guest.FrameHeaderLen:])
+		if n > 0 && forwarding {
+			guest.PutFrameHeader(buf, typ, n)
+			e.write(buf[:guest.FrameHeaderLen+n])
+		}
+		if err == nil {
+			continue
+		}
+		if forwarding {
+			forwarding = false
+			drained.Done()
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			f.SetReadDeadline(time.Time{})
+			continue
+		}
+		return
+	}
+}
+
+// readHost applies frames from the host; when the stream ends before the
+// process exits (client went away) the process group is killed.
+func (e *execRun) readHost(br *bufio.Reader) {
+	defer e.closeStdin()
+	for {
+		f, err := guest.ReadFrame(br)
+		if err != nil {
+			e.killGroup(syscall.SIGKILL)
+			return
+		}
+		switch f.Type {
+		case guest.FrameStdin:
+			if e.stdinW != nil {
+				e.stdinW.Write(f.Data)
+			}
+		case guest.FrameStdinEOF:
+			e.closeStdin()
+		case guest.FrameSignal:
+			if n, err := strconv.Atoi(strings.TrimSpace(string(f.Data))); err == nil && n > 0 && n < 65 {
+				e.killGroup(syscall.Signal(n))
+			}
+		}
+	}
+}

@@ -1,0 +1,208 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// port owns the virtio-serial device. A single goroutine reads it and hands
+// chunks to whichever view (scanner or yamux session) is reading at the
+// moment, so a dead session can be abandoned without interrupting a blocked
+// device read. Reads returning EOF mean "no host connected": they are
+// retried after a short sleep and reported once per run as an eof chunk,
+// which ends a yamux session but is ignored while scanning.
+type port struct {
+	open func() (io.ReadWriteCloser, error)
+	logf func(string, ...any)
+
+	ch chan chunk
+
+	mu  sync.Mutex // guards dev
+	dev io.ReadWriteCloser
+
+	wmu sync.Mutex // serialises writes to dev
+}
+
+type chunk struct {
+	b   []byte
+	eof bool
+}
+
+var errPortClosed = errors.New("agent: port closed")
+
+func newPort(open func() (io.ReadWriteCloser, error), logf func(string, ...any)) *port {
+	return &port{open: open, logf: logf, ch: make(chan chunk)}
+}
+
+func (p *port) device() io.ReadWriteCloser {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dev
+}
+
+// reopen (re)opens the device until it succeeds or done is closed.
+func (p *port) reopen(done <-chan struct{}) bool {
+	p.mu.Lock()
+	if p.dev != nil {
+		p.dev.Close()
+		p.dev = nil
+	}
+	p.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		dev, err := p.open()
+		if err == nil {
+			p.mu.Lock()
+			p.dev = dev
+			p.mu.Unlock()
+			return true
+		}
+		if attempt%50 == 0 {
+			p.logf("open port: %v", err)
+		}
+		select {
+		case <-done:
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// readLoop runs until done is closed.
+func (p *port) readLoop(done <-chan struct{}) {
+	defer func() {
+		p.mu.Lock()
+		if p.dev != nil {
+			p.dev.Close()
+			p.dev = nil
+		}
+		p.mu.Unlock()
+	}()
+	if !p.reopen(done) {
+		return
+	}
+	buf := make([]byte, 64<<10)
+	eofSent := false
+	send := func(c chunk) bool {
+		select {
+		case p.ch <- c:
+			return true
+		case <-done:
+			return false
+		}
+	}
+	for {
+		n, err := p.device().Read(buf)
+		if n > 0 {
+			eofSent = false
+			if !send(chunk{b: append([]byte(nil), buf[:n]...)}) {
+				return
+			}
+			continue
+		}
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if !eofSent {
+			eofSent = true
+			if !send(chunk{eof: true}) {
+				return
+			}
+		}
+		if err == nil || err == io.EOF {
+			time.Sleep(7 * time.Millisecond)
+			continue
+		}
+		p.logf("read port: %v; reopening", err)
+		time.Sleep(50 * time.Millisecond)
+		if !p.reopen(done) {
+			return
+		}
+	}
+}
+
+// Write writes to the device (serialised).
+func (p *port) Write(b []byte) (int, error) {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	dev := p.device()
+	if dev == nil {
+		return 0, errPortClosed
+	}
+	return dev.Write(b)
+}
+
+// view is one consumer of the port's chunks; closing it unblocks its reader
+// and drops whatever it had buffered.
+type view struct {
+	p         *port
+	pending   []byte
+	ignoreEOF atomic.Bool
+	done      chan struct{}
+	once      sync.Once
+}
+
+func newView(p *port) *view { return &view{p: p, done: make(chan struct{})} }
+
+func (v *view) Read(b []byte) (int, error) {
+	for len(v.pending) == 0 {
+		select {
+		case <-v.done:
+			return 0, net.ErrClosed
+		default:
+		}
+		select {
+		case c := <-v.p.ch:
+			if c.eof {
+				if v.ignoreEOF.Load() {
+					continue
+				}
+				return 0, io.EOF
+			}
+			v.pending = c.b
+		case <-v.done:
+			return 0, net.ErrClosed
+		}
+	}
+	n := copy(b, v.pending)
+	v.pending = v.pending[n:]
+	return n, nil
+}
+
+func (v *view) close() { v.once.Do(func() { close(v.done) }) }
+
+// sessConn is the io.ReadWriteCloser given to yamux: reads come from the
+// scanner's bufio.Reader (so bytes after START are kept), writes go to the
+// port until the session is closed; Close never closes the device.
+type sessConn struct {
+	r      io.Reader
+	v      *view
+	p      *port
+	mu     sync.Mutex
+	closed bool
+}
+
+func (c *sessConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *sessConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return 0, net.ErrClosed
+	}
+	return c.p.Write(b)
+}
+
+func (c *sessConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.v.close()
+	return nil
+}

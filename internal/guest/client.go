@@ -1,0 +1,341 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Client is the host side of the agent channel: one yamux session over the
+// VM's virtio-serial socket, with net/http on top.
+type Client struct {
+	conn    net.Conn
+	sess    *yamux.Session
+	tr      *http.Transport
+	hc      *http.Client
+	hs      HandshakeResult
+	closeMu sync.Once
+}
+
+// Connect dials the unix socket, performs the handshake (bounded by ctx) and
+// starts a yamux client session.
+func Connect(ctx context.Context, sockPath string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", sockPath)
+	if err != nil {
+		return nil, fmt.Errorf("guest: dial %s: %w", sockPath, err)
+	}
+	c, err := NewClient(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// NewClient performs the handshake on an established connection (for tests
+// and other transports) and starts the yamux client session. The client owns
+// conn afterwards.
+func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
+	hc, res, err := HostHandshake(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := yamux.Client(hc, YamuxConfig(true))
+	if err != nil {
+		return nil, fmt.Errorf("guest: yamux: %w", err)
+	}
+	c := &Client{conn: conn, sess: sess, hs: *res}
+	c.tr = &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return sess.Open()
+		},
+		DisableCompression:  true,
+		MaxIdleConns:        32,
+		MaxIdleConnsPerHost: 32,
+		ForceAttemptHTTP2:   false,
+	}
+	c.hc = &http.Client{Transport: c.tr}
+	return c, nil
+}
+
+// AgentVersion is the version string the guest reported in the handshake.
+func (c *Client) AgentVersion() string { return c.hs.AgentVersion }
+
+// Close ends the session and the connection.
+func (c *Client) Close() error {
+	c.closeMu.Do(func() {
+		c.tr.CloseIdleConnections()
+		c.sess.Close()
+		c.conn.Close()
+	})
+	return nil
+}
+
+// Done is closed when the session dies (the host should then reconnect).
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// HTTPClient returns an http.Client whose requests travel over the agent
+// session (URL host is ignored), for endpoints without a typed method.
+func (c *Client) HTTPClient() *http.Client { return c.hc }
+
+const baseURL = "http://agentvm"
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("guest: %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return decodeAPIError(resp)
+	}
+	if out == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("guest: %s %s: decode: %w", method, path, err)
+	}
+	return nil
+}
+
+func decodeAPIError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var env ErrorEnvelope
+	if json.Unmarshal(b, &env) == nil && env.Error != nil {
+		env.Error.Status = resp.StatusCode
+		return env.Error
+	}
+	return &APIError{Status: resp.StatusCode, Code: "http_" + strconv.Itoa(resp.StatusCode), Message: string(bytes.TrimSpace(b))}
+}
+
+// Info returns GET /v1/info.
+func (c *Client) Info(ctx context.Context) (*Info, error) {
+	var info Info
+	if err := c.do(ctx, http.MethodGet, PathInfo, nil, &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// Healthz checks GET /v1/healthz.
+func (c *Client) Healthz(ctx context.Context) error {
+	return c.do(ctx, http.MethodGet, PathHealthz, nil, nil)
+}
+
+// SetIdentity pushes a new identity (POST /v1/identity).
+func (c *Client) SetIdentity(ctx context.Context, id Identity) error {
+	_, err := c.ApplyIdentity(ctx, id)
+	return err
+}
+
+// ApplyIdentity is SetIdentity returning the guest-side result (duration).
+func (c *Client) ApplyIdentity(ctx context.Context, id Identity) (*IdentityResult, error) {
+	var res IdentityResult
+	if err := c.do(ctx, http.MethodPost, PathIdentity, id, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// ExecStream is a running command on the guest. Frames from the guest are
+// read with Next (one reader at a time); Write, CloseStdin and Signal may be
+// called concurrently with Next.
+type ExecStream struct {
+	rwc       io.ReadWriteCloser
+	wmu       sync.Mutex
+	closeOnce sync.Once
+	stopCtx   func() bool
+}
+
+// Exec starts a command. ctx covers the whole exec: cancelling it closes the
+// stream, which makes the guest kill the process group. Errors detected
+// before the start (bad user, cwd, request) are returned as *APIError.
+func (c *Client) Exec(ctx context.Context, req ExecRequest) (*ExecStream, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+PathExec, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Connection", "Upgrade")
+	hreq.Header.Set("Upgrade", ExecUpgrade)
+	resp, err := c.hc.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("guest: exec: %w", err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, decodeAPIError(resp)
+	}
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		return nil, errors.New("guest: exec: upgraded body is not writable")
+	}
+	s := &ExecStream{rwc: rwc}
+	s.stopCtx = context.AfterFunc(ctx, func() { s.Close() })
+	return s, nil
+}
+
+func (s *ExecStream) writeFrame(typ byte, p []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return WriteFrame(s.rwc, typ, p)
+}
+
+// Write sends p as stdin (the request must have Stdin set).
+func (s *ExecStream) Write(p []byte) (int, error) {
+	const max = 256 << 10
+	n := 0
+	for len(p) > 0 {
+		chunk := p
+		if len(chunk) > max {
+			chunk = chunk[:max]
+		}
+		if err := s.writeFrame(FrameStdin, chunk); err != nil {
+			return n, err
+		}
+		n += len(chunk)
+		p = p[len(chunk):]
+	}
+	return n, nil
+}
+
+// CloseStdin sends stdin EOF.
+func (s *ExecStream) CloseStdin() error { return s.writeFrame(FrameStdinEOF, nil) }
+
+// Signal sends sig to the command's process group.
+func (s *ExecStream) Signal(sig syscall.Signal) error {
+	return s.writeFrame(FrameSignal, []byte(strconv.Itoa(int(sig))))
+}
+
+// Next returns the next frame from the guest (FrameStdout, FrameStderr,
+// FrameError, FrameExit). FrameExit is the last frame.
+func (s *ExecStream) Next() (Frame, error) { return ReadFrame(s.rwc) }
+
+// Close closes the stream; if the command is still running the guest kills
+// its process group.
+func (s *ExecStream) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		if s.stopCtx != nil {
+			s.stopCtx()
+		}
+		err = s.rwc.Close()
+	})
+	return err
+}
+
+// ExecError is returned by Run together with the exit status when the guest
+// reported an error frame (e.g. command not found).
+type ExecError struct{ Message string }
+
+func (e *ExecError) Error() string { return "guest exec: " + e.Message }
+
+// Wait relays frames to stdout/stderr (nil discards) until the exit frame
+// and returns the exit status. Error frames are collected; if any arrived,
+// Wait returns the status together with an *ExecError.
+func (s *ExecStream) Wait(stdout, stderr io.Writer) (*ExitStatus, error) {
+	var msgs []string
+	for {
+		f, err := s.Next()
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("guest: exec stream ended before exit: %w", err)
+		}
+		switch f.Type {
+		case FrameStdout:
+			if stdout != nil {
+				stdout.Write(f.Data)
+			}
+		case FrameStderr:
+			if stderr != nil {
+				stderr.Write(f.Data)
+			}
+		case FrameError:
+			var e ErrorBody
+			if json.Unmarshal(f.Data, &e) != nil {
+				e.Message = string(f.Data)
+			}
+			msgs = append(msgs, e.Message)
+		case FrameExit:
+			var st ExitStatus
+			if err := json.Unmarshal(f.Data, &st); err != nil {
+				return nil, fmt.Errorf("guest: bad exit frame: %w", err)
+			}
+			if len(msgs) > 0 {
+				return &st, &ExecError{Message: joinMsgs(msgs)}
+			}
+			return &st, nil
+		}
+	}
+}
+
+func joinMsgs(m []string) string {
+	var b bytes.Buffer
+	for i, s := range m {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+// Run executes req and waits for it. If stdin is non-nil it is streamed to
+// the command (req.Stdin is set) and closed at its EOF. A non-zero exit code
+// is not an error; check ExitStatus.
+func (c *Client) Run(ctx context.Context, req ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*ExitStatus, error) {
+	if stdin != nil {
+		req.Stdin = true
+	}
+	s, err := c.Exec(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if stdin != nil {
+		go func() {
+			if _, err := io.Copy(s, stdin); err == nil {
+				s.CloseStdin()
+			}
+		}()
+	}
+	st, err := s.Wait(stdout, stderr)
+	if err != nil && st == nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return st, err
+}

@@ -1,0 +1,160 @@
+package guest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	frames := []Frame{{FrameStdout, []byte("hello")}, {FrameStdinEOF, nil}, {FrameExit, []byte(`{"exit_code":3}`)}, {FrameStderr, bytes.Repeat([]byte{0}, 70000)}}
+	for _, f := range frames {
+		if err := WriteFrame(&buf, f.Type, f.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := buf.Bytes()[:5]; !bytes.Equal(got, []byte{3, 0, 0, 0, 5}) {
+		t.Fatalf("header = %v", got)
+	}
+	for _, want := range frames {
+		got, err := ReadFrame(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Type != want.Type || !bytes.Equal(got.Data, want.Data) {
+			t.Fatalf("got %d/%d bytes, want %d/%d", got.Type, len(got.Data), want.Type, len(want.Data))
+		}
+	}
+	if _, err := ReadFrame(&buf); err != io.EOF {
+		t.Fatalf("at end: %v, want EOF", err)
+	}
+	// Truncated payload.
+	b := AppendFrame(nil, FrameStdout, []byte("abcdef"))
+	if _, err := ReadFrame(bytes.NewReader(b[:8])); err != io.ErrUnexpectedEOF {
+		t.Fatalf("truncated: %v", err)
+	}
+	// Oversized.
+	if _, err := ReadFrame(bytes.NewReader([]byte{3, 0xff, 0, 0, 0})); err != ErrFrameTooLarge {
+		t.Fatalf("oversized: %v", err)
+	}
+}
+
+func TestGuestScan(t *testing.T) {
+	garbage := "\x00\x01\x02junk without newline" + strings.Repeat("x", 9000) + "\nmore junk\n"
+	in := garbage +
+		"noise" + HelloLine("aaaa") + // marker after garbage on the same line
+		HelloLine("aaaa") + // retransmission: not answered twice
+		StartLine("bbbb") + // start for a nonce never answered: ignored
+		"AGENTVM-HELLO zz-not-hex 1\n" +
+		StartLine("aaaa") + "YAMUX-BYTES"
+	br := bufio.NewReaderSize(strings.NewReader(in), MaxHandshakeLine)
+	var out bytes.Buffer
+	g := GuestHandshake{AgentVersion: "v9"}
+	nonce, err := g.Scan(br, &out)
+	if err != nil || nonce != "aaaa" {
+		t.Fatalf("Scan = %q, %v", nonce, err)
+	}
+	if want := "AGENTVM-READY aaaa v9 1\n"; out.String() != want {
+		t.Fatalf("replies %q, want %q", out.String(), want)
+	}
+	rest, _ := io.ReadAll(br)
+	if string(rest) != "YAMUX-BYTES" {
+		t.Fatalf("rest %q", rest)
+	}
+	// The same nonce is never answered again, a new one is.
+	out.Reset()
+	br = bufio.NewReaderSize(strings.NewReader(HelloLine("aaaa")+HelloLine("cccc")+HelloLine("cccc")+StartLine("cccc")), MaxHandshakeLine)
+	if nonce, err := g.Scan(br, &out); err != nil || nonce != "cccc" {
+		t.Fatalf("second Scan = %q, %v", nonce, err)
+	}
+	if want := "AGENTVM-READY cccc v9 1\n"; out.String() != want {
+		t.Fatalf("replies %q, want %q", out.String(), want)
+	}
+}
+
+// fakeGuest answers the handshake on conn after writing garbage, then echoes.
+func fakeGuest(t *testing.T, conn net.Conn, proto string, after string) {
+	br := bufio.NewReader(conn)
+	conn.Write([]byte("\x00\x00stale yamux frame bytes\x01AGENTVM-READY 0000000000000000 old 1\n\x02\x03"))
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if f := lineFields([]byte(line), helloMarker); f != nil {
+			conn.Write([]byte("AGENTVM-READY " + f[0] + " test " + proto + "\n" + after))
+			break
+		}
+	}
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if strings.HasPrefix(line, startMarker) {
+			io.Copy(conn, br)
+			return
+		}
+	}
+}
+
+func TestHostHandshake(t *testing.T) {
+	h, g := net.Pipe()
+	defer h.Close()
+	defer g.Close()
+	go fakeGuest(t, g, "1", "AFTER")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, res, err := HostHandshake(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.AgentVersion != "test" || res.Proto != "1" {
+		t.Fatalf("res = %+v", res)
+	}
+	// Bytes the guest sent right after READY are not lost.
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "AFTER" {
+		t.Fatalf("after = %q, %v", buf, err)
+	}
+	// The connection is usable (echo after START).
+	go conn.Write([]byte("ping"))
+	buf = make([]byte, 4)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo = %q, %v", buf, err)
+	}
+}
+
+func TestHostHandshakeProtoMismatch(t *testing.T) {
+	h, g := net.Pipe()
+	defer h.Close()
+	defer g.Close()
+	go fakeGuest(t, g, "2.0", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _, err := HostHandshake(ctx, h)
+	if !errors.Is(err, ErrProtoMismatch) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestHostHandshakeTimeout(t *testing.T) {
+	h, g := net.Pipe()
+	defer h.Close()
+	defer g.Close()
+	go io.Copy(io.Discard, g) // a guest that never answers
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := HostHandshake(ctx, h)
+	if err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("err = %v after %v", err, time.Since(start))
+	}
+}

@@ -1,0 +1,370 @@
+// Package qemu drives QEMU processes: command line, one persistent QMP connection
+// per VM, accel detection, state save/restore and the shutdown ladder.
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// MachineType is pinned so snapshots restore on the same virtual hardware.
+const MachineType = "pc-q35-7.2"
+
+// DeviceSet names the device layout baked into every template and snapshot; bump it
+// whenever Args changes the guest-visible hardware.
+const DeviceSet = "ds1:virtio-blk,virtio-net-stream,virtio-serial-agent,vmgenid,serial"
+
+// Config is everything needed to start one QEMU process.
+type Config struct {
+	ID        string // VM id, passed as -name so a restarted daemon can re-identify the process
+	Binary    string // qemu-system-x86_64
+	Accel     string // "kvm" or "tcg"
+	CPUModel  string
+	CPUs      int
+	MemoryMiB int64
+	Kernel    string
+	Initrd    string
+	Append    string
+	Disk      string // qcow2 overlay
+	// RAMPath, when set, backs guest RAM with this file (shared for a template,
+	// private copy-on-write for a clone). Empty means anonymous RAM.
+	RAMPath   string
+	RAMShared bool
+	Incoming  string // migration state file to restore from; empty means cold boot
+	QMPSock   string
+	AgentSock string
+	NetSock   string
+	LogPath   string
+	MAC       string
+	VMGenID   string
+}
+
+// Args returns the QEMU command line (without the binary).
+func (c Config) Args() []string {
+	mem := fmt.Sprintf("memory-backend-ram,id=mem,size=%dM", c.MemoryMiB)
+	if c.RAMPath != "" {
+		share := "off"
+		if c.RAMShared {
+			share = "on"
+		}
+		mem = fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", c.MemoryMiB, c.RAMPath, share)
+	}
+	accel := c.Accel
+	if accel == "tcg" {
+		accel = "tcg,tb-size=256"
+	}
+	a := []string{
+		"-name", "guest=" + c.ID + ",debug-threads=off",
+		"-machine", MachineType + ",memory-backend=mem",
+		"-accel", accel,
+		"-cpu", c.CPUModel,
+		"-smp", strconv.Itoa(c.CPUs),
+		"-m", fmt.Sprintf("%dM", c.MemoryMiB),
+		"-object", mem,
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-global", "migration.x-ignore-shared=on",
+		"-kernel", c.Kernel, "-initrd", c.Initrd, "-append", c.Append,
+		"-drive", "file=" + c.Disk + ",if=none,id=disk0,format=qcow2,discard=unmap",
+		"-device", "virtio-blk-pci,drive=disk0,id=vda",
+		"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=" + c.NetSock,
+		"-device", "virtio-net-pci,netdev=net0,id=nic0,mac=" + c.MAC,
+		"-device", "virtio-serial-pci,id=vser0",
+		"-chardev", "socket,id=agent0,path=" + c.AgentSock + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent0,name=agentvm.0",
+		"-device", "vmgenid,guid=" + c.VMGenID,
+		"-chardev", "file,id=ser0,path=" + c.LogPath + ",append=on",
+		"-serial", "chardev:ser0",
+		"-qmp", "unix:" + c.QMPSock + ",server=on,wait=off",
+	}
+	if c.Incoming != "" {
+		a = append(a, "-incoming", "exec:cat "+shellQuote(c.Incoming))
+	}
+	return a
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// Machine is a running QEMU process and its QMP connection.
+type Machine struct {
+	cfg  Config
+	pid  int
+	qmp  *QMP
+	done chan struct{}
+
+	mu           sync.Mutex
+	shutdownSeen bool   // QEMU reported SHUTDOWN (clean power-off or quit)
+	reason       string // SHUTDOWN reason
+	events       []func(Event)
+}
+
+// Start launches QEMU in its own session (so it outlives the daemon) with stdout and
+// stderr appended to the VM log, and connects QMP.
+func Start(ctx context.Context, cfg Config) (*Machine, error) {
+	logf, err := os.OpenFile(cfg.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	for _, s := range []string{cfg.QMPSock, cfg.AgentSock, cfg.NetSock} {
+		os.Remove(s)
+	}
+	cmd := exec.Command(cfg.Binary, cfg.Args()...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	m := &Machine{cfg: cfg, pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(m.done) }()
+	if err := m.connect(ctx); err != nil {
+		m.Kill()
+		return nil, fmt.Errorf("qemu did not come up: %w%s", err, logTail(cfg.LogPath))
+	}
+	return m, nil
+}
+
+// Attach re-finds a QEMU started by an earlier daemon: the pid must be alive and its
+// command line must carry this VM's -name.
+func Attach(ctx context.Context, cfg Config, pid int) (*Machine, error) {
+	if !IsOurs(pid, cfg.ID) {
+		return nil, fmt.Errorf("pid %d is not the QEMU of %s", pid, cfg.ID)
+	}
+	m := &Machine{cfg: cfg, pid: pid, done: make(chan struct{})}
+	go func() { // not our child: poll for its exit
+		for syscall.Kill(pid, 0) == nil && IsOurs(pid, cfg.ID) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		close(m.done)
+	}()
+	if err := m.connect(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// IsOurs reports whether pid is a live QEMU carrying -name guest=id.
+func IsOurs(pid int, id string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte("\x00guest="+id+",")) && bytes.Contains(b, []byte("qemu-system"))
+}
+
+func (m *Machine) connect(ctx context.Context) error {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.done:
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	q, err := DialQMP(cctx, m.cfg.QMPSock, m.onEvent)
+	if err != nil {
+		return err
+	}
+	m.qmp = q
+	return nil
+}
+
+func (m *Machine) onEvent(e Event) {
+	m.mu.Lock()
+	if e.Event == "SHUTDOWN" {
+		m.shutdownSeen = true
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		json.Unmarshal(e.Data, &d)
+		m.reason = d.Reason
+	}
+	hs := append([]func(Event){}, m.events...)
+	m.mu.Unlock()
+	for _, h := range hs {
+		h(e)
+	}
+}
+
+// OnEvent registers an event handler.
+func (m *Machine) OnEvent(h func(Event)) {
+	m.mu.Lock()
+	m.events = append(m.events, h)
+	m.mu.Unlock()
+}
+
+// PID returns the QEMU process id.
+func (m *Machine) PID() int { return m.pid }
+
+// Done is closed when the QEMU process has exited.
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// CleanExit reports whether QEMU announced a SHUTDOWN before exiting, and why.
+func (m *Machine) CleanExit() (bool, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.shutdownSeen, m.reason
+}
+
+// QMP returns the persistent QMP connection.
+func (m *Machine) QMP() *QMP { return m.qmp }
+
+// Status returns QEMU's run state ("running", "paused", "inmigrate", ...).
+func (m *Machine) Status(ctx context.Context) (string, error) {
+	r, err := m.qmp.Execute(ctx, "query-status", nil)
+	if err != nil {
+		return "", err
+	}
+	var s struct {
+		Status string `json:"status"`
+	}
+	err = json.Unmarshal(r, &s)
+	return s.Status, err
+}
+
+// WaitIncoming waits until an incoming migration finished and the guest runs.
+func (m *Machine) WaitIncoming(ctx context.Context) error {
+	for {
+		st, err := m.Status(ctx)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case "running":
+			return nil
+		case "paused", "postmigrate", "prelaunch":
+			if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
+				return err
+			}
+			return nil
+		case "inmigrate", "restore-vm":
+		default:
+			return fmt.Errorf("restore ended in state %q%s", st, logTail(m.cfg.LogPath))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("restore: %w", ctx.Err())
+		case <-m.done:
+			return fmt.Errorf("qemu exited during restore%s", logTail(m.cfg.LogPath))
+		case <-time.After(3 * time.Millisecond):
+		}
+	}
+}
+
+// SaveState stops the guest and writes its device state (and any RAM not shared
+// through a file) to path. The VM is left paused.
+func (m *Machine) SaveState(ctx context.Context, path string) error {
+	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
+		return err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+		return err
+	}
+	return m.waitMigration(ctx)
+}
+
+func (m *Machine) waitMigration(ctx context.Context) error {
+	for {
+		r, err := m.qmp.Execute(ctx, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var s struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		json.Unmarshal(r, &s)
+		switch s.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", s.Status, s.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			m.qmp.Execute(context.Background(), "migrate_cancel", nil)
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// BlockResize grows the disk seen by the guest.
+func (m *Machine) BlockResize(ctx context.Context, size int64) error {
+	_, err := m.qmp.Execute(ctx, "block_resize", map[string]any{"device": "disk0", "size": size})
+	return err
+}
+
+// Shutdown is the ladder: ACPI power button, wait up to grace, then QMP quit,
+// then SIGKILL.
+func (m *Machine) Shutdown(ctx context.Context, grace time.Duration) error {
+	if _, err := m.qmp.Execute(ctx, "system_powerdown", nil); err == nil {
+		select {
+		case <-m.done:
+			return nil
+		case <-time.After(grace):
+		case <-ctx.Done():
+		}
+	}
+	return m.Quit()
+}
+
+// Quit asks QEMU to exit at once, and kills it if it does not within 3 s.
+func (m *Machine) Quit() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m.qmp.Execute(ctx, "quit", nil)
+	select {
+	case <-m.done:
+		return nil
+	case <-time.After(3 * time.Second):
+	}
+	return m.Kill()
+}
+
+// Kill sends SIGKILL and waits for the exit.
+func (m *Machine) Kill() error {
+	if err := syscall.Kill(m.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	select {
+	case <-m.done:
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("qemu pid %d did not exit after SIGKILL", m.pid)
+	}
+	if m.qmp != nil {
+		m.qmp.Close()
+	}
+	return nil
+}
+
+// Close drops the QMP connection without touching the process (daemon shutdown).
+func (m *Machine) Close() {
+	if m.qmp != nil {
+		m.qmp.conn.Close()
+	}
+}
+
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 1500 {
+		b = b[len(b)-1500:]
+	}
+	return "; log tail: " + strings.TrimSpace(string(b))
+}

@@ -1,0 +1,95 @@
+package network
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+const (
+	// DefaultGuestMAC is the guest MAC used when Config.MAC is empty.
+	DefaultGuestMAC = "5a:94:ef:e4:0c:ee"
+	// GatewayMAC is the MAC of the virtual gateway (DHCP/DNS server, router).
+	GatewayMAC = "5a:94:ef:e4:0c:dd"
+	// DefaultMTU is the MTU announced over DHCP and used by the gateway.
+	DefaultMTU = 1500
+)
+
+// Config describes one VM's virtual network.
+type Config struct {
+	// Subnet is the VM's IPv4 network, e.g. 10.200.7.0/24 (see SubnetForIndex).
+	// Gateway (router, DHCP and DNS server) = first host address (.1),
+	// guest = second host address (.2).
+	Subnet netip.Prefix
+	// MAC is the guest's MAC; it gets a static DHCP lease for GuestIP.
+	// Default DefaultGuestMAC.
+	MAC string
+	// MTU, default DefaultMTU.
+	MTU int
+	// SearchDomains are announced over DHCP (optional).
+	SearchDomains []string
+	// Policy is the egress policy.
+	Policy Policy
+}
+
+// Gateway returns the gateway address (.1 of Subnet).
+func (c Config) Gateway() netip.Addr { return c.Subnet.Masked().Addr().Next() }
+
+// GuestIP returns the guest address (.2 of Subnet).
+func (c Config) GuestIP() netip.Addr { return c.Gateway().Next() }
+
+func (c Config) guestMAC() string {
+	if c.MAC == "" {
+		return DefaultGuestMAC
+	}
+	return c.MAC
+}
+
+func (c Config) mtu() int {
+	if c.MTU == 0 {
+		return DefaultMTU
+	}
+	return c.MTU
+}
+
+func (c Config) validate() error {
+	if !c.Subnet.IsValid() || !c.Subnet.Addr().Is4() {
+		return fmt.Errorf("network: subnet %v must be a valid IPv4 prefix", c.Subnet)
+	}
+	if b := c.Subnet.Bits(); b < 8 || b > 29 {
+		return fmt.Errorf("network: subnet %v: prefix length must be between /8 and /29", c.Subnet)
+	}
+	if _, err := net.ParseMAC(c.guestMAC()); err != nil {
+		return fmt.Errorf("network: guest MAC: %w", err)
+	}
+	if c.guestMAC() == GatewayMAC {
+		return fmt.Errorf("network: guest MAC %s is the gateway's", GatewayMAC)
+	}
+	if m := c.mtu(); m < 576 || m > 65535 {
+		return fmt.Errorf("network: MTU %d out of range [576, 65535]", m)
+	}
+	return nil
+}
+
+// SubnetBase is the range SubnetForIndex allocates from: 256 /24 networks.
+var SubnetBase = netip.MustParsePrefix("10.200.0.0/16")
+
+// MaxSubnetIndex is the largest index SubnetForIndex accepts.
+const MaxSubnetIndex = 255
+
+// SubnetForIndex returns the i-th /24 of SubnetBase (10.200.0.0/16):
+// i=0 -> 10.200.0.0/24, i=1 -> 10.200.1.0/24, ..., i=255 -> 10.200.255.0/24.
+// It returns the zero (invalid) Prefix when i is outside [0, MaxSubnetIndex];
+// New rejects an invalid prefix.
+//
+// The networks are fully virtual (userspace), so they never conflict with
+// host routes; they only need to differ from what a guest must reach (and
+// RFC 1918 destinations are denied by default anyway).
+func SubnetForIndex(i int) netip.Prefix {
+	if i < 0 || i > MaxSubnetIndex {
+		return netip.Prefix{}
+	}
+	b := SubnetBase.Addr().As4()
+	b[2] = byte(i)
+	return netip.PrefixFrom(netip.AddrFrom4(b), 24)
+}

@@ -1,0 +1,243 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+const (
+	tcpMaxInFlight = 64 // concurrent pending outbound TCP handshakes
+	tcpDialTimeout = 30 * time.Second
+	udpDialTimeout = 10 * time.Second
+	udpIdleTimeout = 60 * time.Second
+	udpBufSize     = 65535
+)
+
+// errForbidden is returned by the egress dialer for a forbidden destination.
+var errForbidden = errors.New("network: destination forbidden by egress policy")
+
+// denied reports whether the host must not dial dst for the guest. The
+// virtual subnet itself (gateway, guest, broadcast) is never dialed on the
+// host, whatever the policy: only the in-process services answer there.
+func (n *Network) denied(dst netip.Addr) bool {
+	dst = dst.Unmap()
+	if n.cfg.Subnet.Contains(dst) {
+		return true
+	}
+	return IsForbidden(dst, n.cfg.Policy)
+}
+
+// dialer returns the dialer used for all egress. Its Control hook re-checks
+// the address the socket is actually connecting to, so nothing can reach a
+// forbidden address even if the destination were rewritten on the way.
+func (n *Network) dialer(timeout time.Duration) *net.Dialer {
+	return &net.Dialer{
+		Timeout: timeout,
+		Control: func(_, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return err
+			}
+			if n.denied(ap.Addr()) {
+				return errForbidden
+			}
+			return nil
+		},
+	}
+}
+
+// forwardTCP handles a guest SYN to a non-local destination: it dials the
+// destination from the host (if the policy allows it) and only then
+// completes the guest's handshake; otherwise the guest gets a RST.
+func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
+	id := r.ID()
+	dst := netip.AddrPortFrom(netipAddr(id.LocalAddress), id.LocalPort)
+	src := netip.AddrPortFrom(netipAddr(id.RemoteAddress), id.RemotePort)
+	if !n.begin() {
+		r.Complete(true)
+		return
+	}
+	defer n.wg.Done()
+
+	if n.denied(dst.Addr()) {
+		n.log.Info("egress denied", "proto", "tcp", "dst", dst.String(), "src", src.String())
+		r.Complete(true)
+		return
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, tcpDialTimeout)
+	c, err := n.dialer(tcpDialTimeout).DialContext(ctx, "tcp", dst.String())
+	cancel()
+	if err != nil {
+		if errors.Is(err, errForbidden) {
+			n.log.Info("egress denied", "proto", "tcp", "dst", dst.String(), "src", src.String())
+		} else {
+			n.log.Debug("egress dial failed", "proto", "tcp", "dst", dst.String(), "err", err)
+		}
+		r.Complete(true)
+		return
+	}
+	out := c.(*net.TCPConn)
+
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	r.Complete(false)
+	if terr != nil {
+		_ = out.Close()
+		n.log.Debug("guest handshake failed", "proto", "tcp", "dst", dst.String(), "err", terr.String())
+		return
+	}
+	in := gonet.NewTCPConn(&wq, ep)
+	if !n.track(in, out) {
+		_ = in.Close()
+		_ = out.Close()
+		return
+	}
+	defer n.untrack(in, out)
+	n.log.Debug("egress", "proto", "tcp", "dst", dst.String(), "src", src.String())
+	n.proxyTCP(in, out)
+}
+
+// proxyTCP copies both ways, propagating half-closes; an error in either
+// direction tears down both connections.
+func (n *Network) proxyTCP(in *gonet.TCPConn, out *net.TCPConn) {
+	var once sync.Once
+	closeBoth := func() {
+		once.Do(func() {
+			_ = in.Close()
+			_ = out.Close()
+		})
+	}
+	done := make(chan struct{})
+	n.wg.Add(1) // the caller holds a wg reference, so Add is safe here
+	go func() {
+		defer n.wg.Done()
+		defer close(done)
+		if _, err := io.Copy(out, in); err != nil {
+			closeBoth()
+			return
+		}
+		_ = out.CloseWrite()
+	}()
+	if _, err := io.Copy(in, out); err != nil {
+		closeBoth()
+	} else {
+		_ = in.CloseWrite()
+	}
+	<-done
+	closeBoth()
+}
+
+// forwardUDP handles the first datagram of a new guest UDP flow (4-tuple).
+// It runs inline in the packet path, so it must not block.
+func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
+	id := r.ID()
+	dst := netip.AddrPortFrom(netipAddr(id.LocalAddress), id.LocalPort)
+	src := netip.AddrPortFrom(netipAddr(id.RemoteAddress), id.RemotePort)
+	if n.denied(dst.Addr()) {
+		// Multicast/broadcast chatter (mDNS, SSDP...) and datagrams to the
+		// virtual subnet itself are routine: keep them out of the info log.
+		if a := dst.Addr(); a.IsMulticast() || reservedPrefix.Contains(a) || n.cfg.Subnet.Contains(a) {
+			n.log.Debug("egress denied", "proto", "udp", "dst", dst.String(), "src", src.String())
+		} else {
+			n.log.Info("egress denied", "proto", "udp", "dst", dst.String(), "src", src.String())
+		}
+		return // dropped
+	}
+	if !n.begin() {
+		return
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		n.wg.Done()
+		n.log.Debug("udp endpoint failed", "dst", dst.String(), "err", terr.String())
+		return
+	}
+	go n.udpFlow(gonet.NewUDPConn(&wq, ep), dst, src)
+}
+
+// udpFlow relays one UDP flow until it has been idle for udpIdleTimeout.
+// The caller has registered it with n.wg.
+func (n *Network) udpFlow(in *gonet.UDPConn, dst, src netip.AddrPort) {
+	defer n.wg.Done()
+	ctx, cancel := context.WithTimeout(n.ctx, udpDialTimeout)
+	out, err := n.dialer(udpDialTimeout).DialContext(ctx, "udp", dst.String())
+	cancel()
+	if err != nil {
+		_ = in.Close()
+		if errors.Is(err, errForbidden) {
+			n.log.Info("egress denied", "proto", "udp", "dst", dst.String(), "src", src.String())
+		} else {
+			n.log.Debug("egress dial failed", "proto", "udp", "dst", dst.String(), "err", err)
+		}
+		return
+	}
+	if !n.track(in, out) {
+		_ = in.Close()
+		_ = out.Close()
+		return
+	}
+	defer n.untrack(in, out)
+	n.log.Debug("egress", "proto", "udp", "dst", dst.String(), "src", src.String())
+
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var once sync.Once
+	closeBoth := func() {
+		once.Do(func() {
+			_ = in.Close()
+			_ = out.Close()
+		})
+	}
+	done := make(chan struct{})
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer close(done)
+		relayUDP(out, in, &last)
+		closeBoth()
+	}()
+	relayUDP(in, out, &last)
+	closeBoth()
+	<-done
+}
+
+// relayUDP copies datagrams from src to dst until an error or until the flow
+// (both directions, tracked in last) has been idle for udpIdleTimeout.
+func relayUDP(dst, src net.Conn, last *atomic.Int64) {
+	buf := make([]byte, udpBufSize)
+	for {
+		idleFor := time.Since(time.Unix(0, last.Load()))
+		if idleFor >= udpIdleTimeout {
+			return
+		}
+		_ = src.SetReadDeadline(time.Now().Add(udpIdleTimeout - idleFor))
+		k, err := src.Read(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue // re-check the shared idle clock
+			}
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				continue // ICMP port unreachable for an earlier datagram
+			}
+			return
+		}
+		last.Store(time.Now().UnixNano())
+		if _, err := dst.Write(buf[:k]); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			return
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/guest"
+)
+
+var userRe = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+var envKeyRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func validateExec(req *api.ExecRequest) (guest.ExecRequest, error) {
+	var g guest.ExecRequest
+	switch {
+	case len(req.Cmd) > 0 && req.Shell != "":
+		return g, errors.New("give either cmd (argv) or shell, not both")
+	case len(req.Cmd) == 0 && req.Shell == "":
+		return g, errors.New("missing command: give cmd (argv) or shell")
+	case len(req.Cmd) > 0 && req.Cmd[0] == "":
+		return g, errors.New("cmd[0] is empty")
+	}
+	if req.User != "" && !userRe.MatchString(req.User) {
+		return g, fmt.Errorf("invalid user %q", req.User)
+	}
+	if req.Cwd != "" && (!path.IsAbs(req.Cwd) || strings.ContainsRune(req.Cwd, 0)) {
+		return g, fmt.Errorf("cwd must be an absolute path, got %q", req.Cwd)
+	}
+	for k, v := range req.Env {
+		if !envKeyRe.MatchString(k) || strings.ContainsRune(v, 0) {
+			return g, fmt.Errorf("invalid environment variable %q", k)
+		}
+	}
+	if req.Timeout < 0 {
+		return g, errors.New("timeout must not be negative")
+	}
+	g = guest.ExecRequest{Argv: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		TimeoutMS: time.Duration(req.Timeout).Milliseconds()}
+	if req.Timeout > 0 && g.TimeoutMS == 0 {
+		g.TimeoutMS = 1
+	}
+	return g, nil
+}
+
+// execVM runs a command. Three response shapes:
+//   - Upgrade: agentvm-exec -> 101 and full-duplex frames (stdin streaming; the CLI uses this)
+//   - Accept: application/x-ndjson or ?stream=1 -> one api.ExecEvent per line as produced
+//   - otherwise -> one buffered api.ExecResult
+func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	greq, err := validateExec(&req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.ExecUpgrade)
+	greq.Stdin = upgrade || req.Stdin != ""
+	_, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background()) // the stream outlives r.Context() after a hijack
+	defer cancel()
+	stream, err := gc.Exec(ctx, greq)
+	if err != nil {
+		var ae *guest.APIError
+		if errors.As(err, &ae) && ae.Status >= 400 && ae.Status < 500 {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, ae.Message)
+			return
+		}
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
+		return
+	}
+	defer stream.Close()
+	switch {
+	case upgrade:
+		s.execUpgraded(w, stream)
+	case strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") || r.URL.Query().Get("stream") == "1" || r.URL.Query().Get("stream") == "true":
+		go feedStdin(stream, req.Stdin)
+		execNDJSON(w, r, stream)
+	default:
+		go feedStdin(stream, req.Stdin)
+		execBuffered(w, r, stream)
+	}
+}
+
+func feedStdin(st *guest.ExecStream, stdin string) {
+	if stdin != "" {
+		io.WriteString(st, stdin)
+		st.CloseStdin()
+	}
+}
+
+func (s *Server) execUpgraded(w http.ResponseWriter, st *guest.ExecStream) {
+	rc := http.NewResponseController(w)
+	conn, brw, err := rc.Hijack()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, "cannot upgrade: "+err.Error())
+		return
+	}
+	defer conn.Close()
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.ExecUpgrade + "\r\nConnection: Upgrade\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	// client -> guest: stdin, stdin EOF, signals
+	go func() {
+		r := bufio.NewReader(brw.Reader)
+		for {
+			f, err := guest.ReadFrame(r)
+			if err != nil {
+				st.Close() // the client went away: the guest kills the process group
+				return
+			}
+			switch f.Type {
+			case api.FrameStdin:
+				st.Write(f.Data)
+			case api.FrameStdinEOF:
+				st.CloseStdin()
+			case api.FrameSignal:
+				if n, err := strconv.Atoi(string(f.Data)); err == nil && n > 0 && n < 65 {
+					st.Signal(syscall.Signal(n))
+				}
+			}
+		}
+	}()
+	// guest -> client: output, errors, exit; frames are the same on both legs
+	for {
+		f, err := st.Next()
+		if err != nil {
+			msg, _ := json.Marshal(map[string]string{"message": "exec stream lost: " + err.Error()})
+			guest.WriteFrame(conn, api.FrameError, msg)
+			return
+		}
+		if err := guest.WriteFrame(conn, f.Type, f.Data); err != nil {
+			return
+		}
+		if f.Type == api.FrameExit {
+			return
+		}
+	}
+}
+
+func textOrBase64(b []byte) (string, bool) {
+	if utf8.Valid(b) {
+		return string(b), false
+	}
+	return base64.StdEncoding.EncodeToString(b), true
+}
+
+func execNDJSON(w http.ResponseWriter, r *http.Request, st *guest.ExecStream) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(200)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	go func() { <-r.Context().Done(); st.Close() }()
+	for {
+		f, err := st.Next()
+		if err != nil {
+			enc.Encode(api.ExecEvent{Type: "error", Message: "exec stream lost: " + err.Error()})
+			return
+		}
+		ev := api.ExecEvent{}
+		switch f.Type {
+		case guest.FrameStdout, guest.FrameStderr:
+			ev.Type = "stdout"
+			if f.Type == guest.FrameStderr {
+				ev.Type = "stderr"
+			}
+			data, b64 := textOrBase64(f.Data)
+			ev.Data = data
+			if b64 {
+				ev.Type += "_base64"
+			}
+		case guest.FrameError:
+			var e guest.ErrorBody
+			json.Unmarshal(f.Data, &e)
+			ev.Type, ev.Message = "error", e.Message
+		case guest.FrameExit:
+			var es guest.ExitStatus
+			json.Unmarshal(f.Data, &es)
+			code := es.ExitCode
+			ev = api.ExecEvent{Type: "exit", ExitCode: &code, Signal: es.Signal, TimedOut: es.TimedOut}
+		default:
+			continue
+		}
+		enc.Encode(ev)
+		rc.Flush()
+		if f.Type == guest.FrameExit {
+			return
+		}
+	}
+}
+
+func execBuffered(w http.ResponseWriter, r *http.Request, st *guest.ExecStream) {
+	go func() { <-r.Context().Done(); st.Close() }()
+	var out, errb strings.Builder
+	es, err := st.Wait(&out, &errb)
+	var ee *guest.ExecError
+	if err != nil && !errors.As(err, &ee) {
+		writeError(w, http.StatusBadGateway, api.CodeUnavailable, err.Error())
+		return
+	}
+	if ee != nil {
+		errb.WriteString(ee.Message + "\n")
+	}
+	writeJSON(w, 200, api.ExecResult{Stdout: out.String(), Stderr: errb.String(), ExitCode: es.ExitCode, Signal: es.Signal,
+		TimedOut: es.TimedOut, DurationMs: es.DurationMS})
+}

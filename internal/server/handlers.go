@@ -1,0 +1,159 @@
+package server
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+func shortHash(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])[:10]
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, api.Health{Status: "ok", Version: Version, Accel: s.accel})
+	})
+	authed := http.NewServeMux()
+	authed.HandleFunc("POST /v1/vms", s.createVM)
+	authed.HandleFunc("GET /v1/vms", s.listVMs)
+	authed.HandleFunc("GET /v1/vms/{id}", s.getVM)
+	authed.HandleFunc("DELETE /v1/vms/{id}", s.deleteVM)
+	authed.HandleFunc("POST /v1/vms/{id}/start", s.startVM)
+	authed.HandleFunc("POST /v1/vms/{id}/stop", s.stopVM)
+	authed.HandleFunc("POST /v1/vms/{id}/exec", s.execVM)
+	authed.HandleFunc("GET /v1/vms/{id}/logs", s.logsVM)
+	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	mux.Handle("/", s.auth(authed))
+	return mux
+}
+
+func (s *Server) toAPI(v *store.VM) api.VM {
+	out := api.VM{ID: v.ID, Name: v.Name, State: v.State, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, DiskBytes: v.DiskBytes,
+		Labels: v.Labels, Env: v.Env, PID: v.PID, Accel: s.accel, Template: v.Template, Error: v.Error,
+		CreatedAt: v.CreatedAt, StartedAt: v.StartedAt, CreateMs: v.CreateMs}
+	sub := network.SubnetForIndex(v.NetIndex)
+	cfg := network.Config{Subnet: sub}
+	out.Subnet, out.Gateway, out.IP = sub.String(), cfg.Gateway().String(), cfg.GuestIP().String()
+	return out
+}
+
+// decodeJSON reads a JSON body strictly; a bad body is a 400 with the reason.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil && err != io.EOF {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateVMRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	key := req.IdempotencyKey
+	if h := r.Header.Get("Idempotency-Key"); h != "" {
+		key = h
+	}
+	v, created, err := s.svc.Create(r.Context(), vm.CreateOptions{
+		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
+		Labels: req.Labels, Env: req.Env, IdempotencyKey: key,
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	status := http.StatusOK // an idempotent replay returns the existing VM
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.toAPI(v))
+}
+
+func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
+	vms, err := s.svc.List(r.Context())
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := api.ListVMsResponse{VMs: []api.VM{}}
+	sel := r.URL.Query()["label"]
+	for _, v := range vms {
+		if matchLabels(v.Labels, sel) {
+			out.VMs = append(out.VMs, s.toAPI(v))
+		}
+	}
+	writeJSON(w, 200, out)
+}
+
+func matchLabels(have map[string]string, sel []string) bool {
+	for _, kv := range sel {
+		k, val, _ := strings.Cut(kv, "=")
+		if got, ok := have[k]; !ok || (val != "" && got != val) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
+	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, s.toAPI(v))
+}
+
+func (s *Server) deleteVM(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.Delete(r.Context(), r.PathValue("id")); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) startVM(w http.ResponseWriter, r *http.Request) {
+	v, err := s.svc.Start(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, s.toAPI(v))
+}
+
+func (s *Server) stopVM(w http.ResponseWriter, r *http.Request) {
+	v, err := s.svc.Stop(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, s.toAPI(v))
+}
+
+func (s *Server) logsVM(w http.ResponseWriter, r *http.Request) {
+	rc, err := s.svc.Logs(r.Context(), r.PathValue("id"), 4<<20)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.Copy(w, rc)
+}

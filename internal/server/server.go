@@ -1,0 +1,278 @@
+// Package server wires the agentvm daemon: configuration, data-dir lock, auth and
+// the HTTP API on top of the VM service.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// Version of agentvm.
+var Version = "0.1.0-dev"
+
+// Config is the validated configuration of `agentvm serve`.
+type Config struct {
+	DataDir            string
+	Listen             string
+	Accel              string // auto|kvm|tcg
+	CacheDir           string
+	TemplateDir        string
+	RunDir             string
+	QEMU               string
+	AgentPath          string
+	AllowPrivateEgress bool
+	// Warm builds the default image and template at start-up.
+	Warm bool
+	Log  *slog.Logger
+}
+
+// DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.
+func DefaultDataDir() string {
+	if d := os.Getenv("AGENTVM_DATA_DIR"); d != "" {
+		return d
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "agentvm")
+}
+
+// Server is a running daemon.
+type Server struct {
+	cfg   Config
+	svc   *vm.Service
+	store *store.Store
+	token string
+	lock  *os.File
+	http  *http.Server
+	ln    net.Listener
+	log   *slog.Logger
+	accel string
+}
+
+// New validates cfg, takes the data-dir lock, opens the store, reconciles VMs and
+// binds the listener. It fails fast and clearly when something is missing.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = DefaultDataDir()
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:7070"
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = image.DefaultCacheDir()
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	accel, why, err := qemu.ResolveAccel(cfg.Accel)
+	if err != nil {
+		return nil, err
+	}
+	qv, err := qemu.Version(cfg.QEMU)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		return nil, fmt.Errorf("qemu-img not found: install it with: apt-get install qemu-utils")
+	}
+	if cfg.AgentPath == "" {
+		cfg.AgentPath = findAgent()
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, fmt.Errorf("guest agent binary not found at %q (build it with: CGO_ENABLED=0 go build -o bin/agentvm-guest ./cmd/agentvm-guest, or pass --guest-agent)", cfg.AgentPath)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.DataDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("another agentvm server is already using data dir %s", cfg.DataDir)
+	}
+	s := &Server{cfg: cfg, lock: lock, log: cfg.Log, accel: accel}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeResources()
+		}
+	}()
+	if s.token, err = loadOrCreateToken(filepath.Join(cfg.DataDir, "admin.token")); err != nil {
+		return nil, err
+	}
+	if cfg.RunDir == "" {
+		cfg.RunDir = runDir(cfg.DataDir)
+	}
+	if s.store, err = store.Open(filepath.Join(cfg.DataDir, "agentvm.db")); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	s.ln = ln
+	policy := network.Policy{AllowPrivate: cfg.AllowPrivateEgress}
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsUnspecified() {
+		policy.ExtraDenied = append(policy.ExtraDenied, netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen()))
+	}
+	s.svc, err = vm.New(vm.Config{
+		DataDir: cfg.DataDir, RunDir: cfg.RunDir, CacheDir: cfg.CacheDir, TemplateDir: cfg.TemplateDir,
+		QEMU: cfg.QEMU, QEMUVersion: qv, Accel: accel, AgentPath: cfg.AgentPath, Policy: policy, Log: cfg.Log,
+		ImageProgress: func(step string) { cfg.Log.Info("image build", "step", step) },
+	}, s.store)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.svc.Reconcile(ctx); err != nil {
+		return nil, err
+	}
+	cfg.Log.Info("agentvm ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "accel", accel, "accel_reason", why, "qemu", qv)
+	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	ok = true
+	return s, nil
+}
+
+// Addr is the bound listen address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Warm builds the default image and the default template so the first create is fast.
+func (s *Server) Warm(ctx context.Context, cpus int, memMiB int64) error {
+	_, err := s.svc.EnsureTemplate(ctx, cpus, memMiB)
+	return err
+}
+
+// Serve serves until ctx is done, then detaches from VMs (they keep running).
+func (s *Server) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(s.ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		s.closeResources()
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.http.Shutdown(sctx)
+	s.closeResources()
+	return nil
+}
+
+func (s *Server) closeResources() {
+	if s.svc != nil {
+		s.svc.Close()
+	}
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	if s.store != nil {
+		s.store.Close()
+	}
+	if s.lock != nil {
+		s.lock.Close()
+	}
+}
+
+func loadOrCreateToken(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, nil
+		}
+	}
+	b := make([]byte, 24)
+	rand.Read(b)
+	t := "avm_" + hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(t+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write admin token: %w", err)
+	}
+	return t, nil
+}
+
+// runDir is a short per-data-dir directory for unix sockets (108-byte limit).
+func runDir(dataDir string) string {
+	abs, _ := filepath.Abs(dataDir)
+	base := "/run/agentvm"
+	if os.MkdirAll(base, 0o700) != nil {
+		base = filepath.Join(os.TempDir(), fmt.Sprintf("agentvm-%d", os.Getuid()))
+	}
+	return filepath.Join(base, shortHash(abs))
+}
+
+func findAgent() string {
+	if p := os.Getenv("AGENTVM_GUEST_AGENT"); p != "" {
+		return p
+	}
+	if exe, err := os.Executable(); err == nil {
+		return filepath.Join(filepath.Dir(exe), "agentvm-guest")
+	}
+	return "agentvm-guest"
+}
+
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
+			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing or invalid API token: send Authorization: Bearer <token> (the admin token is in <data dir>/admin.token)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, api.Error{Error: api.ErrorBody{Code: code, Message: msg}})
+}
+
+// writeErr maps service errors to HTTP statuses: the one place that does so.
+func writeErr(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, api.CodeInternal
+	switch {
+	case errors.Is(err, vm.ErrInvalid):
+		status, code = http.StatusBadRequest, api.CodeInvalid
+	case errors.Is(err, vm.ErrNotFound):
+		status, code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, vm.ErrConflict):
+		status, code = http.StatusConflict, api.CodeConflict
+	case errors.Is(err, vm.ErrInsufficient):
+		status, code = http.StatusInsufficientStorage, api.CodeInsufficient
+	case errors.Is(err, vm.ErrUnavailable):
+		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
+	}
+	msg := err.Error()
+	for _, p := range []string{vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	writeError(w, status, code, msg)
+}

@@ -1,0 +1,191 @@
+// Package store persists agentvm metadata (VMs) in SQLite.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite"
+)
+
+var (
+	// ErrNotFound means no row matched.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict means a unique field (name, idempotency key) is taken.
+	ErrConflict = errors.New("conflict")
+)
+
+// VM is the persisted record of one VM.
+type VM struct {
+	ID             string            `json:"id"`
+	Name           string            `json:"name"`
+	State          string            `json:"state"`
+	CPUs           int               `json:"cpus"`
+	MemoryMiB      int64             `json:"memory_mib"`
+	DiskBytes      int64             `json:"disk_bytes"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	NetIndex       int               `json:"net_index"`
+	PID            int               `json:"pid,omitempty"`
+	Template       string            `json:"template,omitempty"`
+	MachineID      string            `json:"machine_id,omitempty"`
+	Error          string            `json:"error,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	StartedAt      *time.Time        `json:"started_at,omitempty"`
+	CreateMs       int64             `json:"create_ms,omitempty"`
+	// ColdBoot is set once the VM has been booted from its disk (after a stop):
+	// its RAM is no longer the template's.
+	ColdBoot bool `json:"cold_boot,omitempty"`
+}
+
+// Store is a SQLite-backed metadata store.
+type Store struct{ db *sql.DB }
+
+const schema = `
+CREATE TABLE IF NOT EXISTS vms (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	idempotency_key TEXT UNIQUE,
+	net_index INTEGER NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);`
+
+// Open opens (creating if needed) the database at path.
+func Open(path string) (*Store, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init schema: %w", err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func mapErr(err error) error {
+	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint") {
+		return fmt.Errorf("%w: %v", ErrConflict, err)
+	}
+	return err
+}
+
+// CreateVM inserts a new VM; ErrConflict if its name, idempotency key or network index is taken.
+func (s *Store) CreateVM(ctx context.Context, v *VM) error {
+	data, _ := json.Marshal(v)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, created_at, data) VALUES (?,?,?,?,?,?)`,
+		v.ID, v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.CreatedAt.UnixNano(), string(data))
+	return mapErr(err)
+}
+
+// UpdateVM replaces a VM's record.
+func (s *Store) UpdateVM(ctx context.Context, v *VM) error {
+	data, _ := json.Marshal(v)
+	r, err := s.db.ExecContext(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, data=? WHERE id=?`,
+		v.Name, nullable(v.IdempotencyKey), v.NetIndex, string(data), v.ID)
+	if err != nil {
+		return mapErr(err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteVM removes a VM's record.
+func (s *Store) DeleteVM(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM vms WHERE id=?`, id)
+	return err
+}
+
+func (s *Store) one(ctx context.Context, where string, arg any) (*VM, error) {
+	var data string
+	err := s.db.QueryRowContext(ctx, `SELECT data FROM vms WHERE `+where, arg).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	var v VM
+	if err := json.Unmarshal([]byte(data), &v); err != nil {
+		return nil, fmt.Errorf("decode vm: %w", err)
+	}
+	return &v, nil
+}
+
+// GetVM finds a VM by id, or by name.
+func (s *Store) GetVM(ctx context.Context, idOrName string) (*VM, error) {
+	v, err := s.one(ctx, `id=?`, idOrName)
+	if errors.Is(err, ErrNotFound) {
+		return s.one(ctx, `name=?`, idOrName)
+	}
+	return v, err
+}
+
+// GetVMByIdempotencyKey finds the VM created with key.
+func (s *Store) GetVMByIdempotencyKey(ctx context.Context, key string) (*VM, error) {
+	return s.one(ctx, `idempotency_key=?`, key)
+}
+
+// ListVMs returns all VMs, oldest first.
+func (s *Store) ListVMs(ctx context.Context) ([]*VM, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT data FROM vms ORDER BY created_at`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*VM
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var v VM
+		if err := json.Unmarshal([]byte(data), &v); err != nil {
+			return nil, fmt.Errorf("decode vm: %w", err)
+		}
+		out = append(out, &v)
+	}
+	return out, rows.Err()
+}
+
+// FreeNetIndex returns the smallest network index not used by any VM.
+func (s *Store) FreeNetIndex(ctx context.Context) (int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT net_index FROM vms ORDER BY net_index`)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	next := 1
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return 0, err
+		}
+		if i == next {
+			next++
+		} else if i > next {
+			break
+		}
+	}
+	return next, rows.Err()
+}

@@ -1,0 +1,284 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// CreateOptions are the validated inputs of a create.
+type CreateOptions struct {
+	Name           string
+	CPUs           int
+	MemoryMiB      int64
+	DiskBytes      int64
+	Labels         map[string]string
+	Env            map[string]string
+	IdempotencyKey string
+}
+
+// Defaults for a create.
+const (
+	DefaultCPUs      = 1
+	DefaultMemoryMiB = 1024
+	DefaultDiskBytes = 8 << 30
+	MinMemoryMiB     = 128
+	MaxCPUs          = 64
+)
+
+var (
+	nameRe  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	labelRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$`)
+	envRe   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// ValidateName checks a VM name: a DNS label, since it becomes the hostname.
+func ValidateName(n string) error {
+	if !nameRe.MatchString(n) {
+		return fmt.Errorf("%w: invalid name %q: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit", ErrInvalid, n)
+	}
+	return nil
+}
+
+// Validate fills defaults and checks every field.
+func (o *CreateOptions) Validate() error {
+	if o.CPUs == 0 {
+		o.CPUs = DefaultCPUs
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = DefaultMemoryMiB
+	}
+	if o.DiskBytes == 0 {
+		o.DiskBytes = DefaultDiskBytes
+	}
+	if o.Name != "" {
+		if err := ValidateName(o.Name); err != nil {
+			return err
+		}
+	}
+	if o.CPUs < 1 || o.CPUs > MaxCPUs {
+		return fmt.Errorf("%w: cpus must be between 1 and %d, got %d", ErrInvalid, MaxCPUs, o.CPUs)
+	}
+	if o.MemoryMiB < MinMemoryMiB {
+		return fmt.Errorf("%w: memory must be at least %d MiB, got %d MiB", ErrInvalid, MinMemoryMiB, o.MemoryMiB)
+	}
+	for k, v := range o.Labels {
+		if !labelRe.MatchString(k) || len(v) > 256 {
+			return fmt.Errorf("%w: invalid label %q: keys are 1-63 of [A-Za-z0-9._/-], values at most 256 bytes", ErrInvalid, k)
+		}
+	}
+	for k, v := range o.Env {
+		if !envRe.MatchString(k) || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%w: invalid environment variable %q", ErrInvalid, k)
+		}
+	}
+	if len(o.IdempotencyKey) > 200 {
+		return fmt.Errorf("%w: idempotency key longer than 200 bytes", ErrInvalid)
+	}
+	return nil
+}
+
+// Create makes a running VM by restoring the template of its shape onto a fresh
+// overlay and giving it its own identity. On any failure nothing is left behind.
+func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool, error) {
+	if err := o.Validate(); err != nil {
+		return nil, false, err
+	}
+	if o.IdempotencyKey != "" {
+		if v, err := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); err == nil {
+			return v, false, nil
+		}
+	}
+	img, err := s.Image(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if o.DiskBytes < img.SizeBytes {
+		return nil, false, fmt.Errorf("%w: disk must be at least %d MiB (the image size), got %d MiB", ErrInvalid, img.SizeBytes>>20, o.DiskBytes>>20)
+	}
+	if err := s.admit(o.MemoryMiB, o.DiskBytes-img.SizeBytes); err != nil {
+		return nil, false, err
+	}
+	id := "vm-" + randHex(6)
+	if o.Name == "" {
+		o.Name = id
+	}
+	v := &store.VM{ID: id, Name: o.Name, State: "creating", CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
+		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC()}
+	// The row goes in first so the name and idempotency key are claimed; a retry
+	// racing with us sees a conflict instead of making a second VM.
+	for attempt := 0; ; attempt++ {
+		if v.NetIndex, err = s.store.FreeNetIndex(ctx); err != nil {
+			return nil, false, err
+		}
+		err = s.store.CreateVM(ctx, v)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, store.ErrConflict) {
+			if o.IdempotencyKey != "" {
+				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
+					return prev, false, nil
+				}
+			}
+			if _, e := s.store.GetVM(ctx, o.Name); e == nil {
+				return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
+			}
+			if attempt < 5 {
+				continue // network index taken by a concurrent create
+			}
+		}
+		return nil, false, err
+	}
+	unlock := s.lock(id)
+	defer unlock()
+	start := time.Now()
+	if err := s.restore(ctx, v); err != nil {
+		s.log.Error("create failed", "vm", id, "err", err)
+		s.destroy(context.Background(), v)
+		return nil, false, err
+	}
+	v.CreateMs = time.Since(start).Milliseconds()
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		s.destroy(context.Background(), v)
+		return nil, false, err
+	}
+	s.log.Info("vm created", "vm", id, "name", v.Name, "ms", v.CreateMs, "template", v.Template)
+	return v, true, nil
+}
+
+// restore starts v from its shape's template and pushes its identity.
+func (s *Service) restore(ctx context.Context, v *store.VM) error {
+	t, err := s.EnsureTemplate(ctx, v.CPUs, v.MemoryMiB)
+	if err != nil {
+		return err
+	}
+	img, err := s.Image(ctx)
+	if err != nil {
+		return err
+	}
+	v.Template = t.Key
+	p := s.paths(v.ID)
+	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(p.Run, 0o700); err != nil {
+		return err
+	}
+	if err := createOverlay(ctx, t.disk(), p.Disk, 0); err != nil {
+		return err
+	}
+	mc := s.machineConfig(v, p, img)
+	mc.RAMPath, mc.Incoming = t.ram(), t.state()
+	return s.launch(ctx, v, mc, 30*time.Second, t.DiskBytes)
+}
+
+// launch starts QEMU (restore or cold boot), attaches the network, waits for the
+// agent and pushes identity. baseDisk is the disk size the guest currently sees.
+func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agentTimeout time.Duration, baseDisk int64) error {
+	net, err := s.newNetwork(v)
+	if err != nil {
+		return err
+	}
+	m, err := qemu.Start(ctx, mc)
+	if err != nil {
+		net.Close()
+		return err
+	}
+	in := &instance{id: v.ID, paths: s.paths(v.ID), machine: m, net: net}
+	fail := func(err error) error {
+		in.kill()
+		return err
+	}
+	if err := net.Attach(ctx, mc.NetSock); err != nil {
+		return fail(fmt.Errorf("attach network: %w", err))
+	}
+	actx, cancel := context.WithTimeout(ctx, agentTimeout)
+	defer cancel()
+	agent, err := connectAgent(actx, mc.AgentSock, m.Done())
+	if err != nil {
+		if actx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w: guest agent did not answer within %s (accel %s)", ErrUnavailable, agentTimeout, s.cfg.Accel)
+		}
+		return fail(fmt.Errorf("%w%s", err, tail(mc.LogPath)))
+	}
+	in.agent = agent
+	resize := v.DiskBytes > baseDisk
+	if resize {
+		if err := m.BlockResize(ctx, v.DiskBytes); err != nil {
+			return fail(fmt.Errorf("grow disk: %w", err))
+		}
+	}
+	nc := net.Config()
+	id := guest.Identity{
+		Hostname: v.Name, TimeUnixNano: time.Now().UnixNano(), MachineID: v.MachineID, Seed: []byte(randHex(32)),
+		Env: v.Env, DiskResize: resize,
+		Network: &guest.Network{Address: fmt.Sprintf("%s/%d", nc.GuestIP(), nc.Subnet.Bits()), Gateway: nc.Gateway().String(), DNS: []string{nc.Gateway().String()}},
+	}
+	if err := agent.SetIdentity(ctx, id); err != nil {
+		return fail(fmt.Errorf("set guest identity: %w", err))
+	}
+	now := time.Now().UTC()
+	v.State, v.PID, v.StartedAt, v.Error = "running", m.PID(), &now, ""
+	s.setInstance(v.ID, in)
+	go s.monitor(v.ID, in)
+	return nil
+}
+
+// destroy removes every trace of a VM: process, files, sockets, row.
+func (s *Service) destroy(ctx context.Context, v *store.VM) {
+	if in := s.instance(v.ID); in != nil {
+		in.kill()
+		s.setInstance(v.ID, nil)
+	} else if qemu.IsOurs(v.PID, v.ID) {
+		syscall.Kill(v.PID, syscall.SIGKILL)
+		for i := 0; i < 100 && qemu.IsOurs(v.PID, v.ID); i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	p := s.paths(v.ID)
+	os.RemoveAll(p.Run)
+	os.RemoveAll(p.Dir)
+	s.store.DeleteVM(ctx, v.ID)
+}
+
+// admit refuses a create the host cannot hold: guest RAM must fit in available
+// memory (with headroom for QEMU itself) and disk growth in free disk space.
+func (s *Service) admit(memMiB, diskGrowth int64) error {
+	avail, err := memAvailableMiB()
+	if err == nil && memMiB+128 > avail {
+		return fmt.Errorf("%w: %d MiB of memory requested but the host has only %d MiB available", ErrInsufficient, memMiB, avail)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.cfg.DataDir, &st); err == nil {
+		free := int64(st.Bavail) * st.Bsize
+		if diskGrowth+(512<<20) > free {
+			return fmt.Errorf("%w: disk needs %d MiB more than the image but %s has only %d MiB free", ErrInsufficient, diskGrowth>>20, s.cfg.DataDir, free>>20)
+		}
+	}
+	return nil
+}
+
+func memAvailableMiB() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "MemAvailable:") {
+			var kb int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimPrefix(line, "MemAvailable:")), &kb)
+			return kb >> 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+}

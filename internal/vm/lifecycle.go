@@ -1,0 +1,254 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// transitions lists, per operation, the states it may start from.
+var transitions = map[string][]string{
+	"start":  {"stopped", "crashed"},
+	"stop":   {"running", "paused"},
+	"exec":   {"running"},
+	"delete": {"running", "paused", "stopped", "crashed", "error", "suspended"},
+}
+
+func checkTransition(op string, v *store.VM) error {
+	for _, st := range transitions[op] {
+		if v.State == st {
+			return nil
+		}
+	}
+	hint := ""
+	switch {
+	case op == "exec" && (v.State == "stopped" || v.State == "crashed"):
+		hint = "; start it first with: agentvm start " + v.Name
+	case v.State == "creating":
+		hint = "; it is still being created"
+	}
+	return fmt.Errorf("%w: cannot %s VM %s: it is %s%s", ErrConflict, op, v.Name, v.State, hint)
+}
+
+// Get finds a VM by id or name.
+func (s *Service) Get(ctx context.Context, idOrName string) (*store.VM, error) {
+	v, err := s.store.GetVM(ctx, idOrName)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: no VM named or with id %q", ErrNotFound, idOrName)
+	}
+	return v, err
+}
+
+// List returns all VMs.
+func (s *Service) List(ctx context.Context) ([]*store.VM, error) { return s.store.ListVMs(ctx) }
+
+// Stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
+func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	defer s.lock(v.ID)()
+	if v, err = s.Get(ctx, v.ID); err != nil {
+		return nil, err
+	}
+	if v.State == "stopped" {
+		return v, nil // stopping twice is a no-op
+	}
+	if err := checkTransition("stop", v); err != nil {
+		return nil, err
+	}
+	if in := s.instance(v.ID); in != nil {
+		in.mu.Lock()
+		in.expectExit = true
+		in.mu.Unlock()
+		in.machine.Shutdown(ctx, 30*time.Second)
+		in.detach()
+		s.setInstance(v.ID, nil)
+	}
+	os.RemoveAll(s.paths(v.ID).Run)
+	v.State, v.PID, v.ColdBoot = "stopped", 0, true
+	return v, s.store.UpdateVM(ctx, v)
+}
+
+// Start cold-boots a stopped VM from its own disk.
+func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	defer s.lock(v.ID)()
+	if v, err = s.Get(ctx, v.ID); err != nil {
+		return nil, err
+	}
+	if v.State == "running" {
+		return v, nil
+	}
+	if err := checkTransition("start", v); err != nil {
+		return nil, err
+	}
+	if err := s.admit(v.MemoryMiB, 0); err != nil {
+		return nil, err
+	}
+	img, err := s.Image(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := s.paths(v.ID)
+	os.MkdirAll(p.Run, 0o700)
+	mc := s.machineConfig(v, p, img)
+	if err := s.launch(ctx, v, mc, s.cfg.BootTimeout, v.DiskBytes); err != nil {
+		v.State, v.Error = "stopped", "start failed: "+err.Error()
+		s.store.UpdateVM(context.Background(), v)
+		return nil, err
+	}
+	v.ColdBoot = true
+	return v, s.store.UpdateVM(ctx, v)
+}
+
+// Delete removes a VM in any settled state.
+func (s *Service) Delete(ctx context.Context, idOrName string) error {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	defer s.lock(v.ID)()
+	if v, err = s.Get(ctx, v.ID); err != nil {
+		return err
+	}
+	if err := checkTransition("delete", v); err != nil {
+		return err
+	}
+	v.State = "deleting"
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		return err
+	}
+	s.destroy(ctx, v)
+	s.log.Info("vm deleted", "vm", v.ID)
+	return nil
+}
+
+// monitor records an exit the service did not cause: a guest power-off is
+// "stopped", anything else "crashed".
+func (s *Service) monitor(id string, in *instance) {
+	<-in.machine.Done()
+	if in.expectingExit() {
+		return
+	}
+	defer s.lock(id)()
+	if s.instance(id) != in {
+		return
+	}
+	clean, reason := in.machine.CleanExit()
+	in.detach()
+	s.setInstance(id, nil)
+	v, err := s.store.GetVM(context.Background(), id)
+	if err != nil {
+		return
+	}
+	v.State, v.PID, v.ColdBoot = "crashed", 0, true
+	v.Error = "QEMU exited unexpectedly" + tail(s.paths(id).Log)
+	if clean && reason != "host-error" {
+		v.State, v.Error = "stopped", ""
+	}
+	s.store.UpdateVM(context.Background(), v)
+	os.RemoveAll(s.paths(id).Run)
+	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", reason)
+}
+
+// Guest returns the agent session of a running VM.
+func (s *Service) Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkTransition("exec", v); err != nil {
+		return nil, nil, err
+	}
+	in := s.instance(v.ID)
+	if in == nil {
+		return nil, nil, fmt.Errorf("%w: VM %s is %s but not attached", ErrUnavailable, v.Name, v.State)
+	}
+	c, err := in.guestClient(ctx)
+	return v, c, err
+}
+
+// Instance address info for inspect.
+func (s *Service) Logs(ctx context.Context, idOrName string, maxBytes int64) (io.ReadCloser, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(s.paths(v.ID).Log)
+	if err != nil {
+		return nil, fmt.Errorf("%w: no log for %s yet", ErrNotFound, v.Name)
+	}
+	if st, err := f.Stat(); err == nil && st.Size() > maxBytes {
+		f.Seek(st.Size()-maxBytes, io.SeekStart)
+	}
+	return f, nil
+}
+
+// Reconcile runs at start-up: it re-attaches to QEMU processes that kept running
+// while the daemon was down, marks dead ones, and removes half-finished creates.
+func (s *Service) Reconcile(ctx context.Context) error {
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vms {
+		switch v.State {
+		case "creating", "deleting":
+			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
+			s.destroy(ctx, v)
+		case "running", "paused":
+			if err := s.reattach(ctx, v); err != nil {
+				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
+				v.State, v.PID, v.ColdBoot, v.Error = "crashed", 0, true, "lost while the daemon was down: "+err.Error()
+				s.store.UpdateVM(ctx, v)
+				os.RemoveAll(s.paths(v.ID).Run)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Service) reattach(ctx context.Context, v *store.VM) error {
+	if !qemu.IsOurs(v.PID, v.ID) {
+		return fmt.Errorf("QEMU pid %d is gone", v.PID)
+	}
+	img, err := s.Image(ctx)
+	if err != nil {
+		return err
+	}
+	p := s.paths(v.ID)
+	mc := s.machineConfig(v, p, img)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := qemu.Attach(actx, mc, v.PID)
+	if err != nil {
+		return err
+	}
+	net, err := s.newNetwork(v)
+	if err != nil {
+		m.Close()
+		return err
+	}
+	if err := net.Attach(actx, p.Net); err != nil {
+		m.Close()
+		net.Close()
+		return fmt.Errorf("re-attach network: %w", err)
+	}
+	in := &instance{id: v.ID, paths: p, machine: m, net: net}
+	s.setInstance(v.ID, in)
+	go s.monitor(v.ID, in)
+	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)
+	return nil
+}

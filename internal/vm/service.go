@@ -1,0 +1,207 @@
+// Package vm is the VM service: lifecycle state machine, create-from-template,
+// exec access and reconciliation after a daemon restart.
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// Sentinel errors; the server maps them to HTTP statuses in one place.
+var (
+	ErrInvalid      = errors.New("invalid argument")
+	ErrNotFound     = errors.New("not found")
+	ErrConflict     = errors.New("conflict")
+	ErrInsufficient = errors.New("insufficient host resources")
+	ErrUnavailable  = errors.New("unavailable")
+)
+
+// Config configures the service.
+type Config struct {
+	DataDir     string // vms/<id>/ lives here
+	RunDir      string // short directory for unix sockets (<108 bytes paths)
+	CacheDir    string // image cache
+	TemplateDir string // template snapshots (default CacheDir/templates)
+	QEMU        string // qemu-system-x86_64 binary
+	QEMUVersion string
+	Accel       string // kvm or tcg (already resolved)
+	AgentPath   string // agentvm-guest binary baked into the image
+	// BootTimeout bounds a cold boot until the agent answers.
+	BootTimeout time.Duration
+	Policy      network.Policy
+	Log         *slog.Logger
+	// ImageProgress receives image build step lines.
+	ImageProgress func(string)
+}
+
+// Service owns all VMs of one data dir.
+type Service struct {
+	cfg   Config
+	store *store.Store
+	log   *slog.Logger
+
+	mu        sync.Mutex
+	instances map[string]*instance // running VMs by id
+	locks     map[string]*sync.Mutex
+
+	imgOnce sync.Mutex
+	img     *image.Image
+
+	tplMu sync.Mutex // serialises template builds in this process
+}
+
+// New creates the service. Call Reconcile before serving requests.
+func New(cfg Config, st *store.Store) (*Service, error) {
+	if cfg.TemplateDir == "" {
+		cfg.TemplateDir = filepath.Join(cfg.CacheDir, "templates")
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 60 * time.Second
+		if cfg.Accel == "tcg" {
+			cfg.BootTimeout = 180 * time.Second
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	for _, d := range []string{filepath.Join(cfg.DataDir, "vms"), cfg.RunDir, cfg.TemplateDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, locks: map[string]*sync.Mutex{}}, nil
+}
+
+// Accel returns the accelerator in use.
+func (s *Service) Accel() string { return s.cfg.Accel }
+
+// Image returns the default image, building it on first use.
+func (s *Service) Image(ctx context.Context) (*image.Image, error) {
+	s.imgOnce.Lock()
+	defer s.imgOnce.Unlock()
+	if s.img != nil {
+		return s.img, nil
+	}
+	img, err := image.Ensure(ctx, image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Progress: s.cfg.ImageProgress})
+	if err != nil {
+		return nil, fmt.Errorf("default image: %w", err)
+	}
+	s.img = img
+	return img, nil
+}
+
+// lock serialises lifecycle operations on one VM.
+func (s *Service) lock(id string) func() {
+	s.mu.Lock()
+	l := s.locks[id]
+	if l == nil {
+		l = &sync.Mutex{}
+		s.locks[id] = l
+	}
+	s.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+func (s *Service) instance(id string) *instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.instances[id]
+}
+
+func (s *Service) setInstance(id string, in *instance) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in == nil {
+		delete(s.instances, id)
+	} else {
+		s.instances[id] = in
+	}
+}
+
+// paths are every file of one VM, named in one place.
+type paths struct {
+	Dir, Disk, Log, Run, QMP, Agent, Net string
+}
+
+func (s *Service) paths(id string) paths {
+	dir := filepath.Join(s.cfg.DataDir, "vms", id)
+	run := filepath.Join(s.cfg.RunDir, id)
+	return paths{
+		Dir: dir, Disk: filepath.Join(dir, "disk.qcow2"), Log: filepath.Join(dir, "vm.log"),
+		Run: run, QMP: filepath.Join(run, "qmp.sock"), Agent: filepath.Join(run, "agent.sock"), Net: filepath.Join(run, "net.sock"),
+	}
+}
+
+// GuestMAC is the fixed MAC of every VM's NIC: each VM sits alone on its own network.
+const GuestMAC = "5a:94:ef:e4:0c:ee"
+
+// kernelAppend is the guest kernel command line; part of the template key.
+const kernelAppend = "root=/dev/vda rw console=ttyS0 quiet loglevel=3 net.ifnames=0 panic=-1 systemd.show_status=false"
+
+func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Config {
+	return qemu.Config{
+		ID: v.ID, Binary: s.cfg.QEMU, Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel),
+		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend,
+		Disk: p.Disk, QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
+		MAC: GuestMAC, VMGenID: newUUID(),
+	}
+}
+
+func (s *Service) networkConfig(idx int) network.Config {
+	return network.Config{Subnet: network.SubnetForIndex(idx), MAC: GuestMAC, Policy: s.cfg.Policy}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newUUID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+func hashStrings(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		fmt.Fprintf(h, "%d:%s;", len(p), p)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+// Close detaches from all VMs without stopping them: QEMU outlives the daemon.
+func (s *Service) Close() {
+	s.mu.Lock()
+	ins := make([]*instance, 0, len(s.instances))
+	for _, in := range s.instances {
+		ins = append(ins, in)
+	}
+	s.instances = map[string]*instance{}
+	s.mu.Unlock()
+	for _, in := range ins {
+		in.detach()
+	}
+}
+
+func (s *Service) newNetwork(v *store.VM) (*network.Network, error) {
+	return network.New(s.networkConfig(v.NetIndex), s.log.With("vm", v.ID))
+}

@@ -1,0 +1,205 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// Template is a booted-once image frozen at the point its agent answered: a RAM file,
+// a device-state file and a frozen disk overlay. Every create restores one.
+type Template struct {
+	Key        string    `json:"key"`
+	Dir        string    `json:"-"`
+	ImageHash  string    `json:"image_hash"`
+	CPUs       int       `json:"cpus"`
+	MemoryMiB  int64     `json:"memory_mib"`
+	DiskBytes  int64     `json:"disk_bytes"`
+	Accel      string    `json:"accel"`
+	CPUModel   string    `json:"cpu_model"`
+	QEMU       string    `json:"qemu_version"`
+	Machine    string    `json:"machine"`
+	DeviceSet  string    `json:"device_set"`
+	ColdBootMs int64     `json:"cold_boot_ms"`
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+func (t *Template) ram() string   { return filepath.Join(t.Dir, "ram") }
+func (t *Template) state() string { return filepath.Join(t.Dir, "state") }
+func (t *Template) disk() string  { return filepath.Join(t.Dir, "disk.qcow2") }
+
+// templateKey names a snapshot shape: a restore needs all of these to match.
+func (s *Service) templateKey(img *image.Image, cpus int, memMiB int64) string {
+	return hashStrings(img.Hash, s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel),
+		qemu.DeviceSet, fmt.Sprint(cpus), fmt.Sprint(memMiB), kernelAppend, GuestMAC)
+}
+
+// EnsureTemplate returns the template for this shape, cold-booting it once if needed.
+// Builds are serialised across processes with a lock file.
+func (s *Service) EnsureTemplate(ctx context.Context, cpus int, memMiB int64) (*Template, error) {
+	img, err := s.Image(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key := s.templateKey(img, cpus, memMiB)
+	dir := filepath.Join(s.cfg.TemplateDir, key)
+	if t, err := loadTemplate(dir); err == nil {
+		return t, nil
+	}
+	s.tplMu.Lock()
+	defer s.tplMu.Unlock()
+	lf, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, err
+	}
+	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
+	if t, err := loadTemplate(dir); err == nil {
+		return t, nil
+	}
+	return s.buildTemplate(ctx, img, key, dir, cpus, memMiB)
+}
+
+func loadTemplate(dir string) (*Template, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "template.json"))
+	if err != nil {
+		return nil, err
+	}
+	var t Template
+	if err := json.Unmarshal(b, &t); err != nil {
+		return nil, err
+	}
+	t.Dir = dir
+	return &t, nil
+}
+
+func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir string, cpus int, memMiB int64) (*Template, error) {
+	log := s.log.With("op", "template", "key", key)
+	log.Info("cold-booting template (first use of this image and shape)", "cpus", cpus, "memory_mib", memMiB, "accel", s.cfg.Accel)
+	tmp := dir + ".tmp"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+	t := &Template{Key: key, Dir: tmp, ImageHash: img.Hash, CPUs: cpus, MemoryMiB: memMiB, DiskBytes: img.SizeBytes,
+		Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel), QEMU: s.cfg.QEMUVersion, Machine: qemu.MachineType,
+		DeviceSet: qemu.DeviceSet, CreatedAt: time.Now().UTC()}
+	if err := createOverlay(ctx, img.Disk, t.disk(), 0); err != nil {
+		return nil, err
+	}
+	if err := os.Truncate(t.ram(), 0); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	if f, err := os.OpenFile(t.ram(), os.O_CREATE|os.O_RDWR, 0o600); err != nil {
+		return nil, err
+	} else {
+		f.Truncate(memMiB << 20)
+		f.Close()
+	}
+	run := filepath.Join(s.cfg.RunDir, "tpl-"+key[:8])
+	os.MkdirAll(run, 0o700)
+	defer os.RemoveAll(run)
+	p := paths{Dir: tmp, Disk: t.disk(), Log: filepath.Join(tmp, "boot.log"), Run: run,
+		QMP: filepath.Join(run, "qmp.sock"), Agent: filepath.Join(run, "agent.sock"), Net: filepath.Join(run, "net.sock")}
+	v := &store.VM{ID: "tpl-" + key[:12], CPUs: cpus, MemoryMiB: memMiB}
+	mc := s.machineConfig(v, p, img)
+	mc.RAMPath, mc.RAMShared = t.ram(), true
+
+	net, err := network.New(s.networkConfig(0), s.log.With("vm", v.ID))
+	if err != nil {
+		return nil, err
+	}
+	defer net.Close()
+	start := time.Now()
+	m, err := qemu.Start(ctx, mc)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Kill()
+	if err := net.Attach(ctx, p.Net); err != nil {
+		return nil, fmt.Errorf("template network: %w", err)
+	}
+	bctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
+	defer cancel()
+	agent, err := connectAgent(bctx, p.Agent, m.Done())
+	if err != nil {
+		if errors.Is(bctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("%w: template cold boot (%s) did not reach the guest agent within %s; the accelerator may not run this kernel (try --accel tcg)%s",
+				ErrUnavailable, s.cfg.Accel, s.cfg.BootTimeout, tail(p.Log))
+		}
+		return nil, fmt.Errorf("template cold boot: %w%s", err, tail(p.Log))
+	}
+	defer agent.Close()
+	// Let boot finish so clones do not each redo the tail of it.
+	var out strings.Builder
+	agent.Run(bctx, guest.ExecRequest{Argv: []string{"systemctl", "is-system-running", "--wait"}, TimeoutMS: 120000}, nil, &out, &out)
+	t.ColdBootMs = time.Since(start).Milliseconds()
+	log.Info("template booted", "ms", t.ColdBootMs, "system", strings.TrimSpace(out.String()))
+	agent.Run(bctx, guest.ExecRequest{Argv: []string{"sync"}}, nil, nil, nil)
+	agent.Close()
+	if err := m.SaveState(ctx, t.state()); err != nil {
+		return nil, fmt.Errorf("save template state: %w%s", err, tail(p.Log))
+	}
+	m.Quit()
+	for _, f := range []string{t.ram(), t.disk(), t.state()} {
+		os.Chmod(f, 0o444)
+	}
+	t.Dir = dir
+	b, _ := json.MarshalIndent(t, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "template.json"), b, 0o444); err != nil {
+		return nil, err
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, err
+	}
+	ok = true
+	log.Info("template saved", "dir", dir)
+	return t, nil
+}
+
+// createOverlay makes a qcow2 overlay on backing; size 0 keeps the backing size.
+func createOverlay(ctx context.Context, backing, path string, size int64) error {
+	args := []string{"create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, "-o", "cluster_size=65536", path}
+	if size > 0 {
+		args = append(args, fmt.Sprint(size))
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create overlay: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 1200 {
+		b = b[len(b)-1200:]
+	}
+	return "; log tail: " + strings.TrimSpace(string(b))
+}

@@ -1,0 +1,198 @@
+// Package client is the Go SDK for the agentvm REST API; the agentvm CLI uses it.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+// Client talks to one agentvm server.
+type Client struct {
+	BaseURL string
+	Token   string
+	HTTP    *http.Client
+}
+
+// New returns a client for baseURL (e.g. http://127.0.0.1:7070) using token.
+func New(baseURL, token string) *Client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{Transport: tr}}
+}
+
+// FromEnv builds a client from AGENTVM_URL (default http://127.0.0.1:7070) and
+// AGENTVM_TOKEN, falling back to the admin token in the data dir
+// ($AGENTVM_DATA_DIR or ~/.local/share/agentvm).
+func FromEnv() *Client {
+	u := os.Getenv("AGENTVM_URL")
+	if u == "" {
+		u = "http://127.0.0.1:7070"
+	}
+	tok := os.Getenv("AGENTVM_TOKEN")
+	if tok == "" {
+		dir := os.Getenv("AGENTVM_DATA_DIR")
+		if dir == "" {
+			home, _ := os.UserHomeDir()
+			dir = filepath.Join(home, ".local", "share", "agentvm")
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "admin.token")); err == nil {
+			tok = strings.TrimSpace(string(b))
+		}
+	}
+	return New(u, tok)
+}
+
+// APIError is a non-2xx answer from the server.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string { return fmt.Sprintf("%s (HTTP %d %s)", e.Message, e.Status, e.Code) }
+
+// IsNotFound reports whether err is a 404 from the server.
+func IsNotFound(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
+}
+
+func (c *Client) newRequest(ctx context.Context, method, path string, body any) (*http.Request, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	return req, nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	req, err := c.newRequest(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach agentvm at %s (is `agentvm serve` running?): %w", c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeError(resp)
+	}
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var e api.Error
+	if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	}
+	return &APIError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(b))}
+}
+
+// Health checks the server (no auth needed).
+func (c *Client) Health(ctx context.Context) (*api.Health, error) {
+	var h api.Health
+	return &h, c.do(ctx, "GET", "/v1/health", nil, &h)
+}
+
+// CreateVM creates a VM and returns it running.
+func (c *Client) CreateVM(ctx context.Context, req api.CreateVMRequest) (*api.VM, error) {
+	var v api.VM
+	return &v, c.do(ctx, "POST", "/v1/vms", req, &v)
+}
+
+// ListVMs lists VMs, optionally filtered by labels ("k=v" or "k").
+func (c *Client) ListVMs(ctx context.Context, labels ...string) ([]api.VM, error) {
+	q := url.Values{}
+	for _, l := range labels {
+		q.Add("label", l)
+	}
+	p := "/v1/vms"
+	if len(q) > 0 {
+		p += "?" + q.Encode()
+	}
+	var out api.ListVMsResponse
+	return out.VMs, c.do(ctx, "GET", p, nil, &out)
+}
+
+// GetVM returns one VM by id or name.
+func (c *Client) GetVM(ctx context.Context, id string) (*api.VM, error) {
+	var v api.VM
+	return &v, c.do(ctx, "GET", "/v1/vms/"+url.PathEscape(id), nil, &v)
+}
+
+// DeleteVM deletes a VM.
+func (c *Client) DeleteVM(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/vms/"+url.PathEscape(id), nil, nil)
+}
+
+// StartVM boots a stopped VM.
+func (c *Client) StartVM(ctx context.Context, id string) (*api.VM, error) {
+	var v api.VM
+	return &v, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/start", nil, &v)
+}
+
+// StopVM shuts a VM down, keeping its disk.
+func (c *Client) StopVM(ctx context.Context, id string) (*api.VM, error) {
+	var v api.VM
+	return &v, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/stop", nil, &v)
+}
+
+// Logs returns the VM's log: serial console and QEMU output.
+func (c *Client) Logs(ctx context.Context, id string) (string, error) {
+	req, err := c.newRequest(ctx, "GET", "/v1/vms/"+url.PathEscape(id)+"/logs", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return "", decodeError(resp)
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// Exec runs a command and returns its buffered output and exit code.
+func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (*api.ExecResult, error) {
+	var r api.ExecResult
+	return &r, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/exec", req, &r)
+}

@@ -1,0 +1,155 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+// ExecStream is a running command with full-duplex streaming: stdin in, stdout and
+// stderr out as produced, separately.
+type ExecStream struct {
+	rwc  io.ReadWriteCloser
+	wmu  sync.Mutex
+	once sync.Once
+}
+
+// StartExec starts a command over the upgraded exec protocol.
+func (c *Client) StartExec(ctx context.Context, id string, req api.ExecRequest) (*ExecStream, error) {
+	hreq, err := c.newRequest(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/exec", req)
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Connection", "Upgrade")
+	hreq.Header.Set("Upgrade", api.ExecUpgrade)
+	resp, err := c.HTTP.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach agentvm at %s (is `agentvm serve` running?): %w", c.BaseURL, err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		return nil, errors.New("exec: server did not upgrade the connection")
+	}
+	s := &ExecStream{rwc: rwc}
+	context.AfterFunc(ctx, func() { s.Close() })
+	return s, nil
+}
+
+func (s *ExecStream) frame(t byte, p []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var h [5]byte
+	h[0] = t
+	binary.BigEndian.PutUint32(h[1:], uint32(len(p)))
+	if _, err := s.rwc.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := s.rwc.Write(p)
+	return err
+}
+
+// Write sends stdin.
+func (s *ExecStream) Write(p []byte) (int, error) {
+	for off := 0; off < len(p); off += 64 << 10 {
+		end := min(off+64<<10, len(p))
+		if err := s.frame(api.FrameStdin, p[off:end]); err != nil {
+			return off, err
+		}
+	}
+	return len(p), nil
+}
+
+// CloseStdin signals end of input.
+func (s *ExecStream) CloseStdin() error { return s.frame(api.FrameStdinEOF, nil) }
+
+// Signal delivers a signal to the command's process group.
+func (s *ExecStream) Signal(sig syscall.Signal) error {
+	return s.frame(api.FrameSignal, []byte(strconv.Itoa(int(sig))))
+}
+
+// Close ends the stream; a still-running command is killed.
+func (s *ExecStream) Close() error {
+	var err error
+	s.once.Do(func() { err = s.rwc.Close() })
+	return err
+}
+
+// Wait copies output to stdout and stderr until the command exits. Error frames
+// (for example "command not found") are written to stderr.
+func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
+	var h [5]byte
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := io.ReadFull(s.rwc, h[:]); err != nil {
+			return nil, fmt.Errorf("exec stream ended before the command exited: %w", err)
+		}
+		n := int(binary.BigEndian.Uint32(h[1:]))
+		if n > 16<<20 {
+			return nil, fmt.Errorf("exec: frame too large (%d bytes)", n)
+		}
+		if n > len(buf) {
+			buf = make([]byte, n)
+		}
+		p := buf[:n]
+		if _, err := io.ReadFull(s.rwc, p); err != nil {
+			return nil, fmt.Errorf("exec stream ended before the command exited: %w", err)
+		}
+		switch h[0] {
+		case api.FrameStdout:
+			if stdout != nil {
+				stdout.Write(p)
+			}
+		case api.FrameStderr:
+			if stderr != nil {
+				stderr.Write(p)
+			}
+		case api.FrameError:
+			var e struct{ Message string }
+			json.Unmarshal(p, &e)
+			if stderr != nil && e.Message != "" {
+				fmt.Fprintln(stderr, e.Message)
+			}
+		case api.FrameExit:
+			var es api.ExitStatus
+			if err := json.Unmarshal(p, &es); err != nil {
+				return nil, fmt.Errorf("exec: bad exit frame: %w", err)
+			}
+			return &es, nil
+		}
+	}
+}
+
+// Run executes a command streaming stdin (if non-nil) and output, and returns
+// its exit status. A non-zero exit is not an error.
+func (c *Client) Run(ctx context.Context, id string, req api.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*api.ExitStatus, error) {
+	s, err := c.StartExec(ctx, id, req)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if stdin != nil {
+		go func() {
+			if _, err := io.Copy(s, stdin); err == nil {
+				s.CloseStdin()
+			}
+		}()
+	} else {
+		s.CloseStdin()
+	}
+	return s.Wait(stdout, stderr)
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what agentvm needs on a Debian/Ubuntu host (as root) and builds the binaries
+# into bin/. Safe to re-run: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_go="1.26"
+export PATH="$PATH:/usr/local/go/bin"
+
+pkgs=()
+command -v qemu-system-x86_64 >/dev/null || pkgs+=(qemu-system-x86)
+command -v qemu-img >/dev/null || pkgs+=(qemu-utils)
+command -v debootstrap >/dev/null || pkgs+=(debootstrap)
+command -v mkfs.ext4 >/dev/null || pkgs+=(e2fsprogs)
+command -v ssh >/dev/null || pkgs+=(openssh-client)
+command -v curl >/dev/null || pkgs+=(curl)
+if [ ${#pkgs[@]} -gt 0 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "agentvm setup: missing packages: ${pkgs[*]}; run as root or: sudo apt-get install ${pkgs[*]}" >&2
+		exit 1
+	fi
+	echo "==> apt-get install ${pkgs[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null; then
+	echo "agentvm setup: Go $need_go or newer is required and was not found (install it from https://go.dev/dl into /usr/local/go)" >&2
+	exit 1
+fi
+have_go=$(go env GOVERSION | sed 's/^go//')
+if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
+	echo "agentvm setup: Go $have_go is too old: agentvm needs Go $need_go or newer (https://go.dev/dl)" >&2
+	exit 1
+fi
+qv=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\.[0-9]*\).*/\1/p')
+if [ "$(printf '%s\n%s\n' 7.2 "$qv" | sort -V | head -1)" != 7.2 ]; then
+	echo "agentvm setup: QEMU $qv is too old: agentvm needs QEMU 7.2 or newer" >&2
+	exit 1
+fi
+
+echo "==> building bin/agentvm and bin/agentvm-guest (Go $have_go, QEMU $qv)"
+mkdir -p bin
+CGO_ENABLED=0 go build -trimpath -o bin/agentvm-guest ./cmd/agentvm-guest
+go build -o bin/agentvm ./cmd/agentvm

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Quick start, command 2: the whole test suite. Unit tests run with -race; the
+# end-to-end tests start a real server and real QEMU VMs, one package at a time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$PATH:/usr/local/go/bin"
+echo "==> go vet"
+go vet ./...
+echo "==> unit tests (-race)"
+go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
+echo "==> end-to-end tests (real QEMU VMs)"
+go test -p 1 -count=1 -timeout 45m -v ./e2e/...
+echo "==> all tests passed"
