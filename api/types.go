@@ -122,6 +122,10 @@ const (
 // After 101 both sides speak frames: 1 byte type, 4 byte big-endian length, payload.
 const ExecUpgrade = "agentvm-exec"
 
+// TCPUpgrade is the Upgrade protocol of GET /v1/vms/{id}/tcp/{port}: after 101 the
+// connection is a raw TCP stream to that port inside the VM.
+const TCPUpgrade = "agentvm-tcp"
+
 // Exec frame types on the upgraded stream.
 const (
 	FrameStdin    byte = 1 // client -> server

@@ -27,7 +27,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
-		execCmd(), logsCmd(), imageCmd(), versionCmd())
+		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	cancel()

@@ -72,6 +72,8 @@ type Identity struct {
 type IdentityResult struct {
 	OK bool  `json:"ok"`
 	MS int64 `json:"ms"`
+	// StepsUS is the time each step took, in microseconds (diagnostics).
+	StepsUS map[string]int64 `json:"steps_us,omitempty"`
 }
 
 // ExecRequest is the JSON body of POST /v1/exec.

@@ -34,6 +34,7 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("POST /v1/vms/{id}/stop", s.stopVM)
 	authed.HandleFunc("POST /v1/vms/{id}/exec", s.execVM)
 	authed.HandleFunc("GET /v1/vms/{id}/logs", s.logsVM)
+	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.tcpVM)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})

@@ -189,11 +189,13 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agent
 	if err != nil {
 		return err
 	}
+	t0 := time.Now()
 	m, err := qemu.Start(ctx, mc)
 	if err != nil {
 		net.Close()
 		return err
 	}
+	tStart := time.Since(t0)
 	in := &instance{id: v.ID, paths: s.paths(v.ID), machine: m, net: net}
 	fail := func(err error) error {
 		in.kill()
@@ -212,6 +214,7 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agent
 		return fail(fmt.Errorf("%w%s", err, tail(mc.LogPath)))
 	}
 	in.agent = agent
+	tAgent := time.Since(t0)
 	resize := v.DiskBytes > baseDisk
 	if resize {
 		if err := m.BlockResize(ctx, v.DiskBytes); err != nil {
@@ -224,9 +227,11 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agent
 		Env: v.Env, DiskResize: resize,
 		Network: &guest.Network{Address: fmt.Sprintf("%s/%d", nc.GuestIP(), nc.Subnet.Bits()), Gateway: nc.Gateway().String(), DNS: []string{nc.Gateway().String()}},
 	}
-	if err := agent.SetIdentity(ctx, id); err != nil {
+	idr, err := agent.ApplyIdentity(ctx, id)
+	if err != nil {
 		return fail(fmt.Errorf("set guest identity: %w", err))
 	}
+	s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "identity_ms", (time.Since(t0) - tAgent).Milliseconds(), "guest_identity_ms", idr.MS, "steps_us", idr.StepsUS, "restore", mc.Incoming != "")
 	now := time.Now().UTC()
 	v.State, v.PID, v.StartedAt, v.Error = "running", m.PID(), &now, ""
 	s.setInstance(v.ID, in)

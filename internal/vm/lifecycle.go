@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"time"
 
@@ -180,7 +181,27 @@ func (s *Service) Guest(ctx context.Context, idOrName string) (*store.VM, *guest
 	return v, c, err
 }
 
-// Instance address info for inspect.
+// DialGuest opens a TCP connection to port inside a running VM through its virtual network.
+func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net.Conn, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTransition("exec", v); err != nil {
+		return nil, err
+	}
+	in := s.instance(v.ID)
+	if in == nil {
+		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	}
+	c, err := in.net.DialGuest(ctx, port)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect to port %d in %s: %v", ErrUnavailable, port, v.Name, err)
+	}
+	return c, nil
+}
+
+// Logs returns the VM log (serial console and QEMU output), at most its last maxBytes.
 func (s *Service) Logs(ctx context.Context, idOrName string, maxBytes int64) (io.ReadCloser, error) {
 	v, err := s.Get(ctx, idOrName)
 	if err != nil {

@@ -153,3 +153,27 @@ func (c *Client) Run(ctx context.Context, id string, req api.ExecRequest, stdin 
 	}
 	return s.Wait(stdout, stderr)
 }
+
+// DialTCP opens a raw TCP stream to port inside the VM, through the server.
+func (c *Client) DialTCP(ctx context.Context, id string, port int) (io.ReadWriteCloser, error) {
+	hreq, err := c.newRequest(ctx, "GET", fmt.Sprintf("/v1/vms/%s/tcp/%d", url.PathEscape(id), port), nil)
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Connection", "Upgrade")
+	hreq.Header.Set("Upgrade", api.TCPUpgrade)
+	resp, err := c.HTTP.Do(hreq)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	rwc, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		return nil, errors.New("tcp: server did not upgrade the connection")
+	}
+	return rwc, nil
+}

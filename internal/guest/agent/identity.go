@@ -45,11 +45,12 @@ func (a *Agent) handleIdentity(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid", err.Error())
 		return
 	}
-	if err := a.applyIdentity(&id); err != nil {
+	steps := map[string]int64{}
+	if err := a.applyIdentity(&id, steps); err != nil {
 		writeError(w, http.StatusInternalServerError, "identity_failed", err.Error())
 		return
 	}
-	writeJSON(w, guest.IdentityResult{OK: true, MS: time.Since(start).Milliseconds()})
+	writeJSON(w, guest.IdentityResult{OK: true, MS: time.Since(start).Milliseconds(), StepsUS: steps})
 }
 
 func validateIdentity(id *guest.Identity) error {
@@ -75,9 +76,15 @@ func validateIdentity(id *guest.Identity) error {
 }
 
 // applyIdentity applies every part it can and reports all failures.
-func (a *Agent) applyIdentity(id *guest.Identity) error {
+func (a *Agent) applyIdentity(id *guest.Identity, steps map[string]int64) error {
 	var errs []error
+	last := time.Now()
 	fail := func(what string, err error) {
+		if steps != nil {
+			now := time.Now()
+			steps[what] = now.Sub(last).Microseconds()
+			last = now
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
@@ -101,10 +108,12 @@ func (a *Agent) applyIdentity(id *guest.Identity) error {
 	if id.Env != nil {
 		fail("write env", a.storeEnv(id.Env))
 	}
+	var netErr chan error
+	if id.Network != nil && sys {
+		netErr = make(chan error, 1)
+		go func() { netErr <- configureNetwork(id.Network) }()
+	}
 	if id.Network != nil {
-		if sys {
-			fail("configure network", configureNetwork(id.Network))
-		}
 		if len(id.Network.DNS) > 0 {
 			var b strings.Builder
 			for _, d := range id.Network.DNS {
@@ -118,12 +127,17 @@ func (a *Agent) applyIdentity(id *guest.Identity) error {
 		fail("write machine-id", err)
 		if err == nil && sys {
 			go func() {
-				// Do not wait: journald takes a while to restart under TCG.
+				// Do not wait, and start late: forking systemctl right after a
+				// restore competes for the vCPU with the first requests.
+				time.Sleep(3 * time.Second)
 				if out, err := exec.Command("systemctl", "--no-block", "restart", "systemd-journald").CombinedOutput(); err != nil {
 					a.logf("restart journald: %v: %s", err, bytes.TrimSpace(out))
 				}
 			}()
 		}
+	}
+	if netErr != nil {
+		fail("configure network", <-netErr)
 	}
 	if id.DiskResize && sys {
 		if out, err := exec.Command("resize2fs", "/dev/vda").CombinedOutput(); err != nil {
@@ -133,11 +147,12 @@ func (a *Agent) applyIdentity(id *guest.Identity) error {
 	return errors.Join(errs...)
 }
 
-// writeFile truncates and writes path in place (no temp file: fewer
-// syscalls, and /etc/machine-id may be a bind mount). perm 0 keeps the
-// mode of an existing file and is for device files.
+// writeFile writes path in place: overwrite, then shrink to the new length. It
+// avoids O_TRUNC on purpose: truncating an ext4 file to zero makes its close
+// start writeback (auto_da_alloc), which costs ~100 ms right after a restore
+// under TCG. perm 0 keeps the mode of an existing file and is for device files.
 func writeFile(path string, data []byte, perm os.FileMode) error {
-	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	flag := os.O_WRONLY | os.O_CREATE
 	if perm == 0 {
 		flag = os.O_WRONLY
 	}
@@ -146,6 +161,9 @@ func writeFile(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	_, err = f.Write(data)
+	if err == nil && perm != 0 {
+		err = f.Truncate(int64(len(data)))
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -72,7 +72,6 @@ func (c Config) Args() []string {
 		"-m", fmt.Sprintf("%dM", c.MemoryMiB),
 		"-object", mem,
 		"-nodefaults", "-no-user-config", "-display", "none",
-		"-global", "migration.x-ignore-shared=on",
 		"-kernel", c.Kernel, "-initrd", c.Initrd, "-append", c.Append,
 		"-drive", "file=" + c.Disk + ",if=none,id=disk0,format=qcow2,discard=unmap",
 		"-device", "virtio-blk-pci,drive=disk0,id=vda",
@@ -87,7 +86,7 @@ func (c Config) Args() []string {
 		"-qmp", "unix:" + c.QMPSock + ",server=on,wait=off",
 	}
 	if c.Incoming != "" {
-		a = append(a, "-incoming", "exec:cat "+shellQuote(c.Incoming))
+		a = append(a, "-incoming", "defer")
 	}
 	return a
 }
@@ -129,6 +128,12 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	if err := m.connect(ctx); err != nil {
 		m.Kill()
 		return nil, fmt.Errorf("qemu did not come up: %w%s", err, logTail(cfg.LogPath))
+	}
+	if cfg.Incoming != "" {
+		if err := m.startIncoming(ctx); err != nil {
+			m.Kill()
+			return nil, fmt.Errorf("restore %s: %w%s", cfg.Incoming, err, logTail(cfg.LogPath))
+		}
 	}
 	return m, nil
 }
@@ -246,6 +251,7 @@ func (m *Machine) WaitIncoming(ctx context.Context) error {
 		case "running":
 			return nil
 		case "paused", "postmigrate", "prelaunch":
+			// The state was saved from a stopped guest, so QEMU does not autostart it.
 			if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
 				return err
 			}
@@ -264,9 +270,31 @@ func (m *Machine) WaitIncoming(ctx context.Context) error {
 	}
 }
 
+// ignoreShared makes migration skip RAM backed by a file (the template's RAM file):
+// the state stream then holds only device state.
+func (m *Machine) ignoreShared(ctx context.Context) error {
+	_, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}})
+	return err
+}
+
+// startIncoming begins restoring the state file; QEMU starts the guest when it is loaded.
+func (m *Machine) startIncoming(ctx context.Context) error {
+	if err := m.ignoreShared(ctx); err != nil {
+		return err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(m.cfg.Incoming)}); err != nil {
+		return err
+	}
+	return m.WaitIncoming(ctx)
+}
+
 // SaveState stops the guest and writes its device state (and any RAM not shared
 // through a file) to path. The VM is left paused.
 func (m *Machine) SaveState(ctx context.Context, path string) error {
+	if err := m.ignoreShared(ctx); err != nil {
+		return err
+	}
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return err
 	}

@@ -1,0 +1,54 @@
+package server
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+// tcpVM connects the caller to a TCP port inside the VM, dialed through the VM's
+// virtual network (no port is opened on the host). The request must carry
+// "Upgrade: agentvm-tcp"; after 101 the connection is a raw byte stream.
+func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "port must be a number between 1 and 65535")
+		return
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), api.TCPUpgrade) {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "this endpoint needs Upgrade: "+api.TCPUpgrade)
+		return
+	}
+	gc, err := s.svc.DialGuest(r.Context(), r.PathValue("id"), port)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	defer gc.Close()
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.TCPUpgrade + "\r\nConnection: Upgrade\r\n\r\n")
+	if brw.Flush() != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		io.Copy(gc, brw.Reader)
+		if cw, ok := gc.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	}()
+	io.Copy(conn, gc)
+	conn.Close()
+	gc.Close()
+	wg.Wait()
+}
