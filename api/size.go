@@ -15,7 +15,12 @@ type Size int64
 // ParseSize parses "512", "512M", "1G", "1.5G", "2048K". A bare number is MiB.
 func ParseSize(s string) (Size, error) {
 	t := strings.TrimSpace(strings.ToUpper(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "IB"), "B")
+	for _, unit := range []string{"KIB", "MIB", "GIB", "TIB", "KB", "MB", "GB", "TB"} {
+		if strings.HasSuffix(t, unit) {
+			t = t[:len(t)-len(unit)+1] // keep the K/M/G/T letter
+			break
+		}
+	}
 	if t == "" {
 		return 0, fmt.Errorf("invalid size %q: empty", s)
 	}
@@ -37,8 +42,8 @@ func ParseSize(s string) (Size, error) {
 	return Size(f * mult), nil
 }
 
-// MiB returns the size in MiB, rounded down.
-func (s Size) MiB() int64 { return int64(s) >> 20 }
+// MiB returns the size in MiB, rounded up (so a tiny size is not mistaken for "unset").
+func (s Size) MiB() int64 { return (int64(s) + 1<<20 - 1) >> 20 }
 
 func (s Size) String() string {
 	switch {

@@ -69,7 +69,8 @@ type ExecRequest struct {
 }
 
 // ExecEvent is one line of a streaming (application/x-ndjson) exec response.
-// Type is "stdout", "stderr", "exit" or "error".
+// Type is "stdout", "stderr", "exit" or "error"; output that is not valid UTF-8
+// comes as "stdout_base64" or "stderr_base64" with base64 Data.
 type ExecEvent struct {
 	Type     string `json:"type"`
 	Data     string `json:"data,omitempty"`

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/server"
 	"github.com/agentvm/agentvm/pkg/client"
 )
 
@@ -277,4 +278,23 @@ func QEMUProcesses(id string) []int {
 		}
 	}
 	return pids
+}
+
+// AllQEMUProcesses returns the command lines of all live QEMU processes.
+func AllQEMUProcesses() []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte("qemu-system")) {
+			out = append(out, string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+		}
+	}
+	return out
+}
+
+// RunDirEntries counts the per-VM socket directories a server left in its run dir.
+func RunDirEntries(dataDir string) int {
+	ents, _ := os.ReadDir(server.RunDir(dataDir))
+	return len(ents)
 }

@@ -127,7 +127,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.RunDir == "" {
-		cfg.RunDir = runDir(cfg.DataDir)
+		cfg.RunDir = RunDir(cfg.DataDir)
 	}
 	if s.store, err = store.Open(filepath.Join(cfg.DataDir, "agentvm.db")); err != nil {
 		return nil, err
@@ -214,8 +214,8 @@ func loadOrCreateToken(path string) (string, error) {
 	return t, nil
 }
 
-// runDir is a short per-data-dir directory for unix sockets (108-byte limit).
-func runDir(dataDir string) string {
+// RunDir is the short per-data-dir directory for unix sockets (108-byte limit).
+func RunDir(dataDir string) string {
 	abs, _ := filepath.Abs(dataDir)
 	base := "/run/agentvm"
 	if os.MkdirAll(base, 0o700) != nil {
@@ -236,7 +236,11 @@ func findAgent() string {
 
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		h := r.Header.Get("Authorization")
+		tok := ""
+		if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+			tok = strings.TrimSpace(h[7:])
+		}
 		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
 			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing or invalid API token: send Authorization: Bearer <token> (the admin token is in <data dir>/admin.token)")
 			return

@@ -153,6 +153,8 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 		return nil, false, err
 	}
 	s.log.Info("vm created", "vm", id, "name", v.Name, "ms", v.CreateMs, "template", v.Template)
+	s.logEvent(id, "created %s from template %s in %d ms (qemu pid %d, accel %s, %d vCPU, %d MiB, ip %s)",
+		v.Name, v.Template, v.CreateMs, v.PID, s.cfg.Accel, v.CPUs, v.MemoryMiB, s.networkConfig(v.NetIndex).GuestIP())
 	return v, true, nil
 }
 
@@ -190,6 +192,9 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agent
 		return err
 	}
 	t0 := time.Now()
+	if mc.Incoming == "" {
+		s.logEvent(v.ID, "cold boot from disk (accel %s)", s.cfg.Accel)
+	}
 	m, err := qemu.Start(ctx, mc)
 	if err != nil {
 		net.Close()

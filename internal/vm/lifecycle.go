@@ -76,6 +76,7 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 	}
 	os.RemoveAll(s.paths(v.ID).Run)
 	v.State, v.PID, v.ColdBoot = "stopped", 0, true
+	s.logEvent(v.ID, "stopped")
 	return v, s.store.UpdateVM(ctx, v)
 }
 
@@ -111,6 +112,7 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 		return nil, err
 	}
 	v.ColdBoot = true
+	s.logEvent(v.ID, "started (qemu pid %d)", v.PID)
 	return v, s.store.UpdateVM(ctx, v)
 }
 
@@ -161,6 +163,7 @@ func (s *Service) monitor(id string, in *instance) {
 	}
 	s.store.UpdateVM(context.Background(), v)
 	os.RemoveAll(s.paths(id).Run)
+	s.logEvent(id, "QEMU exited: state %s (shutdown reason %q)", v.State, reason)
 	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", reason)
 }
 
@@ -271,5 +274,6 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	s.setInstance(v.ID, in)
 	go s.monitor(v.ID, in)
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)
+	s.logEvent(v.ID, "daemon restarted: reattached to qemu pid %d", v.PID)
 	return nil
 }

@@ -205,3 +205,14 @@ func (s *Service) Close() {
 func (s *Service) newNetwork(v *store.VM) (*network.Network, error) {
 	return network.New(s.networkConfig(v.NetIndex), s.log.With("vm", v.ID))
 }
+
+// logEvent appends a lifecycle line to the VM's log, beside the serial console
+// and QEMU's own output, so `agentvm logs` tells the whole story.
+func (s *Service) logEvent(id, format string, args ...any) {
+	f, err := os.OpenFile(s.paths(id).Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "[agentvm %s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+}

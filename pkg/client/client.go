@@ -196,3 +196,31 @@ func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (*api
 	var r api.ExecResult
 	return &r, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/exec", req, &r)
 }
+
+// ExecEvents runs a command and calls fn for each event of the NDJSON stream
+// (stdout, stderr, error, exit) as it arrives.
+func (c *Client) ExecEvents(ctx context.Context, id string, req api.ExecRequest, fn func(api.ExecEvent)) error {
+	hreq, err := c.newRequest(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/exec", req)
+	if err != nil {
+		return err
+	}
+	hreq.Header.Set("Accept", "application/x-ndjson")
+	resp, err := c.HTTP.Do(hreq)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeError(resp)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev api.ExecEvent
+		if err := dec.Decode(&ev); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		fn(ev)
+	}
+}

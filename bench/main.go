@@ -1,0 +1,207 @@
+// Command bench measures agentvm end to end on this host: the template cold boot,
+// create-to-first-exec, exec round trips (SDK buffered, SDK streaming, CLI) and a
+// baseline of OpenSSH into the same VM through the daemon's TCP tunnel.
+//
+// Run from the repository root:
+//
+//	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
+//
+// It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
+// data dir (and a fresh template dir unless -keep-template), and deletes every VM it
+// created before stopping the server, also on error or Ctrl-C.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	creates      int
+	execs        int
+	cliExecs     int
+	sshNew       int
+	sshCM        int
+	keepTemplate bool
+	skipSSH      bool
+	jsonPath     string
+	verbose      bool
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.creates, "creates", 10, "sequential creates measured for create-to-first-exec")
+	flag.IntVar(&o.execs, "execs", 50, "exec round trips per SDK path")
+	flag.IntVar(&o.cliExecs, "cli-execs", 20, "exec round trips through the CLI binary")
+	flag.IntVar(&o.sshNew, "ssh-new", 10, "ssh calls with a new connection each")
+	flag.IntVar(&o.sshCM, "ssh-cm", 30, "ssh calls over a ControlMaster connection")
+	flag.BoolVar(&o.keepTemplate, "keep-template", false, "reuse the cached template (no cold boot is measured)")
+	flag.BoolVar(&o.skipSSH, "skip-ssh", false, "skip the OpenSSH baseline")
+	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this path")
+	flag.BoolVar(&o.verbose, "v", false, "print progress details")
+	flag.Parse()
+	if o.creates < 1 || o.execs < 1 || o.cliExecs < 1 || o.sshNew < 1 || o.sshCM < 1 {
+		fmt.Fprintln(os.Stderr, "bench: iteration counts must be at least 1")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// A second signal during cleanup is swallowed on purpose: VMs must be deleted.
+	code := run(ctx, o)
+	os.Exit(code)
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func run(ctx context.Context, o options) (code int) {
+	root, err := repoRoot()
+	if err != nil {
+		logf("error: %v", err)
+		return 1
+	}
+	tmp, err := os.MkdirTemp("", "agentvm-bench-")
+	if err != nil {
+		logf("error: %v", err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+
+	r := &Report{StartedAt: time.Now().UTC()}
+	r.Config = Config{Creates: o.creates, Execs: o.execs, CLIExecs: o.cliExecs, SSHNew: o.sshNew, SSHCM: o.sshCM,
+		KeepTemplate: o.keepTemplate, MemoryMiB: vmMemory >> 20, DiskGiB: vmDisk >> 30}
+	r.Host = hostFacts()
+
+	logf("building agentvm and agentvm-guest")
+	bin, err := buildBinaries(ctx, root, tmp)
+	if err != nil {
+		logf("error: %v", err)
+		return 1
+	}
+	logf("making sure the guest image is cached (not measured)")
+	if err := ensureImage(ctx, bin); err != nil {
+		logf("error: %v", err)
+		return 1
+	}
+	srv, err := startServer(ctx, bin, tmp, o.keepTemplate)
+	if err != nil {
+		logf("error: %v", err)
+		return 1
+	}
+	b := &bench{o: o, srv: srv, c: srv.client, r: r, tmp: tmp, vms: map[string]int{}}
+	defer func() {
+		if p := recover(); p != nil {
+			logf("panic: %v", p)
+			code = 1
+		}
+		b.cleanup()
+		if err := srv.stop(); err != nil {
+			logf("stopping the server: %v", err)
+		}
+		if code != 0 {
+			logf("server log tail:\n%s", srv.logTail(4000))
+		}
+	}()
+	logf("server %s (data %s, templates %s)", srv.url, srv.dataDir, srv.templateDir)
+
+	if err := b.runAll(ctx); err != nil {
+		r.Errors = append(r.Errors, err.Error())
+		logf("error: %v", err)
+		code = 1
+		if errors.Is(ctx.Err(), context.Canceled) {
+			logf("interrupted; cleaning up")
+			return code
+		}
+	}
+	r.FinishedAt = time.Now().UTC()
+	r.computeRatios()
+	r.Print(os.Stdout)
+	if o.jsonPath != "" {
+		bs, _ := json.MarshalIndent(r, "", "  ")
+		if err := os.WriteFile(o.jsonPath, append(bs, '\n'), 0o644); err != nil {
+			logf("write %s: %v", o.jsonPath, err)
+			code = 1
+		} else {
+			logf("wrote %s", o.jsonPath)
+		}
+	}
+	return code
+}
+
+// runAll runs the phases in order. A failing phase is recorded; later phases that
+// do not depend on it still run.
+func (b *bench) runAll(ctx context.Context) error {
+	h, err := b.c.Health(ctx)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	b.r.Host.Accel = h.Accel
+	b.r.Host.ServerVersion = h.Version
+
+	if err := b.coldBoot(ctx); err != nil {
+		return fmt.Errorf("cold boot: %w", err)
+	}
+	if err := b.createLoop(ctx); err != nil {
+		return fmt.Errorf("create loop: %w", err)
+	}
+	vm, err := b.create(ctx)
+	if err != nil {
+		return fmt.Errorf("create the exec/ssh VM: %w", err)
+	}
+	logf("exec benchmarks on %s", vm)
+	if err := b.execBench(ctx, vm); err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	if b.o.skipSSH {
+		b.r.SSH.Error = "skipped (-skip-ssh)"
+		return nil
+	}
+	if err := b.sshBench(ctx, vm); err != nil {
+		b.r.SSH.Error = err.Error()
+		b.r.Errors = append(b.r.Errors, "ssh: "+err.Error())
+		logf("ssh baseline failed: %v", err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// repoRoot finds the module root (the directory holding go.mod) from the working dir.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "cmd", "agentvm")); err == nil {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run from inside the agentvm repository (no go.mod with cmd/agentvm found)")
+		}
+		dir = parent
+	}
+}
+
+func hostFacts() Host {
+	h := Host{NProc: runtime.NumCPU(), GoVersion: runtime.Version()}
+	h.QEMUVersion = qemuVersion()
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		h.LoadAvgAtStart = trimLine(string(b))
+	}
+	return h
+}

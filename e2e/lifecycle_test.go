@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+)
+
+func TestStopStartKeepsDisk(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "persist"})
+	if r := s.Exec(ctx, "persist", "echo kept-across-stop > /root/note && sync && cat /root/note"); r.Stdout != "kept-across-stop\n" {
+		t.Fatalf("write: %+v", r)
+	}
+	out, errOut, code := s.CLI("", "stop", "persist")
+	if code != 0 || !strings.Contains(out, "stopped") {
+		t.Fatalf("stop: %d %q %q", code, out, errOut)
+	}
+	if len(testenv.QEMUProcesses(v.ID)) != 0 {
+		t.Fatal("QEMU still running after stop")
+	}
+	// exec on a stopped VM is a clear 409
+	_, err := s.Client.Exec(ctx, "persist", api.ExecRequest{Cmd: []string{"true"}})
+	if !isStatus(err, 409) || !strings.Contains(err.Error(), "stopped") {
+		t.Fatalf("exec on stopped VM: %v", err)
+	}
+	_, errOut, code = s.CLI("", "exec", "persist", "--", "true")
+	if code == 0 || !strings.Contains(errOut, "start it first") {
+		t.Fatalf("cli exec on stopped VM: %d %q", code, errOut)
+	}
+	// start cold-boots the VM from its own disk
+	if out, errOut, code := s.CLI("", "start", "persist"); code != 0 || !strings.Contains(out, "running") {
+		t.Fatalf("start: %d %q %q", code, out, errOut)
+	}
+	r := s.Exec(ctx, "persist", "cat /root/note; hostname; ip -4 -o addr show eth0")
+	if !strings.HasPrefix(r.Stdout, "kept-across-stop\npersist\n") || !strings.Contains(r.Stdout, v.IP+"/24") {
+		t.Fatalf("after start: %q", r.Stdout)
+	}
+}
+
+func TestDaemonKill9Reattach(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "survivor"})
+	r := s.Exec(ctx, "survivor", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 & echo $!")
+	pid := strings.TrimSpace(r.Stdout)
+	if pid == "" {
+		t.Fatalf("no pid: %+v", r)
+	}
+	s.Kill9()
+	qemuPids := testenv.QEMUProcesses(v.ID)
+	if len(qemuPids) != 1 || qemuPids[0] != v.PID {
+		t.Fatalf("QEMU did not outlive the daemon: %v (want %d)", qemuPids, v.PID)
+	}
+	time.Sleep(2 * time.Second) // the VM keeps running with no daemon
+	s.Restart()
+	got, err := s.Client.GetVM(ctx, "survivor")
+	if err != nil || got.State != "running" || got.PID != v.PID {
+		t.Fatalf("after restart: %v %+v", err, got)
+	}
+	c1 := s.Exec(ctx, "survivor", "kill -0 "+pid+" && cat /tmp/counter").Stdout
+	time.Sleep(time.Second)
+	c2 := s.Exec(ctx, "survivor", "cat /tmp/counter").Stdout
+	var n1, n2 int
+	fmtSscan(c1, &n1)
+	fmtSscan(c2, &n2)
+	if n1 < 10 || n2 <= n1 {
+		t.Fatalf("background counter not alive across the daemon restart: %q then %q", c1, c2)
+	}
+	// the network came back with the daemon
+	if r := s.Exec(ctx, "survivor", "getent hosts deb.debian.org"); r.ExitCode != 0 {
+		t.Fatalf("DNS after reattach: %+v", r)
+	}
+	// a second server on the same data dir is refused clearly
+	out, errOut, code := s.CLI("", "serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm")
+	if code == 0 || !strings.Contains(out+errOut, "already using data dir") {
+		t.Fatalf("second server: code %d %q %q", code, out, errOut)
+	}
+}
