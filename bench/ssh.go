@@ -201,6 +201,23 @@ func (b *bench) sshBench(ctx context.Context, vm string) error {
 		}
 		time.Sleep(time.Second)
 	}
+	// The tunnel alone: DialTCP to port 22 until sshd's version banner arrives.
+	banner := func() error {
+		g, err := b.c.DialTCP(ctx, vm, 22)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		buf := make([]byte, 256)
+		n, err := g.Read(buf)
+		if n > 0 && strings.HasPrefix(string(buf[:n]), "SSH-") {
+			return nil
+		}
+		return fmt.Errorf("no ssh banner (read %q: %v)", buf[:n], err)
+	}
+	if s.TunnelBanner, err = timeLoop(ctx, "DialTCP to ssh banner", 1, b.o.sshNew, banner); err != nil {
+		return err
+	}
 	if s.New, err = timeLoop(ctx, "ssh (new connection)", 1, b.o.sshNew, newConn); err != nil {
 		return err
 	}

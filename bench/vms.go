@@ -218,13 +218,18 @@ func (b *bench) createLoop(ctx context.Context) error {
 }
 
 // execBench measures `true` round trips on one VM through the SDK (buffered and
-// upgraded streaming) and through the CLI binary.
+// upgraded streaming, interleaved so both see the same VM and host conditions)
+// and through the CLI binary.
 func (b *bench) execBench(ctx context.Context, id string) error {
 	req := api.ExecRequest{Cmd: []string{"true"}}
+	var guestMs []float64
 	sdkExec := func() error {
 		res, err := b.c.Exec(ctx, id, req)
 		if err == nil && res.ExitCode != 0 {
 			err = fmt.Errorf("true exited %d", res.ExitCode)
+		}
+		if err == nil {
+			guestMs = append(guestMs, float64(res.DurationMs))
 		}
 		return err
 	}
@@ -232,6 +237,9 @@ func (b *bench) execBench(ctx context.Context, id string) error {
 		st, err := b.c.Run(ctx, id, req, nil, io.Discard, io.Discard)
 		if err == nil && st.ExitCode != 0 {
 			err = fmt.Errorf("true exited %d", st.ExitCode)
+		}
+		if err == nil {
+			guestMs = append(guestMs, float64(st.DurationMs))
 		}
 		return err
 	}
@@ -246,21 +254,51 @@ func (b *bench) execBench(ctx context.Context, id string) error {
 		}
 		return nil
 	}
+	for i := 0; i < 5; i++ {
+		if err := sdkExec(); err != nil {
+			return fmt.Errorf("SDK client.Exec (warm-up): %w", err)
+		}
+		if err := sdkRun(); err != nil {
+			return fmt.Errorf("SDK client.Run (warm-up): %w", err)
+		}
+	}
+	guestMs = guestMs[:0]
+	var dExec, dRun []float64
+	timed := func(f func() error, into *[]float64) error {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			return err
+		}
+		*into = append(*into, msf(time.Since(t0)))
+		return nil
+	}
+	for i := 0; i < b.o.execs; i++ {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		first, second := func() error { return timed(sdkExec, &dExec) }, func() error { return timed(sdkRun, &dRun) }
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		if err := first(); err != nil {
+			return fmt.Errorf("SDK exec call %d: %w", i+1, err)
+		}
+		if err := second(); err != nil {
+			return fmt.Errorf("SDK exec call %d: %w", i+1, err)
+		}
+	}
+	b.r.Exec.SDKExec, b.r.Exec.SDKRun = summarize(dExec), summarize(dRun)
+	b.r.Exec.Guest = summarize(guestMs)
+	b.r.Exec.Guest.Raw = nil
+	for _, x := range []struct {
+		name string
+		s    Stats
+	}{{"SDK client.Exec", b.r.Exec.SDKExec}, {"SDK client.Run", b.r.Exec.SDKRun}, {"guest-side duration", b.r.Exec.Guest}} {
+		logf("%-22s n=%d p50 %.1f ms p90 %.1f ms", x.name, x.s.N, x.s.P50, x.s.P90)
+	}
 	var err error
-	if b.r.Exec.SDKExec, err = timeLoop(ctx, "SDK client.Exec", 5, b.o.execs, sdkExec); err != nil {
-		return err
-	}
-	if b.r.Exec.SDKRun, err = timeLoop(ctx, "SDK client.Run", 5, b.o.execs, sdkRun); err != nil {
-		return err
-	}
 	if b.r.Exec.CLI, err = timeLoop(ctx, "CLI agentvm exec", 3, b.o.cliExecs, cli); err != nil {
 		return err
-	}
-	// The guest-side duration of `true` (what the agent measured), to separate the
-	// transport from process start-up inside the VM.
-	res, err := b.c.Exec(ctx, id, req)
-	if err == nil {
-		b.r.Exec.GuestDurationMs = res.DurationMs
 	}
 	return nil
 }

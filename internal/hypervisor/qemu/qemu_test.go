@@ -1,0 +1,115 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestArgs(t *testing.T) {
+	c := Config{ID: "vm-1", Accel: "tcg", CPUModel: "max", CPUs: 2, MemoryMiB: 512, Kernel: "k", Initrd: "i", Append: "a",
+		Disk: "/d.qcow2", RAMPath: "/ram", QMPSock: "/q", AgentSock: "/a", NetSock: "/n", LogPath: "/l", MAC: "m", VMGenID: "g", Incoming: "/state"}
+	got := strings.Join(c.Args(), " ")
+	for _, want := range []string{"-name guest=vm-1,", "pc-q35-7.2,memory-backend=mem", "mem-path=/ram,share=off", "-incoming defer",
+		"-smp 2", "-accel tcg", "server=on,addr.type=unix,addr.path=/n", "name=agentvm.0", "vmgenid,guid=g"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("args lack %q:\n%s", want, got)
+		}
+	}
+	c.RAMPath, c.Incoming = "", ""
+	got = strings.Join(c.Args(), " ")
+	if !strings.Contains(got, "memory-backend-ram,id=mem,size=512M") || strings.Contains(got, "-incoming") {
+		t.Errorf("cold boot args: %s", got)
+	}
+}
+
+func TestResolveAccel(t *testing.T) {
+	for _, f := range []string{"kvm", "tcg"} {
+		if a, _, err := ResolveAccel(f); err != nil || a != f {
+			t.Errorf("%s: %s %v", f, a, err)
+		}
+	}
+	if _, _, err := ResolveAccel("xen"); err == nil {
+		t.Error("xen accepted")
+	}
+	if a, why, err := ResolveAccel("auto"); err != nil || (a != "kvm" && a != "tcg") || why == "" {
+		t.Errorf("auto: %s %s %v", a, why, err)
+	}
+}
+
+// fakeQEMU speaks enough QMP for the client: greeting, replies by id, and events.
+func fakeQEMU(t *testing.T, path string) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return
+			}
+			var m struct {
+				Execute string `json:"execute"`
+				ID      string `json:"id"`
+			}
+			json.Unmarshal(line, &m)
+			switch m.Execute {
+			case "query-status":
+				c.Write([]byte(`{"event": "STOP", "data": {}}` + "\n"))
+				c.Write([]byte(`{"return": {"status": "running"}, "id": "` + m.ID + `"}` + "\n"))
+			case "bad":
+				c.Write([]byte(`{"error": {"class": "GenericError", "desc": "nope"}, "id": "` + m.ID + `"}` + "\n"))
+			case "quit":
+				c.Write([]byte(`{"event": "SHUTDOWN", "data": {"guest": false, "reason": "host-qmp-quit"}}` + "\n"))
+				return
+			default:
+				c.Write([]byte(`{"return": {}, "id": "` + m.ID + `"}` + "\n"))
+			}
+		}
+	}()
+}
+
+func TestQMP(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "qmp.sock")
+	fakeQEMU(t, sock)
+	events := make(chan string, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q, err := DialQMP(ctx, sock, func(e Event) { events <- e.Event })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := q.Execute(ctx, "query-status", nil)
+	if err != nil || !strings.Contains(string(r), "running") {
+		t.Fatalf("query-status: %s %v", r, err)
+	}
+	if e := <-events; e != "STOP" {
+		t.Fatalf("event %s", e)
+	}
+	if _, err := q.Execute(ctx, "bad", nil); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("error reply: %v", err)
+	}
+	q.Execute(ctx, "quit", nil) // connection closes without a reply
+	select {
+	case <-q.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("Done not closed")
+	}
+	if _, err := q.Execute(ctx, "query-status", nil); err == nil {
+		t.Fatal("execute after close succeeded")
+	}
+}

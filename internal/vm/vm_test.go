@@ -1,0 +1,47 @@
+package vm
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+func TestValidate(t *testing.T) {
+	o := CreateOptions{}
+	if err := o.Validate(); err != nil || o.CPUs != 1 || o.MemoryMiB != 1024 || o.DiskBytes != 8<<30 {
+		t.Fatalf("defaults: %+v %v", o, err)
+	}
+	bad := []CreateOptions{
+		{Name: "Upper"}, {Name: "-x"}, {Name: "a_b"}, {Name: string(make([]byte, 70))},
+		{CPUs: 65}, {CPUs: -1}, {MemoryMiB: 64},
+		{Labels: map[string]string{"": "x"}}, {Env: map[string]string{"A-B": "x"}},
+	}
+	for _, b := range bad {
+		if err := b.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v", b, err)
+		}
+	}
+	for _, n := range []string{"a", "box-1", "x0"} {
+		if err := ValidateName(n); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+}
+
+func TestTransitions(t *testing.T) {
+	for _, c := range []struct {
+		op, state string
+		ok        bool
+	}{
+		{"exec", "running", true}, {"exec", "stopped", false}, {"exec", "creating", false},
+		{"start", "stopped", true}, {"start", "crashed", true}, {"start", "running", false},
+		{"stop", "running", true}, {"stop", "crashed", false},
+		{"delete", "crashed", true}, {"delete", "creating", false},
+	} {
+		err := checkTransition(c.op, &store.VM{Name: "v", State: c.state})
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrConflict)) {
+			t.Errorf("%s from %s: %v", c.op, c.state, err)
+		}
+	}
+}
