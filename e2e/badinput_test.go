@@ -110,13 +110,13 @@ func TestBadInput(t *testing.T) {
 	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "valid"})
 	t.Run("bad exec requests", func(t *testing.T) {
 		for body, msg := range map[string]string{
-			`{}`:                                  "missing command",
-			`{"cmd":["true"],"shell":"true"}`:     "not both",
-			`{"cmd":["true"],"cwd":"relative"}`:   "absolute path",
-			`{"cmd":["true"],"user":"no such"}`:   "invalid user",
-			`{"cmd":["true"],"user":"ghost"}`:     "ghost",
-			`{"cmd":["true"],"cwd":"/nonexist"}`:  "nonexist",
-			`{"cmd":["true"],"timeout":"-1s"}`:    "invalid duration",
+			`{}`:                                 "missing command",
+			`{"cmd":["true"],"shell":"true"}`:    "not both",
+			`{"cmd":["true"],"cwd":"relative"}`:  "absolute path",
+			`{"cmd":["true"],"user":"no such"}`:  "invalid user",
+			`{"cmd":["true"],"user":"ghost"}`:    "ghost",
+			`{"cmd":["true"],"cwd":"/nonexist"}`: "nonexist",
+			`{"cmd":["true"],"timeout":"-1s"}`:   "invalid duration",
 		} {
 			code, resp := rawRequest(t, s, "POST", "/v1/vms/valid/exec", s.Token, body)
 			if code != 400 || !strings.Contains(resp, msg) {

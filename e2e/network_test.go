@@ -61,7 +61,7 @@ func TestVMCannotReachHost(t *testing.T) {
 	apiPort := s.URL[strings.LastIndex(s.URL, ":")+1:]
 	targets := []string{
 		fmt.Sprintf("%s:%d", v.Gateway, port),
-		fmt.Sprintf("127.0.0.1:%d", port), // the guest's own loopback: nothing there
+		fmt.Sprintf("127.0.0.1:%d", port),     // the guest's own loopback: nothing there
 		"192.168.127.254:" + fmt.Sprint(port), // gvisor-tap-vsock's default host-loopback NAT address
 		v.Gateway + ":" + apiPort,
 		"169.254.169.254:80",

@@ -31,10 +31,10 @@ func parseKV(list []string, what string) (map[string]string, error) {
 
 func createCmd() *cobra.Command {
 	var (
-		req                  api.CreateVMRequest
-		memory, disk         string
-		labels, env          []string
-		asJSON               bool
+		req          api.CreateVMRequest
+		memory, disk string
+		labels, env  []string
+		asJSON       bool
 	)
 	c := &cobra.Command{
 		Use:   "create",
@@ -263,4 +263,3 @@ func versionCmd() *cobra.Command {
 		fmt.Println("agentvm", "0.1.0-dev")
 	}}
 }
-

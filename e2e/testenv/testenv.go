@@ -45,7 +45,10 @@ func Binaries(t testing.TB) string {
 			return
 		}
 		root := RepoRoot()
-		for _, b := range []struct{ out, pkg string; cgo bool }{
+		for _, b := range []struct {
+			out, pkg string
+			cgo      bool
+		}{
 			{"agentvm-guest", "./cmd/agentvm-guest", false},
 			{"agentvm", "./cmd/agentvm", true},
 		} {
