@@ -35,7 +35,8 @@ type VM struct {
 	Error     string            `json:"error,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	StartedAt *time.Time        `json:"started_at,omitempty"`
-	// CreateMs is how long the create took on the server, restore plus identity.
+	// CreateMs is how long the create took on the server: restore plus identity, and
+	// the template's one-time cold boot when this was the first create of its shape.
 	CreateMs int64 `json:"create_ms,omitempty"`
 }
 

@@ -108,6 +108,7 @@ func run(ctx context.Context, o options) (code int) {
 		if err := srv.stop(); err != nil {
 			logf("stopping the server: %v", err)
 		}
+		srv.removeRunDir()
 		if code != 0 {
 			logf("server log tail:\n%s", srv.logTail(4000))
 		}

@@ -143,13 +143,13 @@ func (r *Report) computeRatios() {
 		CLIOverSSHNew:                       ratio(r.Exec.CLI.P50, r.SSH.New.P50),
 		CLIOverSSHCM:                        ratio(r.Exec.CLI.P50, r.SSH.ControlMaster.P50),
 	}
-	r.Notes = []string{
+	r.Notes = append([]string{
 		"Both paths go through the agentvm daemon: exec travels HTTP -> daemon -> virtio-serial -> guest agent; " +
 			"ssh travels a local forwarder -> HTTP Upgrade agentvm-tcp (client.DialTCP) -> daemon -> the VM's virtual network -> sshd.",
 		"exec/ssh ratios below 1 mean the agentvm path is faster than that ssh variant.",
 		"create-to-first-exec is timed from sending POST /v1/vms to the completion of the first exec of `true`; VM deletion is not timed.",
 		"The guest image build is not measured (it is ensured before the server starts).",
-	}
+	}, r.Notes...)
 	if !r.ColdBoot.Measured {
 		r.Notes = append(r.Notes, "-keep-template: the template was already cached, so its cold_boot_ms is from when it was built ("+
 			r.ColdBoot.TemplateCreatedAt.Format(time.RFC3339)+"), not from this run.")
@@ -214,7 +214,7 @@ func (r *Report) Print(w io.Writer) {
 	if r.SSH.InstallSeconds > 0 {
 		fmt.Fprintf(w, "  apt-get install openssh-server took %.0f s (not part of any ratio)\n", r.SSH.InstallSeconds)
 	}
-	statsLine(w, "DialTCP :22 -> sshd banner (no ssh)", r.SSH.TunnelBanner)
+	statsLine(w, "DialTCP :22 until sshd banner", r.SSH.TunnelBanner)
 	statsLine(w, "ssh true (new connection each)", r.SSH.New)
 	statsLine(w, "ssh true (ControlMaster reuse)", r.SSH.ControlMaster)
 	if r.SSH.MasterOpenMs > 0 {

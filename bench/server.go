@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -172,6 +174,21 @@ func (s *server) stop() error {
 		s.cmd.Process.Kill()
 		<-s.exited
 		return errors.New("server did not exit 30s after SIGTERM; killed it")
+	}
+}
+
+// removeRunDir removes the server's per-data-dir socket directory
+// (/run/agentvm/<sha256(abs data dir)[:10]>, see server.RunDir) if it is empty:
+// the server leaves it behind on exit.
+func (s *server) removeRunDir() {
+	abs, err := filepath.Abs(s.dataDir)
+	if err != nil {
+		return
+	}
+	h := sha256.Sum256([]byte(abs))
+	name := hex.EncodeToString(h[:])[:10]
+	for _, base := range []string{"/run/agentvm", filepath.Join(os.TempDir(), fmt.Sprintf("agentvm-%d", os.Getuid()))} {
+		os.Remove(filepath.Join(base, name)) // fails harmlessly unless it exists and is empty
 	}
 }
 

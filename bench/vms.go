@@ -176,6 +176,12 @@ func (b *bench) coldBoot(ctx context.Context) error {
 		cb.TemplateColdBootMs = t.ColdBootMs
 		cb.TemplateCreatedAt = t.CreatedAt
 		cb.TemplateAccel = t.Accel
+		if !cb.Measured && t.CreatedAt.After(t0) {
+			// -keep-template, but the cache had no template of this shape: this
+			// create did cold-boot it after all.
+			cb.Measured = true
+			b.r.Notes = append(b.r.Notes, "-keep-template was given but no cached template of this shape existed; the first create cold-booted it.")
+		}
 	}
 	logf("first create: wall %d ms, server create_ms %d, template cold_boot_ms %d, to first exec %d ms",
 		cb.FirstCreateWallMs, cb.FirstCreateServerMs, cb.TemplateColdBootMs, cb.FirstCreateToFirstExecMs)

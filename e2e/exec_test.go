@@ -198,19 +198,19 @@ func TestIdempotentCreateAndDisk(t *testing.T) {
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	a := s.CreateVM(ctx, api.CreateVMRequest{IdempotencyKey: "req-1", Disk: 6 << 30})
-	b := s.CreateVM(ctx, api.CreateVMRequest{IdempotencyKey: "req-1", Disk: 6 << 30})
+	a := s.CreateVM(ctx, api.CreateVMRequest{IdempotencyKey: "req-1", Disk: 10 << 30})
+	b := s.CreateVM(ctx, api.CreateVMRequest{IdempotencyKey: "req-1", Disk: 10 << 30})
 	if a.ID != b.ID {
 		t.Fatalf("idempotent create made two VMs: %s %s", a.ID, b.ID)
 	}
 	if vms, _ := s.Client.ListVMs(ctx); len(vms) != 1 {
 		t.Fatalf("%d VMs after a retried create", len(vms))
 	}
-	// The disk grew from the 4 GiB image to 6 GiB during create.
+	// The disk grew from the 8 GiB image to 10 GiB during create.
 	r := s.Exec(ctx, a.ID, "df -B1M --output=size / | tail -1")
 	var mb int
-	if _, err := fmtSscan(r.Stdout, &mb); err != nil || mb < 5500 {
-		t.Fatalf("root filesystem is %q MiB, want ~6 GiB", r.Stdout)
+	if _, err := fmtSscan(r.Stdout, &mb); err != nil || mb < 9500 {
+		t.Fatalf("root filesystem is %q MiB, want ~10 GiB", r.Stdout)
 	}
 	// Two VMs get different identities and networks.
 	c := s.CreateVM(ctx, api.CreateVMRequest{})

@@ -103,6 +103,27 @@ func TestVMCannotReachHost(t *testing.T) {
 	if !strings.Contains(body, "200 OK") || !strings.Contains(body, "jail") {
 		t.Fatalf("host -> guest port 8000: %q", body)
 	}
+	// `agentvm connect` half-closes: a service that reads until EOF still answers.
+	s.Exec(ctx, "jail", `nohup python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 9000)); s.listen()
+while True:
+    c, _ = s.accept(); data = b""
+    while True:
+        b = c.recv(4096)
+        if not b: break
+        data += b
+    c.sendall(data.upper()); c.close()
+' >/dev/null 2>&1 &`)
+	var out string
+	for i := 0; i < 50 && !strings.Contains(out, "SHOUT"); i++ {
+		out, _, _ = s.CLI("shout", "connect", "jail", "9000")
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out != "SHOUT" {
+		t.Fatalf("agentvm connect with half-close: %q", out)
+	}
 }
 
 func readAll(c interface{ Read([]byte) (int, error) }, b []byte) (int, error) {

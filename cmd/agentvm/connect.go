@@ -27,6 +27,9 @@ func connectCmd() *cobra.Command {
 			done := make(chan struct{})
 			go func() { io.Copy(os.Stdout, conn); close(done) }()
 			io.Copy(conn, os.Stdin)
+			if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite() // the service sees EOF, and may still answer
+			}
 			<-done
 			return nil
 		},

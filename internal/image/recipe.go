@@ -19,7 +19,7 @@ const (
 	variant = "minbase"
 
 	// diskSize is the virtual size of rootfs.qcow2 (the ext4 filesystem size).
-	diskSize int64 = 4 << 30
+	diskSize int64 = 8 << 30
 	// fsLabel is the ext4 volume label.
 	fsLabel = "agentvm-root"
 
@@ -132,7 +132,7 @@ WantedBy=multi-user.target
 `
 
 // RecipeHash returns the hex hash of the image recipe only (everything this
-// package puts into the image except the agent binary). It keys the rootfs
+// package puts into the rootfs stage: packages, files, configuration). It keys the rootfs
 // stage of the build.
 func RecipeHash() string {
 	h := sha256.New()
@@ -156,6 +156,12 @@ func writeRecipe(w io.Writer) {
 		field("file", fmt.Sprintf("%s %o\n%s", f.Path, f.Mode, f.Content))
 	}
 	field("script", configureScript)
+}
+
+// writeImageStage covers what only the image stage uses (agent unit, disk size), so
+// changing those does not redo debootstrap.
+func writeImageStage(w io.Writer) {
+	field := func(k, v string) { fmt.Fprintf(w, "%s %d\n%s\n", k, len(v), v) }
 	field("unit", agentUnit)
 	field("agent-path", agentGuestPath)
 	field("wanted-by", agentWantedBy)
@@ -166,5 +172,6 @@ func writeRecipe(w io.Writer) {
 func imageHash(recipeHash, agentSHA256 string) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "recipe %s\nagent %s\n", recipeHash, agentSHA256)
+	writeImageStage(h)
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }

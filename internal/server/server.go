@@ -129,6 +129,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.RunDir == "" {
 		cfg.RunDir = RunDir(cfg.DataDir)
 	}
+	s.cfg.RunDir = cfg.RunDir
 	if s.store, err = store.Open(filepath.Join(cfg.DataDir, "agentvm.db")); err != nil {
 		return nil, err
 	}
@@ -187,6 +188,7 @@ func (s *Server) Serve(ctx context.Context) error {
 func (s *Server) closeResources() {
 	if s.svc != nil {
 		s.svc.Close()
+		os.Remove(s.cfg.RunDir) // only if empty: running VMs keep their sockets
 	}
 	if s.ln != nil {
 		s.ln.Close()

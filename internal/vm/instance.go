@@ -93,6 +93,9 @@ func (in *instance) kill() {
 	in.mu.Lock()
 	in.expectExit = true
 	in.mu.Unlock()
+	if in.net != nil {
+		in.net.Close() // first, so it does not try to re-dial the dying QEMU
+	}
 	in.machine.Kill()
 	in.detach()
 }

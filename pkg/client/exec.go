@@ -1,17 +1,20 @@
 package client
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/agentvm/agentvm/api"
 )
@@ -22,6 +25,7 @@ type ExecStream struct {
 	rwc  io.ReadWriteCloser
 	wmu  sync.Mutex
 	once sync.Once
+	stop func() bool // unregisters the context watcher
 }
 
 // StartExec starts a command over the upgraded exec protocol.
@@ -46,7 +50,7 @@ func (c *Client) StartExec(ctx context.Context, id string, req api.ExecRequest) 
 		return nil, errors.New("exec: server did not upgrade the connection")
 	}
 	s := &ExecStream{rwc: rwc}
-	context.AfterFunc(ctx, func() { s.Close() })
+	s.stop = context.AfterFunc(ctx, func() { s.Close() })
 	return s, nil
 }
 
@@ -85,7 +89,12 @@ func (s *ExecStream) Signal(sig syscall.Signal) error {
 // Close ends the stream; a still-running command is killed.
 func (s *ExecStream) Close() error {
 	var err error
-	s.once.Do(func() { err = s.rwc.Close() })
+	s.once.Do(func() {
+		if s.stop != nil {
+			s.stop()
+		}
+		err = s.rwc.Close()
+	})
 	return err
 }
 
@@ -154,26 +163,55 @@ func (c *Client) Run(ctx context.Context, id string, req api.ExecRequest, stdin 
 	return s.Wait(stdout, stderr)
 }
 
-// DialTCP opens a raw TCP stream to port inside the VM, through the server.
-func (c *Client) DialTCP(ctx context.Context, id string, port int) (io.ReadWriteCloser, error) {
-	hreq, err := c.newRequest(ctx, "GET", fmt.Sprintf("/v1/vms/%s/tcp/%d", url.PathEscape(id), port), nil)
+// DialTCP opens a raw TCP stream to port inside the VM, through the server. The
+// returned connection supports CloseWrite (half-close) when the server is reached
+// over plain TCP.
+func (c *Client) DialTCP(ctx context.Context, id string, port int) (net.Conn, error) {
+	u, err := url.Parse(c.BaseURL)
+	if err != nil || u.Scheme != "http" {
+		return nil, fmt.Errorf("DialTCP needs an http:// server URL, got %q", c.BaseURL)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
+		return nil, fmt.Errorf("cannot reach agentvm at %s: %w", c.BaseURL, err)
+	}
+	req, _ := c.newRequest(ctx, "GET", fmt.Sprintf("/v1/vms/%s/tcp/%d", url.PathEscape(id), port), nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", api.TCPUpgrade)
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	if err := req.Write(conn); err != nil {
+		conn.Close()
 		return nil, err
 	}
-	hreq.Header.Set("Connection", "Upgrade")
-	hreq.Header.Set("Upgrade", api.TCPUpgrade)
-	resp, err := c.HTTP.Do(hreq)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, req)
 	if err != nil {
+		conn.Close()
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
-		defer resp.Body.Close()
+		defer conn.Close()
 		return nil, decodeError(resp)
 	}
-	rwc, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok {
-		resp.Body.Close()
-		return nil, errors.New("tcp: server did not upgrade the connection")
+	conn.SetDeadline(time.Time{})
+	return &upgradedConn{Conn: conn, r: br}, nil
+}
+
+// upgradedConn reads first what the response parser buffered.
+type upgradedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *upgradedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite half-closes the connection: the service in the VM sees EOF.
+func (c *upgradedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
 	}
-	return rwc, nil
+	return nil
 }

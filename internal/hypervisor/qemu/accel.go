@@ -45,6 +45,9 @@ func ResolveAccel(flag string) (accel, reason string, err error) {
 
 // CPUModel is the CPU model used for an accel; part of every snapshot's key.
 func CPUModel(accel string) string {
+	if m := os.Getenv("AGENTVM_CPU_MODEL"); m != "" {
+		return m
+	}
 	if accel == "kvm" {
 		return "host"
 	}
