@@ -19,7 +19,7 @@ import (
 
 const (
 	vmMemory = 512 << 20
-	vmDisk   = 4 << 30
+	vmDisk   = 8 << 30 // the image size: no resize during create
 )
 
 var vmShape = api.CreateVMRequest{Memory: vmMemory, Disk: vmDisk}
