@@ -44,7 +44,7 @@ func (t *Template) disk() string  { return filepath.Join(t.Dir, "disk.qcow2") }
 // templateKey names a snapshot shape: a restore needs all of these to match.
 func (s *Service) templateKey(img *image.Image, cpus int, memMiB int64) string {
 	return hashStrings(img.Hash, s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel),
-		qemu.DeviceSet, fmt.Sprint(cpus), fmt.Sprint(memMiB), kernelAppend, GuestMAC)
+		qemu.DeviceSet, fmt.Sprint(cpus), fmt.Sprint(memMiB), kernelAppend(s.cfg.Accel), GuestMAC)
 }
 
 // EnsureTemplate returns the template for this shape, cold-booting it once if needed.

@@ -79,6 +79,7 @@ func validateIdentity(id *guest.Identity) error {
 func (a *Agent) applyIdentity(id *guest.Identity, steps map[string]int64) error {
 	var errs []error
 	last := time.Now()
+	last0 := last
 	fail := func(what string, err error) {
 		if steps != nil {
 			now := time.Now()
@@ -91,10 +92,6 @@ func (a *Agent) applyIdentity(id *guest.Identity, steps map[string]int64) error 
 	}
 	sys := !a.opts.NoSystem
 
-	if id.TimeUnixNano > 0 && sys {
-		ts := unix.NsecToTimespec(id.TimeUnixNano)
-		fail("set clock", unix.ClockSettime(unix.CLOCK_REALTIME, &ts))
-	}
 	if len(id.Seed) > 0 {
 		fail("seed rng", writeFile("/dev/urandom", id.Seed, 0))
 	}
@@ -138,6 +135,15 @@ func (a *Agent) applyIdentity(id *guest.Identity, steps map[string]int64) error 
 	}
 	if netErr != nil {
 		fail("configure network", <-netErr)
+	}
+	// The clock goes last: setting it wakes every timerfd armed with
+	// TFD_TIMER_CANCEL_ON_SET (systemd and friends), and that work would
+	// otherwise compete with the steps above for the vCPU.
+	if id.TimeUnixNano > 0 && sys {
+		// Add the time spent since the request arrived (monotonic), so the
+		// clock matches the host's at the moment it is set.
+		ts := unix.NsecToTimespec(id.TimeUnixNano + time.Since(last0).Nanoseconds())
+		fail("set clock", unix.ClockSettime(unix.CLOCK_REALTIME, &ts))
 	}
 	if id.DiskResize && sys {
 		if out, err := exec.Command("resize2fs", "/dev/vda").CombinedOutput(); err != nil {
