@@ -60,8 +60,6 @@ type Service struct {
 
 	imgOnce sync.Mutex
 	img     *image.Image
-
-	tplMu sync.Mutex // serialises template builds in this process
 }
 
 // New creates the service. Call Reconcile before serving requests.

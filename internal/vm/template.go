@@ -59,8 +59,7 @@ func (s *Service) EnsureTemplate(ctx context.Context, cpus int, memMiB int64) (*
 	if t, err := loadTemplate(dir); err == nil {
 		return t, nil
 	}
-	s.tplMu.Lock()
-	defer s.tplMu.Unlock()
+	// One build per key, across goroutines and processes: flock is per open file.
 	lf, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err

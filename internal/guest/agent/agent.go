@@ -107,6 +107,9 @@ func (a *Agent) loadEnv() {
 
 // Run serves until ctx is cancelled.
 func (a *Agent) Run(ctx context.Context) error {
+	if !a.opts.NoSystem {
+		bringUpLinks()
+	}
 	p := newPort(a.opts.Open, a.logf)
 	loopDone := make(chan struct{})
 	go func() {

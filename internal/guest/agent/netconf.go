@@ -79,3 +79,17 @@ func configureNetwork(n *guest.Network) error {
 	}
 	return nil
 }
+
+// bringUpLinks sets every non-loopback interface up at agent start, so that the
+// template snapshot already has its NIC up and a restore only assigns an address.
+func bringUpLinks() {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return
+	}
+	for _, l := range links {
+		if l.Attrs().Flags&net.FlagLoopback == 0 && l.Attrs().Flags&net.FlagUp == 0 {
+			netlink.LinkSetUp(l)
+		}
+	}
+}
