@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,5 +86,49 @@ func TestDaemonKill9Reattach(t *testing.T) {
 	out, errOut, code := s.CLI("", "serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm")
 	if code == 0 || !strings.Contains(out+errOut, "already using data dir") {
 		t.Fatalf("second server: code %d %q %q", code, out, errOut)
+	}
+}
+
+func TestGuestPoweroffAndQEMUCrash(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	s.CreateVM(ctx, api.CreateVMRequest{Name: "off"})
+	crash := s.CreateVM(ctx, api.CreateVMRequest{Name: "crash"})
+
+	// A power-off from inside the guest is a clean stop.
+	s.Client.Exec(ctx, "off", api.ExecRequest{Shell: "systemctl poweroff --no-block"})
+	waitState(t, s, "off", "stopped", 2*time.Minute)
+
+	// QEMU dying under the VM is a crash, reported with the reason.
+	if err := syscall.Kill(crash.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	v := waitState(t, s, "crash", "crashed", time.Minute)
+	if !strings.Contains(v.Error, "QEMU exited unexpectedly") {
+		t.Fatalf("crash reason: %q", v.Error)
+	}
+	out, _, _ := s.CLI("", "logs", "crash")
+	if !strings.Contains(out, "QEMU exited: state crashed") {
+		t.Fatalf("log does not record the crash:\n%s", out)
+	}
+	// Both can be deleted; a crashed VM can also be started again from its disk.
+	if err := s.Client.DeleteVM(ctx, "off"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitState(t *testing.T, s *testenv.Server, vm, state string, timeout time.Duration) *api.VM {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v, err := s.Client.GetVM(context.Background(), vm)
+		if err == nil && v.State == state {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not become %s: %+v %v", vm, state, v, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -37,6 +37,7 @@ const (
 
 var (
 	nameRe  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	idRe    = regexp.MustCompile(`^vm-[0-9a-f]{12}$`)
 	labelRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$`)
 	envRe   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
@@ -45,6 +46,9 @@ var (
 func ValidateName(n string) error {
 	if !nameRe.MatchString(n) {
 		return fmt.Errorf("%w: invalid name %q: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit", ErrInvalid, n)
+	}
+	if idRe.MatchString(n) {
+		return fmt.Errorf("%w: invalid name %q: names of the form vm-<12 hex digits> are reserved for VM ids", ErrInvalid, n)
 	}
 	return nil
 }

@@ -149,6 +149,12 @@ func (s *Service) monitor(id string, in *instance) {
 	if s.instance(id) != in {
 		return
 	}
+	if q := in.machine.QMP(); q != nil {
+		select { // every event QEMU sent before exiting has been read once QMP closes
+		case <-q.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
 	clean, reason := in.machine.CleanExit()
 	in.detach()
 	s.setInstance(id, nil)

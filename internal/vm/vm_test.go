@@ -13,7 +13,7 @@ func TestValidate(t *testing.T) {
 		t.Fatalf("defaults: %+v %v", o, err)
 	}
 	bad := []CreateOptions{
-		{Name: "Upper"}, {Name: "-x"}, {Name: "a_b"}, {Name: string(make([]byte, 70))},
+		{Name: "Upper"}, {Name: "-x"}, {Name: "vm-0123456789ab"}, {Name: "a_b"}, {Name: string(make([]byte, 70))},
 		{CPUs: 65}, {CPUs: -1}, {MemoryMiB: 64},
 		{Labels: map[string]string{"": "x"}}, {Env: map[string]string{"A-B": "x"}},
 	}
