@@ -35,6 +35,14 @@ type VM struct {
 	Error     string            `json:"error,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	StartedAt *time.Time        `json:"started_at,omitempty"`
+	// Source is the snapshot or parent VM this VM was made from.
+	Source string `json:"source,omitempty"`
+	// NextCPUs and NextMemoryMiB are sizes that apply at the next start.
+	NextCPUs      int   `json:"next_cpus,omitempty"`
+	NextMemoryMiB int64 `json:"next_memory_mib,omitempty"`
+	// Op reports the timing of the operation that returned this VM (pause, resume,
+	// suspend, wake).
+	Op *OpStats `json:"op,omitempty"`
 	// CreateMs is how long the create took on the server: restore plus identity, and
 	// the template's one-time cold boot when this was the first create of its shape.
 	CreateMs int64 `json:"create_ms,omitempty"`
@@ -50,6 +58,62 @@ type CreateVMRequest struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	// From creates the VM from a snapshot (id or name) instead of the image.
+	From string `json:"from,omitempty"`
+}
+
+// OpStats is the timing of one lifecycle operation.
+type OpStats struct {
+	Name     string `json:"name"`
+	TookMs   int64  `json:"took_ms"`
+	PausedMs int64  `json:"paused_ms,omitempty"`
+	Bytes    int64  `json:"bytes,omitempty"`
+	Message  string `json:"message,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/vms/{id}/snapshot.
+type SnapshotRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// Snapshot is a saved VM: memory, processes and disk.
+type Snapshot struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	VMID      string    `json:"vm_id"`
+	VMName    string    `json:"vm_name"`
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int64     `json:"memory_mib"`
+	DiskBytes int64     `json:"disk_bytes"`
+	Bytes     int64     `json:"state_bytes"`
+	PausedMs  int64     `json:"paused_ms"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ListSnapshotsResponse is returned by GET /v1/snapshots.
+type ListSnapshotsResponse struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// ForkRequest is the body of POST /v1/vms/{id}/fork.
+type ForkRequest struct {
+	Count int `json:"count,omitempty"`
+}
+
+// ForkResponse reports a live fork.
+type ForkResponse struct {
+	Parent        VM    `json:"parent"`
+	Children      []VM  `json:"children"`
+	ParentPauseMs int64 `json:"parent_pause_ms"`
+	StateBytes    int64 `json:"state_bytes"`
+	TookMs        int64 `json:"took_ms"`
+}
+
+// ResizeRequest is the body of POST /v1/vms/{id}/resize; omitted fields keep their value.
+type ResizeRequest struct {
+	CPUs   int  `json:"cpus,omitempty"`
+	Memory Size `json:"memory,omitempty"`
+	Disk   Size `json:"disk,omitempty"`
 }
 
 // ListVMsResponse is returned by GET /v1/vms.

@@ -27,7 +27,8 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
-		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd())
+		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
+		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	cancel()

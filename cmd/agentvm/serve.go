@@ -50,6 +50,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.QEMU, "qemu", envOr("AGENTVM_QEMU", "qemu-system-x86_64"), "QEMU binary")
 	f.StringVar(&cfg.AgentPath, "guest-agent", os.Getenv("AGENTVM_GUEST_AGENT"), "agentvm-guest binary to bake into the image (default: next to agentvm)")
 	f.BoolVar(&cfg.AllowPrivateEgress, "allow-private-egress", false, "let VMs reach loopback, private and link-local addresses and this host (unsafe)")
+	f.BoolVar(&cfg.KeepRunning, "keep-running", false, "leave VMs running when the server stops (default: suspend them and wake them at the next start)")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }

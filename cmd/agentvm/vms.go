@@ -42,6 +42,17 @@ func createCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
+			if req.From != "" {
+				if !cmd.Flags().Changed("memory") {
+					memory = ""
+				}
+				if !cmd.Flags().Changed("cpus") {
+					req.CPUs = 0
+				}
+				if !cmd.Flags().Changed("disk") {
+					disk = ""
+				}
+			}
 			if memory != "" {
 				if req.Memory, err = api.ParseSize(memory); err != nil {
 					return fmt.Errorf("--memory: %w", err)
@@ -77,6 +88,7 @@ func createCmd() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for every exec (repeatable)")
 	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retried create with the same key returns the same VM")
+	f.StringVar(&req.From, "from", "", "create from a snapshot (its processes and files, a fresh identity)")
 	f.BoolVar(&asJSON, "json", false, "print the VM as JSON")
 	return c
 }
@@ -112,18 +124,25 @@ func lsCmd() *cobra.Command {
 }
 
 func inspectCmd() *cobra.Command {
-	return &cobra.Command{
+	var wake bool
+	c := &cobra.Command{
 		Use:   "inspect VM",
 		Short: "Show a VM as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			v, err := client.FromEnv().GetVM(cmd.Context(), args[0])
+			get := client.FromEnv().GetVM
+			if wake {
+				get = client.FromEnv().WakeVM
+			}
+			v, err := get(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			return printJSON(v)
 		},
 	}
+	c.Flags().BoolVar(&wake, "wake", false, "wake the VM first if it is paused or suspended")
+	return c
 }
 
 func rmCmd() *cobra.Command {

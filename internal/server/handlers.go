@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -34,6 +35,15 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("POST /v1/vms/{id}/stop", s.stopVM)
 	authed.HandleFunc("POST /v1/vms/{id}/exec", s.execVM)
 	authed.HandleFunc("GET /v1/vms/{id}/logs", s.logsVM)
+	authed.HandleFunc("POST /v1/vms/{id}/pause", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Pause(r.Context(), id) }, "pause"))
+	authed.HandleFunc("POST /v1/vms/{id}/resume", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Resume(r.Context(), id) }, "resume"))
+	authed.HandleFunc("POST /v1/vms/{id}/suspend", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Suspend(r.Context(), id) }, "suspend"))
+	authed.HandleFunc("POST /v1/vms/{id}/snapshot", s.snapshotVM)
+	authed.HandleFunc("POST /v1/vms/{id}/fork", s.forkVM)
+	authed.HandleFunc("POST /v1/vms/{id}/resize", s.resizeVM)
+	authed.HandleFunc("GET /v1/snapshots", s.listSnapshots)
+	authed.HandleFunc("GET /v1/snapshots/{id}", s.getSnapshot)
+	authed.HandleFunc("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.tcpVM)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
@@ -45,7 +55,7 @@ func (s *Server) routes() http.Handler {
 func (s *Server) toAPI(v *store.VM) api.VM {
 	out := api.VM{ID: v.ID, Name: v.Name, State: v.State, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, DiskBytes: v.DiskBytes,
 		Labels: v.Labels, Env: v.Env, PID: v.PID, Accel: s.accel, Template: v.Template, Error: v.Error,
-		CreatedAt: v.CreatedAt, StartedAt: v.StartedAt, CreateMs: v.CreateMs}
+		CreatedAt: v.CreatedAt, StartedAt: v.StartedAt, CreateMs: v.CreateMs, Source: v.Source, NextCPUs: v.NextCPUs, NextMemoryMiB: v.NextMemoryMiB}
 	sub := network.SubnetForIndex(v.NetIndex)
 	cfg := network.Config{Subnet: sub}
 	out.Subnet, out.Gateway, out.IP = sub.String(), cfg.Gateway().String(), cfg.GuestIP().String()
@@ -72,10 +82,17 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if h := r.Header.Get("Idempotency-Key"); h != "" {
 		key = h
 	}
-	v, created, err := s.svc.Create(r.Context(), vm.CreateOptions{
+	opts := vm.CreateOptions{
 		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
 		Labels: req.Labels, Env: req.Env, IdempotencyKey: key,
-	})
+	}
+	create := s.svc.Create
+	if req.From != "" {
+		create = func(ctx context.Context, o vm.CreateOptions) (*store.VM, bool, error) {
+			return s.svc.CreateFrom(ctx, req.From, o)
+		}
+	}
+	v, created, err := create(r.Context(), opts)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -114,7 +131,11 @@ func matchLabels(have map[string]string, sel []string) bool {
 }
 
 func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
-	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	get := s.svc.Get
+	if w := r.URL.Query().Get("wake"); w == "1" || w == "true" {
+		get = s.svc.Wake
+	}
+	v, err := get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return

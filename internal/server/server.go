@@ -43,9 +43,10 @@ type Config struct {
 	QEMU               string
 	AgentPath          string
 	AllowPrivateEgress bool
-	// Warm builds the default image and template at start-up.
-	Warm bool
-	Log  *slog.Logger
+	// KeepRunning leaves VMs running when the server stops (for daemon upgrades);
+	// otherwise they are suspended and woken at the next start.
+	KeepRunning bool
+	Log         *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.
@@ -172,6 +173,7 @@ func (s *Server) Warm(ctx context.Context, cpus int, memMiB int64) error {
 func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(s.ln) }()
+	go s.svc.WakeMarked(ctx)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -181,6 +183,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.http.Shutdown(sctx)
+	if !s.cfg.KeepRunning {
+		actx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		s.svc.SuspendAll(actx)
+		cancel()
+	}
 	s.closeResources()
 	return nil
 }

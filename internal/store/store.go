@@ -42,12 +42,48 @@ type VM struct {
 	// ColdBoot is set once the VM has been booted from its disk (after a stop):
 	// its RAM is no longer the template's.
 	ColdBoot bool `json:"cold_boot,omitempty"`
+	// Disk is the writable top of the VM's disk chain; empty means vms/<id>/disk.qcow2.
+	Disk string `json:"disk,omitempty"`
+	// Layers are the frozen disk layers (under <data dir>/layers) this VM's chain uses.
+	Layers []string `json:"layers,omitempty"`
+	// Source is the snapshot or parent VM a VM was made from, if any.
+	Source string `json:"source,omitempty"`
+	// NextCPUs and NextMemoryMiB, when set, apply at the next start.
+	NextCPUs      int   `json:"next_cpus,omitempty"`
+	NextMemoryMiB int64 `json:"next_memory_mib,omitempty"`
+	// ResumeOnStart marks a VM the server suspended at its own shutdown.
+	ResumeOnStart bool `json:"resume_on_start,omitempty"`
+}
+
+// Snapshot is a saved VM: memory and device state plus a frozen disk chain.
+type Snapshot struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	VMID      string            `json:"vm_id"`
+	VMName    string            `json:"vm_name"`
+	CPUs      int               `json:"cpus"`
+	MemoryMiB int64             `json:"memory_mib"`
+	DiskBytes int64             `json:"disk_bytes"`
+	Env       map[string]string `json:"env,omitempty"`
+	Disk      string            `json:"disk"`   // frozen top layer
+	Layers    []string          `json:"layers"` // every frozen layer of its chain
+	State     string            `json:"state"`  // migration stream file
+	Bytes     int64             `json:"bytes"`
+	PausedMs  int64             `json:"paused_ms"`
+	Key       string            `json:"key"` // machine shape key: restores need the same
+	CreatedAt time.Time         `json:"created_at"`
 }
 
 // Store is a SQLite-backed metadata store.
 type Store struct{ db *sql.DB }
 
 const schema = `
+CREATE TABLE IF NOT EXISTS snapshots (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS vms (
 	id TEXT PRIMARY KEY,
 	name TEXT NOT NULL UNIQUE,
@@ -188,4 +224,54 @@ func (s *Store) FreeNetIndex(ctx context.Context) (int, error) {
 		}
 	}
 	return next, rows.Err()
+}
+
+// CreateSnapshot inserts a snapshot; ErrConflict if its name is taken.
+func (s *Store) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
+	data, _ := json.Marshal(sn)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, created_at, data) VALUES (?,?,?,?)`,
+		sn.ID, sn.Name, sn.CreatedAt.UnixNano(), string(data))
+	return mapErr(err)
+}
+
+// GetSnapshot finds a snapshot by id or name.
+func (s *Store) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, error) {
+	var data string
+	err := s.db.QueryRowContext(ctx, `SELECT data FROM snapshots WHERE id=? OR name=? ORDER BY id=? DESC LIMIT 1`, idOrName, idOrName, idOrName).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	var sn Snapshot
+	return &sn, json.Unmarshal([]byte(data), &sn)
+}
+
+// ListSnapshots returns all snapshots, oldest first.
+func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT data FROM snapshots ORDER BY created_at`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Snapshot
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var sn Snapshot
+		if err := json.Unmarshal([]byte(data), &sn); err != nil {
+			return nil, err
+		}
+		out = append(out, &sn)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSnapshot removes a snapshot record.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id=?`, id)
+	return err
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -112,37 +113,11 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	if err := s.admit(o.MemoryMiB, o.DiskBytes-img.SizeBytes); err != nil {
 		return nil, false, err
 	}
-	id := "vm-" + randHex(6)
-	if o.Name == "" {
-		o.Name = id
+	v, prev, err := s.insertRow(ctx, o)
+	if err != nil || prev != nil {
+		return prev, false, err
 	}
-	v := &store.VM{ID: id, Name: o.Name, State: "creating", CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
-		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC()}
-	// The row goes in first so the name and idempotency key are claimed; a retry
-	// racing with us sees a conflict instead of making a second VM.
-	for attempt := 0; ; attempt++ {
-		if v.NetIndex, err = s.store.FreeNetIndex(ctx); err != nil {
-			return nil, false, err
-		}
-		err = s.store.CreateVM(ctx, v)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, store.ErrConflict) {
-			if o.IdempotencyKey != "" {
-				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
-					return prev, false, nil
-				}
-			}
-			if _, e := s.store.GetVM(ctx, o.Name); e == nil {
-				return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
-			}
-			if attempt < 5 {
-				continue // network index taken by a concurrent create
-			}
-		}
-		return nil, false, err
-	}
+	id := v.ID
 	unlock := s.lock(id)
 	defer unlock()
 	start := time.Now()
@@ -151,15 +126,63 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 		s.destroy(context.Background(), v)
 		return nil, false, err
 	}
+	return v, true, s.finishCreate(ctx, v, start)
+}
+
+// insertRow claims a name, idempotency key and network for a new VM in state
+// "creating". If the idempotency key was used before, it returns that VM as prev.
+func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *store.VM, err error) {
+	id := "vm-" + randHex(6)
+	if o.Name == "" {
+		o.Name = id
+	}
+	v = &store.VM{ID: id, Name: o.Name, State: "creating", CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
+		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC()}
+	// The row goes in first so the name and idempotency key are claimed; a retry
+	// racing with us sees a conflict instead of making a second VM.
+	for attempt := 0; ; attempt++ {
+		if v.NetIndex, err = s.store.FreeNetIndex(ctx); err != nil {
+			return nil, nil, err
+		}
+		if v.NetIndex > network.MaxSubnetIndex {
+			return nil, nil, fmt.Errorf("%w: all %d VM networks of this host are in use", ErrInsufficient, network.MaxSubnetIndex)
+		}
+		err = s.store.CreateVM(ctx, v)
+		if err == nil {
+			return v, nil, nil
+		}
+		if errors.Is(err, store.ErrConflict) {
+			if o.IdempotencyKey != "" {
+				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
+					return nil, prev, nil
+				}
+			}
+			if _, e := s.store.GetVM(ctx, o.Name); e == nil {
+				return nil, nil, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
+			}
+			if attempt < 5 {
+				continue // network index taken by a concurrent create
+			}
+		}
+		return nil, nil, err
+	}
+}
+
+// finishCreate records a successful create; on failure the VM is destroyed.
+func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time) error {
 	v.CreateMs = time.Since(start).Milliseconds()
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		s.destroy(context.Background(), v)
-		return nil, false, err
+		return err
 	}
-	s.log.Info("vm created", "vm", id, "name", v.Name, "ms", v.CreateMs, "template", v.Template)
-	s.logEvent(id, "created %s from template %s in %d ms (qemu pid %d, accel %s, %d vCPU, %d MiB, ip %s)",
-		v.Name, v.Template, v.CreateMs, v.PID, s.cfg.Accel, v.CPUs, v.MemoryMiB, s.networkConfig(v.NetIndex).GuestIP())
-	return v, true, nil
+	from := "template " + v.Template
+	if v.Source != "" {
+		from = v.Source
+	}
+	s.log.Info("vm created", "vm", v.ID, "name", v.Name, "ms", v.CreateMs, "from", from)
+	s.logEvent(v.ID, "created %s from %s in %d ms (qemu pid %d, accel %s, %d vCPU, %d MiB, ip %s)",
+		v.Name, from, v.CreateMs, v.PID, s.cfg.Accel, v.CPUs, v.MemoryMiB, s.networkConfig(v.NetIndex).GuestIP())
+	return nil
 }
 
 // restore starts v from its shape's template and pushes its identity.
@@ -180,17 +203,36 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	if err := os.MkdirAll(p.Run, 0o700); err != nil {
 		return err
 	}
-	if err := createOverlay(ctx, t.disk(), p.Disk, 0); err != nil {
+	v.Disk = s.newLayerPath(v.ID)
+	if err := s.store.UpdateVM(ctx, v); err != nil { // record the layer before making it
+		return err
+	}
+	if err := createOverlay(ctx, t.disk(), v.Disk, 0); err != nil {
 		return err
 	}
 	mc := s.machineConfig(v, p, img)
-	mc.RAMPath, mc.Incoming = t.ram(), t.state()
-	return s.launch(ctx, v, mc, 30*time.Second, t.DiskBytes)
+	mc.RAMPath, mc.Incoming, mc.IncomingShared = t.ram(), t.state(), true
+	return s.launch(ctx, v, mc, launchOpts{agentTimeout: 30 * time.Second, baseDisk: t.DiskBytes, identity: identityNew})
+}
+
+// Kinds of identity pushed after a launch.
+const (
+	identityNew   = iota // a new VM: hostname, machine-id, network, clock, seed, env
+	identitySame         // the same VM booted from its disk: everything but a new machine-id
+	identityClock        // the same VM resumed from a suspend: only the clock moved
+)
+
+type launchOpts struct {
+	agentTimeout time.Duration
+	baseDisk     int64 // the disk size the guest currently sees
+	identity     int
+	growFS       bool // grow the guest filesystem to the disk (after an offline resize)
 }
 
 // launch starts QEMU (restore or cold boot), attaches the network, waits for the
-// agent and pushes identity. baseDisk is the disk size the guest currently sees.
-func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agentTimeout time.Duration, baseDisk int64) error {
+// agent and pushes identity.
+func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o launchOpts) error {
+	agentTimeout, baseDisk := o.agentTimeout, o.baseDisk
 	net, err := s.newNetwork(v)
 	if err != nil {
 		return err
@@ -231,10 +273,13 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, agent
 		}
 	}
 	nc := net.Config()
-	id := guest.Identity{
-		Hostname: v.Name, TimeUnixNano: time.Now().UnixNano(), MachineID: v.MachineID, Seed: []byte(randHex(32)),
-		Env: v.Env, DiskResize: resize,
-		Network: &guest.Network{Address: fmt.Sprintf("%s/%d", nc.GuestIP(), nc.Subnet.Bits()), Gateway: nc.Gateway().String(), DNS: []string{nc.Gateway().String()}},
+	id := guest.Identity{TimeUnixNano: time.Now().UnixNano(), DiskResize: resize || o.growFS}
+	if o.identity != identityClock {
+		id.Hostname, id.Env, id.Seed = v.Name, v.Env, []byte(randHex(32))
+		id.Network = &guest.Network{Address: fmt.Sprintf("%s/%d", nc.GuestIP(), nc.Subnet.Bits()), Gateway: nc.Gateway().String(), DNS: []string{nc.Gateway().String()}}
+	}
+	if o.identity == identityNew {
+		id.MachineID = v.MachineID
 	}
 	idr, err := agent.ApplyIdentity(ctx, id)
 	if err != nil {
@@ -262,7 +307,11 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 	p := s.paths(v.ID)
 	os.RemoveAll(p.Run)
 	os.RemoveAll(p.Dir)
+	if v.Disk != "" {
+		os.Remove(v.Disk)
+	}
 	s.store.DeleteVM(ctx, v.ID)
+	s.gcLayers(ctx)
 }
 
 // admit refuses a create the host cannot hold: guest RAM must fit in available

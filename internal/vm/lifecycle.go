@@ -16,10 +16,17 @@ import (
 
 // transitions lists, per operation, the states it may start from.
 var transitions = map[string][]string{
-	"start":  {"stopped", "crashed"},
-	"stop":   {"running", "paused"},
-	"exec":   {"running"},
-	"delete": {"running", "paused", "stopped", "crashed", "error", "suspended"},
+	"start":    {"stopped", "crashed"},
+	"stop":     {"running", "paused", "suspended"},
+	"exec":     {"running"},
+	"pause":    {"running"},
+	"resume":   {"paused"},
+	"suspend":  {"running", "paused"},
+	"wake":     {"suspended"},
+	"snapshot": {"running", "paused"},
+	"fork":     {"running", "paused"},
+	"resize":   {"running", "paused", "stopped", "crashed"},
+	"delete":   {"running", "paused", "stopped", "crashed", "error", "suspended"},
 }
 
 func checkTransition(op string, v *store.VM) error {
@@ -66,6 +73,7 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 	if err := checkTransition("stop", v); err != nil {
 		return nil, err
 	}
+	os.Remove(s.suspendPath(v.ID)) // a suspended VM's saved memory is dropped; its disk stays
 	if in := s.instance(v.ID); in != nil {
 		in.mu.Lock()
 		in.expectExit = true
@@ -96,6 +104,12 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 	if err := checkTransition("start", v); err != nil {
 		return nil, err
 	}
+	if v.NextCPUs != 0 {
+		v.CPUs, v.NextCPUs = v.NextCPUs, 0
+	}
+	if v.NextMemoryMiB != 0 {
+		v.MemoryMiB, v.NextMemoryMiB = v.NextMemoryMiB, 0
+	}
 	if err := s.admit(v.MemoryMiB, 0); err != nil {
 		return nil, err
 	}
@@ -106,7 +120,7 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 	p := s.paths(v.ID)
 	os.MkdirAll(p.Run, 0o700)
 	mc := s.machineConfig(v, p, img)
-	if err := s.launch(ctx, v, mc, s.cfg.BootTimeout, v.DiskBytes); err != nil {
+	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: s.cfg.BootTimeout, baseDisk: v.DiskBytes, identity: identitySame, growFS: true}); err != nil {
 		v.State, v.Error = "stopped", "start failed: "+err.Error()
 		s.store.UpdateVM(context.Background(), v)
 		return nil, err
@@ -173,9 +187,10 @@ func (s *Service) monitor(id string, in *instance) {
 	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", reason)
 }
 
-// Guest returns the agent session of a running VM.
+// Guest returns the agent session of a running VM, resuming a paused VM and waking
+// a suspended one first.
 func (s *Service) Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error) {
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.Wake(ctx, idOrName)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -192,7 +207,7 @@ func (s *Service) Guest(ctx context.Context, idOrName string) (*store.VM, *guest
 
 // DialGuest opens a TCP connection to port inside a running VM through its virtual network.
 func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net.Conn, error) {
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.Wake(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -76,7 +77,7 @@ func New(cfg Config, st *store.Store) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	for _, d := range []string{filepath.Join(cfg.DataDir, "vms"), cfg.RunDir, cfg.TemplateDir} {
+	for _, d := range []string{filepath.Join(cfg.DataDir, "vms"), filepath.Join(cfg.DataDir, "layers"), filepath.Join(cfg.DataDir, "snapshots"), cfg.RunDir, cfg.TemplateDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -164,7 +165,7 @@ func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Con
 	return qemu.Config{
 		ID: v.ID, Binary: s.cfg.QEMU, Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel),
 		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
-		Disk: p.Disk, QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
+		Disk: s.diskPath(v), QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
 		MAC: GuestMAC, VMGenID: newUUID(),
 	}
 }
@@ -223,3 +224,21 @@ func (s *Service) logEvent(id, format string, args ...any) {
 	defer f.Close()
 	fmt.Fprintf(f, "[agentvm %s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
+
+// diskPath is the writable top of a VM's disk chain.
+func (s *Service) diskPath(v *store.VM) string {
+	if v.Disk != "" {
+		return v.Disk
+	}
+	return s.paths(v.ID).Disk
+}
+
+// layersDir holds disk layers that can outlive their VM: every VM's writable top
+// and the frozen layers that snapshots and forks share.
+func (s *Service) layersDir() string { return filepath.Join(s.cfg.DataDir, "layers") }
+
+func (s *Service) newLayerPath(id string) string {
+	return filepath.Join(s.layersDir(), id+"-"+randHex(4)+".qcow2")
+}
+
+func bytesContains(b, sub []byte) bool { return bytes.Contains(b, sub) }

@@ -224,3 +224,63 @@ func (c *Client) ExecEvents(ctx context.Context, id string, req api.ExecRequest,
 		fn(ev)
 	}
 }
+
+func (c *Client) vmOp(ctx context.Context, id, op string, body any) (*api.VM, error) {
+	var v api.VM
+	return &v, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/"+op, body, &v)
+}
+
+// PauseVM freezes a VM's vCPUs (memory stays in RAM).
+func (c *Client) PauseVM(ctx context.Context, id string) (*api.VM, error) {
+	return c.vmOp(ctx, id, "pause", nil)
+}
+
+// ResumeVM continues a paused VM.
+func (c *Client) ResumeVM(ctx context.Context, id string) (*api.VM, error) {
+	return c.vmOp(ctx, id, "resume", nil)
+}
+
+// SuspendVM saves a VM's memory to disk and frees its RAM; any request wakes it.
+func (c *Client) SuspendVM(ctx context.Context, id string) (*api.VM, error) {
+	return c.vmOp(ctx, id, "suspend", nil)
+}
+
+// ResizeVM grows a VM's disk online, or sets CPUs and memory for the next start.
+func (c *Client) ResizeVM(ctx context.Context, id string, req api.ResizeRequest) (*api.VM, error) {
+	return c.vmOp(ctx, id, "resize", req)
+}
+
+// WakeVM returns a VM after waking it if it was paused or suspended.
+func (c *Client) WakeVM(ctx context.Context, id string) (*api.VM, error) {
+	var v api.VM
+	return &v, c.do(ctx, "GET", "/v1/vms/"+url.PathEscape(id)+"?wake=1", nil, &v)
+}
+
+// Snapshot captures a running or paused VM's memory, processes and disk.
+func (c *Client) Snapshot(ctx context.Context, id, name string) (*api.Snapshot, error) {
+	var s api.Snapshot
+	return &s, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/snapshot", api.SnapshotRequest{Name: name}, &s)
+}
+
+// ListSnapshots lists snapshots.
+func (c *Client) ListSnapshots(ctx context.Context) ([]api.Snapshot, error) {
+	var out api.ListSnapshotsResponse
+	return out.Snapshots, c.do(ctx, "GET", "/v1/snapshots", nil, &out)
+}
+
+// GetSnapshot returns a snapshot by id or name.
+func (c *Client) GetSnapshot(ctx context.Context, id string) (*api.Snapshot, error) {
+	var s api.Snapshot
+	return &s, c.do(ctx, "GET", "/v1/snapshots/"+url.PathEscape(id), nil, &s)
+}
+
+// DeleteSnapshot deletes a snapshot.
+func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/snapshots/"+url.PathEscape(id), nil, nil)
+}
+
+// Fork copies a running VM into count new running VMs; the parent keeps running.
+func (c *Client) Fork(ctx context.Context, id string, count int) (*api.ForkResponse, error) {
+	var out api.ForkResponse
+	return &out, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/fork", api.ForkRequest{Count: count}, &out)
+}

@@ -41,12 +41,15 @@ type Config struct {
 	RAMPath   string
 	RAMShared bool
 	Incoming  string // migration state file to restore from; empty means cold boot
-	QMPSock   string
-	AgentSock string
-	NetSock   string
-	LogPath   string
-	MAC       string
-	VMGenID   string
+	// IncomingShared says the state was saved with x-ignore-shared (a template: its
+	// RAM is the RAMPath file, not in the stream).
+	IncomingShared bool
+	QMPSock        string
+	AgentSock      string
+	NetSock        string
+	LogPath        string
+	MAC            string
+	VMGenID        string
 }
 
 // Args returns the QEMU command line (without the binary).
@@ -280,8 +283,10 @@ func (m *Machine) ignoreShared(ctx context.Context) error {
 
 // startIncoming begins restoring the state file; QEMU starts the guest when it is loaded.
 func (m *Machine) startIncoming(ctx context.Context) error {
-	if err := m.ignoreShared(ctx); err != nil {
-		return err
+	if m.cfg.IncomingShared {
+		if err := m.ignoreShared(ctx); err != nil {
+			return err
+		}
 	}
 	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(m.cfg.Incoming)}); err != nil {
 		return err

@@ -1,0 +1,141 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Pause freezes the vCPUs; memory stays in RAM.
+func (m *Machine) Pause(ctx context.Context) error {
+	_, err := m.qmp.Execute(ctx, "stop", nil)
+	return err
+}
+
+// Resume continues a paused guest.
+func (m *Machine) Resume(ctx context.Context) error {
+	_, err := m.qmp.Execute(ctx, "cont", nil)
+	return err
+}
+
+// SaveResult describes a state save.
+type SaveResult struct {
+	// Paused is how long the guest's vCPUs were stopped by the save (live saves only;
+	// for a stopped save it is the whole save).
+	Paused time.Duration
+	// Bytes is the size of the migration stream (RAM and device state).
+	Bytes int64
+	// Total is the whole save, precopy included.
+	Total time.Duration
+}
+
+// SaveLive writes the guest's RAM and device state to path while it keeps running
+// (precopy). When the stream completes, QEMU leaves the guest stopped; atStop then
+// runs (for example to freeze the disk at exactly this point) before the guest is
+// resumed. The pause is measured from QEMU's STOP event to the end of `cont`.
+func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (SaveResult, error) {
+	stopped := make(chan time.Time, 1)
+	m.OnEvent(func(e Event) {
+		if e.Event == "STOP" {
+			select {
+			case stopped <- time.Now():
+			default:
+			}
+		}
+	})
+	if err := m.setFileMigration(ctx, 50); err != nil {
+		return SaveResult{}, err
+	}
+	start := time.Now()
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+		return SaveResult{}, err
+	}
+	bytes, err := m.waitMigrationBytes(ctx)
+	var stopAt time.Time
+	select {
+	case stopAt = <-stopped:
+	case <-time.After(2 * time.Second):
+		stopAt = time.Now()
+	}
+	if err == nil && atStop != nil {
+		err = atStop()
+	}
+	// Always resume the source, even when the save failed.
+	if _, cerr := m.qmp.Execute(context.Background(), "cont", nil); cerr != nil && err == nil {
+		err = cerr
+	}
+	return SaveResult{Paused: time.Since(stopAt), Bytes: bytes, Total: time.Since(start)}, err
+}
+
+// SaveStopped pauses the guest and writes its RAM and device state to path; the guest
+// is left paused (the caller quits QEMU for a suspend, or resumes it).
+func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, error) {
+	start := time.Now()
+	if err := m.setFileMigration(ctx, 0); err != nil {
+		return SaveResult{}, err
+	}
+	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
+		return SaveResult{}, err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+		return SaveResult{}, err
+	}
+	bytes, err := m.waitMigrationBytes(ctx)
+	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start)}, err
+}
+
+// setFileMigration prepares a migration to a local file: RAM included (no
+// x-ignore-shared), no bandwidth cap (QEMU's default is 128 MiB/s).
+func (m *Machine) setFileMigration(ctx context.Context, downtimeMs int) error {
+	if _, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}}}); err != nil {
+		return err
+	}
+	p := map[string]any{"max-bandwidth": int64(64) << 30}
+	if downtimeMs > 0 {
+		p["downtime-limit"] = downtimeMs
+	}
+	_, err := m.qmp.Execute(ctx, "migrate-set-parameters", p)
+	return err
+}
+
+func (m *Machine) waitMigrationBytes(ctx context.Context) (int64, error) {
+	for {
+		r, err := m.qmp.Execute(ctx, "query-migrate", nil)
+		if err != nil {
+			return 0, err
+		}
+		var s struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+			RAM       struct {
+				Total       int64 `json:"total"`
+				Transferred int64 `json:"transferred"`
+			} `json:"ram"`
+		}
+		json.Unmarshal(r, &s)
+		switch s.Status {
+		case "completed":
+			return s.RAM.Transferred, nil
+		case "failed", "cancelled":
+			return 0, fmt.Errorf("migration %s: %s", s.Status, s.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			m.qmp.Execute(context.Background(), "migrate_cancel", nil)
+			return 0, ctx.Err()
+		case <-m.done:
+			return 0, fmt.Errorf("qemu exited during the save")
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// FreezeDisk makes the disk's current top read-only by putting a new overlay at
+// newTop on top of it (blockdev-snapshot-sync); the guest keeps writing to newTop.
+func (m *Machine) FreezeDisk(ctx context.Context, newTop string) error {
+	_, err := m.qmp.Execute(ctx, "blockdev-snapshot-sync", map[string]any{
+		"device": "disk0", "snapshot-file": newTop, "format": "qcow2", "mode": "absolute-paths"})
+	return err
+}

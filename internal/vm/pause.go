@@ -1,0 +1,231 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// OpResult reports how long an operation interrupted the guest.
+type OpResult struct {
+	VM       *store.VM
+	PausedMs int64 // guest vCPUs stopped, where that applies
+	Bytes    int64 // state bytes written, where that applies
+	TookMs   int64
+}
+
+func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock := s.lock(v.ID)
+	if v, err = s.Get(ctx, v.ID); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	if err := checkTransition(op, v); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return v, unlock, nil
+}
+
+// Pause freezes a running VM's vCPUs; memory stays in RAM.
+func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err == nil && v.State == "paused" {
+		return &OpResult{VM: v}, nil
+	}
+	v, unlock, err := s.settled(ctx, idOrName, "pause")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	in := s.instance(v.ID)
+	if in == nil {
+		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	}
+	start := time.Now()
+	if err := in.machine.Pause(ctx); err != nil {
+		return nil, err
+	}
+	v.State = "paused"
+	s.logEvent(v.ID, "paused")
+	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(ctx, v)
+}
+
+// Resume continues a paused VM.
+func (s *Service) Resume(ctx context.Context, idOrName string) (*OpResult, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err == nil && v.State == "running" {
+		return &OpResult{VM: v}, nil
+	}
+	v, unlock, err := s.settled(ctx, idOrName, "resume")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	start := time.Now()
+	if err := s.resumeLocked(ctx, v); err != nil {
+		return nil, err
+	}
+	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, nil
+}
+
+func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
+	in := s.instance(v.ID)
+	if in == nil {
+		return fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	}
+	if err := in.machine.Resume(ctx); err != nil {
+		return err
+	}
+	v.State = "running"
+	s.logEvent(v.ID, "resumed")
+	return s.store.UpdateVM(ctx, v)
+}
+
+func (s *Service) suspendPath(id string) string {
+	return filepath.Join(s.paths(id).Dir, "suspend.state")
+}
+
+// Suspend writes the VM's memory and device state to disk and ends its QEMU process,
+// freeing its RAM. The next request wakes it where it was.
+func (s *Service) Suspend(ctx context.Context, idOrName string) (*OpResult, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err == nil && v.State == "suspended" {
+		return &OpResult{VM: v}, nil
+	}
+	v, unlock, err := s.settled(ctx, idOrName, "suspend")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return s.suspendLocked(ctx, v)
+}
+
+func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, error) {
+	in := s.instance(v.ID)
+	if in == nil {
+		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	}
+	path := s.suspendPath(v.ID)
+	tmp := path + ".tmp"
+	os.Remove(tmp)
+	start := time.Now()
+	res, err := in.machine.SaveStopped(ctx, tmp)
+	if err != nil {
+		os.Remove(tmp)
+		in.machine.Resume(context.Background()) // leave it as it was
+		return nil, fmt.Errorf("suspend %s: %w", v.Name, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, err
+	}
+	in.mu.Lock()
+	in.expectExit = true
+	in.mu.Unlock()
+	in.machine.Quit()
+	in.detach()
+	s.setInstance(v.ID, nil)
+	os.RemoveAll(s.paths(v.ID).Run)
+	v.State, v.PID = "suspended", 0
+	s.logEvent(v.ID, "suspended: %d MiB of state in %d ms", res.Bytes>>20, time.Since(start).Milliseconds())
+	return &OpResult{VM: v, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(ctx, v)
+}
+
+// wakeLocked restores a suspended VM from its state file.
+func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
+	if err := s.admit(v.MemoryMiB, 0); err != nil {
+		return err
+	}
+	img, err := s.Image(ctx)
+	if err != nil {
+		return err
+	}
+	p := s.paths(v.ID)
+	os.MkdirAll(p.Run, 0o700)
+	mc := s.machineConfig(v, p, img)
+	mc.Incoming = s.suspendPath(v.ID)
+	start := time.Now()
+	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock}); err != nil {
+		v.State, v.Error = "suspended", "wake failed: "+err.Error()
+		s.store.UpdateVM(context.Background(), v)
+		return err
+	}
+	os.Remove(s.suspendPath(v.ID))
+	s.logEvent(v.ID, "woke from suspend in %d ms (qemu pid %d)", time.Since(start).Milliseconds(), v.PID)
+	return s.store.UpdateVM(ctx, v)
+}
+
+// Wake brings a paused or suspended VM back to running; concurrent callers share
+// one wake (they queue on the VM's lock and find it running).
+func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
+	v, err := s.Get(ctx, idOrName)
+	if err != nil || (v.State != "paused" && v.State != "suspended") {
+		return v, err
+	}
+	defer s.lock(v.ID)()
+	if v, err = s.Get(ctx, v.ID); err != nil {
+		return nil, err
+	}
+	switch v.State {
+	case "paused":
+		err = s.resumeLocked(ctx, v)
+	case "suspended":
+		err = s.wakeLocked(ctx, v)
+	}
+	return v, err
+}
+
+// SuspendAll suspends every running or paused VM for a host shutdown, marking them to
+// be woken at the next start; a VM that cannot be suspended in time is stopped cleanly.
+func (s *Service) SuspendAll(ctx context.Context) {
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if v.State != "running" && v.State != "paused" {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		res, err := s.Suspend(sctx, v.ID)
+		cancel()
+		if err != nil {
+			s.log.Warn("suspend at shutdown failed; stopping", "vm", v.ID, "err", err)
+			sctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+			s.Stop(sctx, v.ID)
+			cancel()
+			continue
+		}
+		res.VM.ResumeOnStart = true
+		s.store.UpdateVM(ctx, res.VM)
+		s.log.Info("suspended for shutdown", "vm", v.ID, "ms", res.TookMs)
+	}
+}
+
+// WakeMarked wakes the VMs suspended by SuspendAll at the previous shutdown.
+func (s *Service) WakeMarked(ctx context.Context) {
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if v.State != "suspended" || !v.ResumeOnStart {
+			continue
+		}
+		if w, err := s.Wake(ctx, v.ID); err != nil {
+			s.log.Warn("wake after restart failed", "vm", v.ID, "err", err)
+		} else {
+			w.ResumeOnStart = false
+			s.store.UpdateVM(ctx, w)
+			s.log.Info("woke after restart", "vm", v.ID)
+		}
+	}
+}

@@ -1,0 +1,310 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// shapeKey names what a restore of saved memory needs to match.
+func (s *Service) shapeKey(cpus int, memMiB int64) string {
+	return hashStrings(s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel), qemu.DeviceSet,
+		fmt.Sprint(cpus), fmt.Sprint(memMiB))
+}
+
+// capture saves a running or paused VM's memory to statePath and freezes its disk
+// at the same instant; the VM goes on (or stays paused) on a new writable top.
+// It returns the frozen layer.
+func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (frozen string, res qemu.SaveResult, err error) {
+	in := s.instance(v.ID)
+	if in == nil {
+		return "", res, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	}
+	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
+	freeze := func() error { return in.machine.FreezeDisk(ctx, newTop) }
+	if v.State == "paused" {
+		res, err = in.machine.SaveStopped(ctx, statePath)
+		if err == nil {
+			err = freeze()
+		}
+	} else {
+		res, err = in.machine.SaveLive(ctx, statePath, freeze)
+	}
+	if err != nil {
+		if _, statErr := os.Stat(newTop); statErr == nil && s.diskPath(v) == frozen {
+			// the freeze may have happened before a later step failed
+			if st, qerr := in.machine.QMP().Execute(ctx, "query-block", nil); qerr == nil && containsPath(st, newTop) {
+				v.Layers, v.Disk = append(v.Layers, frozen), newTop
+				s.store.UpdateVM(context.Background(), v)
+				return "", res, err
+			}
+			os.Remove(newTop)
+		}
+		return "", res, err
+	}
+	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
+	return frozen, res, s.store.UpdateVM(ctx, v)
+}
+
+func containsPath(b []byte, p string) bool { return len(p) > 0 && bytesContains(b, []byte(p)) }
+
+// Snapshot captures a running or paused VM (memory, processes and disk).
+func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error) {
+	if name != "" {
+		if err := ValidateName(name); err != nil {
+			return nil, err
+		}
+		if _, err := s.store.GetSnapshot(ctx, name); err == nil {
+			return nil, fmt.Errorf("%w: a snapshot named %q already exists", ErrConflict, name)
+		}
+	}
+	v, unlock, err := s.settled(ctx, idOrName, "snapshot")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	sn := &store.Snapshot{ID: "snap-" + randHex(6), Name: name, VMID: v.ID, VMName: v.Name, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB,
+		DiskBytes: v.DiskBytes, Env: v.Env, Key: s.shapeKey(v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC()}
+	if sn.Name == "" {
+		sn.Name = sn.ID
+	}
+	dir := filepath.Join(s.cfg.DataDir, "snapshots", sn.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	sn.State = filepath.Join(dir, "state")
+	frozen, res, err := s.capture(ctx, v, sn.State)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("snapshot %s: %w", v.Name, err)
+	}
+	sn.Disk, sn.Layers, sn.Bytes, sn.PausedMs = frozen, v.Layers, res.Bytes, res.Paused.Milliseconds()
+	if err := s.store.CreateSnapshot(ctx, sn); err != nil {
+		os.RemoveAll(dir)
+		if errors.Is(err, store.ErrConflict) {
+			return nil, fmt.Errorf("%w: a snapshot named %q already exists", ErrConflict, sn.Name)
+		}
+		return nil, err
+	}
+	s.logEvent(v.ID, "snapshot %s: %d MiB of state, guest paused %d ms", sn.Name, res.Bytes>>20, sn.PausedMs)
+	return sn, nil
+}
+
+// Snapshots lists snapshots.
+func (s *Service) Snapshots(ctx context.Context) ([]*store.Snapshot, error) {
+	return s.store.ListSnapshots(ctx)
+}
+
+// GetSnapshot finds a snapshot by id or name.
+func (s *Service) GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error) {
+	sn, err := s.store.GetSnapshot(ctx, idOrName)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: no snapshot named or with id %q", ErrNotFound, idOrName)
+	}
+	return sn, err
+}
+
+// DeleteSnapshot removes a snapshot; disk layers still used by VMs stay.
+func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	sn, err := s.GetSnapshot(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	if err := s.store.DeleteSnapshot(ctx, sn.ID); err != nil {
+		return err
+	}
+	os.RemoveAll(filepath.Dir(sn.State))
+	s.gcLayers(ctx)
+	return nil
+}
+
+// CreateFrom makes a new VM from a snapshot: its processes and files, a fresh identity.
+func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
+	sn, err := s.GetSnapshot(ctx, snap)
+	if err != nil {
+		return nil, false, err
+	}
+	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) {
+		return nil, false, fmt.Errorf("%w: snapshot %s was taken with %d vCPUs and %d MiB; a restore keeps that shape (resize after create)",
+			ErrConflict, sn.Name, sn.CPUs, sn.MemoryMiB)
+	}
+	if sn.Key != s.shapeKey(sn.CPUs, sn.MemoryMiB) {
+		return nil, false, fmt.Errorf("%w: snapshot %s was taken with another QEMU, accelerator or machine; it cannot be restored here", ErrConflict, sn.Name)
+	}
+	o.CPUs, o.MemoryMiB = sn.CPUs, sn.MemoryMiB
+	if o.DiskBytes == 0 {
+		o.DiskBytes = sn.DiskBytes
+	}
+	if o.Env == nil {
+		o.Env = sn.Env
+	}
+	if err := o.Validate(); err != nil {
+		return nil, false, err
+	}
+	if o.DiskBytes < sn.DiskBytes {
+		return nil, false, fmt.Errorf("%w: disk cannot be smaller than the snapshot's %d MiB", ErrInvalid, sn.DiskBytes>>20)
+	}
+	if err := s.admit(o.MemoryMiB, o.DiskBytes-sn.DiskBytes); err != nil {
+		return nil, false, err
+	}
+	v, prev, err := s.insertRow(ctx, o)
+	if err != nil || prev != nil {
+		return prev, false, err
+	}
+	defer s.lock(v.ID)()
+	start := time.Now()
+	v.Source = "snapshot " + sn.Name
+	if err := s.restoreState(ctx, v, sn.Disk, sn.Layers, sn.State, sn.DiskBytes); err != nil {
+		s.destroy(context.Background(), v)
+		return nil, false, err
+	}
+	return v, true, s.finishCreate(ctx, v, start)
+}
+
+// restoreState starts v from a saved memory state on a new overlay over frozen.
+func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, layers []string, state string, baseDisk int64) error {
+	img, err := s.Image(ctx)
+	if err != nil {
+		return err
+	}
+	p := s.paths(v.ID)
+	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+		return err
+	}
+	os.MkdirAll(p.Run, 0o700)
+	v.Disk, v.Layers = s.newLayerPath(v.ID), append([]string{}, layers...)
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		return err
+	}
+	if err := createOverlay(ctx, frozen, v.Disk, 0); err != nil {
+		return err
+	}
+	mc := s.machineConfig(v, p, img)
+	mc.Incoming = state
+	return s.launch(ctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: baseDisk, identity: identityNew})
+}
+
+// ForkResult is the outcome of a live fork.
+type ForkResult struct {
+	Parent   *store.VM
+	Children []*store.VM
+	PausedMs int64 // how long the parent's vCPUs were stopped
+	Bytes    int64
+	TookMs   int64
+}
+
+// Fork copies a running VM into count new running VMs (memory, processes, disk);
+// the parent keeps running. Each child gets its own identity and copy-on-write disk.
+func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkResult, error) {
+	if count < 1 || count > 32 {
+		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)
+	}
+	parent, unlock, err := s.settled(ctx, idOrName, "fork")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.admit(parent.MemoryMiB*int64(count), 0); err != nil {
+		unlock()
+		return nil, err
+	}
+	start := time.Now()
+	dir := filepath.Join(s.cfg.DataDir, "snapshots", "fork-"+randHex(6))
+	os.MkdirAll(dir, 0o700)
+	defer os.RemoveAll(dir) // children have loaded the state when we return
+	state := filepath.Join(dir, "state")
+	frozen, res, err := s.capture(ctx, parent, state)
+	unlock() // the parent runs on; children only need the state file and frozen layer
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", parent.Name, err)
+	}
+	s.logEvent(parent.ID, "forked x%d: %d MiB of state, parent paused %d ms", count, res.Bytes>>20, res.Paused.Milliseconds())
+	out := &ForkResult{Parent: parent, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes}
+	children := make([]*store.VM, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := CreateOptions{Name: fmt.Sprintf("%s-fork-%s", truncate(parent.Name, 40), randHex(3)), CPUs: parent.CPUs,
+				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env}
+			v, _, err := s.insertRow(ctx, o)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer s.lock(v.ID)()
+			t0 := time.Now()
+			v.Source = "fork of " + parent.Name
+			if err := s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes); err != nil {
+				s.destroy(context.Background(), v)
+				errs[i] = err
+				return
+			}
+			if err := s.finishCreate(ctx, v, t0); err != nil {
+				errs[i] = err
+				return
+			}
+			children[i] = v
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range children {
+			if c != nil {
+				s.Delete(context.Background(), c.ID)
+			}
+		}
+		return nil, fmt.Errorf("fork %s: %w", parent.Name, err)
+	}
+	out.Children, out.TookMs = children, time.Since(start).Milliseconds()
+	return out, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// gcLayers deletes frozen disk layers no VM or snapshot uses any more.
+func (s *Service) gcLayers(ctx context.Context) {
+	used := map[string]bool{}
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		used[s.diskPath(v)] = true
+		for _, l := range v.Layers {
+			used[l] = true
+		}
+	}
+	snaps, err := s.store.ListSnapshots(ctx)
+	if err != nil {
+		return
+	}
+	for _, sn := range snaps {
+		for _, l := range sn.Layers {
+			used[l] = true
+		}
+	}
+	ents, _ := os.ReadDir(s.layersDir())
+	for _, e := range ents {
+		p := filepath.Join(s.layersDir(), e.Name())
+		info, err := e.Info()
+		// Young files may belong to an operation that has not recorded them yet.
+		if used[p] || err != nil || time.Since(info.ModTime()) < time.Minute {
+			continue
+		}
+		os.Remove(p)
+	}
+}
