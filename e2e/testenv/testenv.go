@@ -301,3 +301,15 @@ func RunDirEntries(dataDir string) int {
 	ents, _ := os.ReadDir(server.RunDir(dataDir))
 	return len(ents)
 }
+
+// Terminate stops the server with SIGTERM (a graceful shutdown) and waits for it,
+// leaving its VMs to whatever the server does at shutdown.
+func (s *Server) Terminate() {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(5 * time.Minute):
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+}

@@ -262,6 +262,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	s.gcLayers(ctx)
 	return nil
 }
 

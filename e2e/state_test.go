@@ -1,0 +1,255 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+)
+
+// seedState writes 200 files with their checksums, starts a counter process and an
+// HTTP server: the running state that pause, suspend, snapshot and fork must keep.
+func seedState(t *testing.T, s *testenv.Server, ctx context.Context, vm string) {
+	t.Helper()
+	r := s.Exec(ctx, vm, `mkdir -p /data && for i in $(seq 200); do head -c 8192 /dev/urandom > /data/f$i; done && sha256sum /data/f* > /root/sums || exit 1
+nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done' >/dev/null 2>&1 &
+nohup python3 -m http.server 8000 --directory /data >/dev/null 2>&1 &
+sync; echo seeded`)
+	if !strings.Contains(r.Stdout, "seeded") {
+		t.Fatalf("seed: %+v", r)
+	}
+}
+
+func counter(t *testing.T, s *testenv.Server, ctx context.Context, vm string) int {
+	t.Helper()
+	var n int
+	fmtSscan(s.Exec(ctx, vm, "cat /root/counter").Stdout, &n)
+	return n
+}
+
+// verifyState checks the files, that the counter runs on from at least min, and
+// that the HTTP server in the VM answers.
+func verifyState(t *testing.T, s *testenv.Server, ctx context.Context, vm string, min int) int {
+	t.Helper()
+	if r := s.Exec(ctx, vm, "sha256sum -c --quiet /root/sums && ls /data | wc -l"); r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "200" {
+		t.Fatalf("%s: files changed: %+v", vm, r)
+	}
+	c1 := counter(t, s, ctx, vm)
+	time.Sleep(1500 * time.Millisecond)
+	c2 := counter(t, s, ctx, vm)
+	if c1 < min || c2 <= c1 {
+		t.Fatalf("%s: counter not running on: was >= %d, then %d, %d", vm, min, c1, c2)
+	}
+	var body string
+	for i := 0; i < 30 && !strings.Contains(body, "200 OK"); i++ {
+		if conn, err := s.Client.DialTCP(ctx, vm, 8000); err == nil {
+			fmt.Fprint(conn, "HEAD /f1 HTTP/1.0\r\n\r\n")
+			b := make([]byte, 512)
+			n, _ := readAll(conn, b)
+			conn.Close()
+			body = string(b[:n])
+		}
+		if !strings.Contains(body, "200 OK") {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if !strings.Contains(body, "200 OK") {
+		t.Fatalf("%s: HTTP server in the VM does not answer: %q", vm, body)
+	}
+	return c2
+}
+
+func TestPauseSuspendWake(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "life"})
+	seedState(t, s, ctx, "life")
+	last := verifyState(t, s, ctx, "life", 1)
+
+	// pause: vCPUs frozen, exec resumes first
+	out, _, code := s.CLI("", "pause", "life")
+	if code != 0 || !strings.Contains(out, "paused") {
+		t.Fatalf("pause: %d %q", code, out)
+	}
+	time.Sleep(time.Second)
+	if got, _ := s.Client.GetVM(ctx, "life"); got.State != "paused" {
+		t.Fatalf("not paused: %+v", got)
+	}
+	last = verifyState(t, s, ctx, "life", last) // exec resumed it
+	if got, _ := s.Client.GetVM(ctx, "life"); got.State != "running" {
+		t.Fatalf("exec did not resume: %s", got.State)
+	}
+	if _, err := s.Client.PauseVM(ctx, "life"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Client.ResumeVM(ctx, "life"); err != nil || got.State != "running" {
+		t.Fatalf("resume: %v %+v", err, got)
+	}
+
+	// suspend: QEMU exits, RAM is freed; concurrent requests share one wake
+	sv, err := s.Client.SuspendVM(ctx, "life")
+	if err != nil || sv.State != "suspended" || sv.Op == nil || sv.Op.Bytes == 0 {
+		t.Fatalf("suspend: %v %+v", err, sv)
+	}
+	if pids := testenv.QEMUProcesses(v.ID); len(pids) != 0 {
+		t.Fatalf("QEMU still running after suspend: %v", pids)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.Client.Exec(ctx, "life", api.ExecRequest{Shell: "cat /root/counter"})
+			if err == nil && r.ExitCode != 0 {
+				err = fmt.Errorf("exit %d", r.ExitCode)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("exec during wake: %v", err)
+		}
+	}
+	logs, _, _ := s.CLI("", "logs", "life")
+	if n := strings.Count(logs, "woke from suspend"); n != 1 {
+		t.Fatalf("%d wakes for 4 concurrent requests", n)
+	}
+	// the counter continues from where it was (it did not restart from 1)
+	last = verifyState(t, s, ctx, "life", last)
+
+	// inspect --wake wakes too
+	s.Client.SuspendVM(ctx, "life")
+	out, _, code = s.CLI("", "inspect", "--wake", "life")
+	if code != 0 || !strings.Contains(out, `"state": "running"`) {
+		t.Fatalf("inspect --wake: %q", out)
+	}
+
+	// resize: the disk grows online, shrinking is refused, CPUs wait for a start
+	r, err := s.Client.ResizeVM(ctx, "life", api.ResizeRequest{Disk: 10 << 30})
+	if err != nil || r.DiskBytes != 10<<30 {
+		t.Fatalf("resize disk: %v %+v", err, r)
+	}
+	var mb int
+	fmtSscan(s.Exec(ctx, "life", "df -B1M --output=size / | tail -1").Stdout, &mb)
+	if mb < 9500 {
+		t.Fatalf("filesystem is %d MiB after growing to 10 GiB", mb)
+	}
+	if _, err := s.Client.ResizeVM(ctx, "life", api.ResizeRequest{Disk: 9 << 30}); !isStatus(err, 400) || !strings.Contains(err.Error(), "shrinking") {
+		t.Fatalf("shrink: %v", err)
+	}
+	r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 2})
+	if err != nil || r.NextCPUs != 2 || !strings.Contains(r.Op.Message, "next start") {
+		t.Fatalf("resize cpus: %v %+v", err, r)
+	}
+
+	// graceful server shutdown suspends the VM; the next start wakes it
+	s.Terminate()
+	if pids := testenv.QEMUProcesses(v.ID); len(pids) != 0 {
+		t.Fatalf("QEMU still running after a graceful shutdown: %v", pids)
+	}
+	s.Restart()
+	waitState(t, s, "life", "running", 2*time.Minute)
+	verifyState(t, s, ctx, "life", last)
+}
+
+func TestSnapshotAndFork(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	parent := s.CreateVM(ctx, api.CreateVMRequest{Name: "origin"})
+	seedState(t, s, ctx, "origin")
+	last := verifyState(t, s, ctx, "origin", 1)
+
+	out, errOut, code := s.CLI("", "snapshot", "origin", "--name", "base")
+	if code != 0 || strings.TrimSpace(out) != "base" {
+		t.Fatalf("snapshot: %d %q %q", code, out, errOut)
+	}
+	if _, err := s.Client.Snapshot(ctx, "origin", "base"); !isStatus(err, 409) {
+		t.Fatalf("duplicate snapshot name: %v", err)
+	}
+	out, _, _ = s.CLI("", "snapshots")
+	if !strings.Contains(out, "base") {
+		t.Fatalf("snapshots: %q", out)
+	}
+	// the parent keeps working after the snapshot, on its own disk top
+	s.Exec(ctx, "origin", "echo after-snapshot > /root/late; sync")
+
+	// create --from: same processes and files, fresh identity
+	c, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "restored", From: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifyState(t, s, ctx, "restored", last)
+	if r := s.Exec(ctx, "restored", "hostname; test -e /root/late && echo leaked || echo clean"); r.Stdout != "restored\nclean\n" {
+		t.Fatalf("restored identity/disk: %q", r.Stdout)
+	}
+	if c.IP == parent.IP {
+		t.Fatalf("restored VM shares the parent's address %s", c.IP)
+	}
+	mid := func(vm string) string { return s.Exec(ctx, vm, "cat /etc/machine-id").Stdout }
+	if mid("restored") == mid("origin") {
+		t.Fatal("restored VM shares the parent's machine-id")
+	}
+
+	// the snapshot outlives its source VM
+	if err := s.Client.DeleteVM(ctx, "origin"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "second", From: "base"}); err != nil {
+		t.Fatalf("create from a snapshot whose VM was deleted: %v", err)
+	}
+	verifyState(t, s, ctx, "second", last)
+	if _, err := s.Client.CreateVM(ctx, api.CreateVMRequest{From: "base", Memory: 1 << 30}); !isStatus(err, 409) {
+		t.Fatalf("create --from with another shape: %v", err)
+	}
+	if _, err := s.Client.CreateVM(ctx, api.CreateVMRequest{From: "nope"}); !isStatus(err, 404) {
+		t.Fatalf("create --from unknown: %v", err)
+	}
+
+	// live fork: the parent keeps running; children get their own identity and disk
+	before := counter(t, s, ctx, "restored")
+	res, err := s.Client.Fork(ctx, "restored", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Children) != 2 || res.ParentPauseMs <= 0 || res.Parent.State != "running" {
+		t.Fatalf("fork: %+v", res)
+	}
+	t.Logf("fork: parent paused %d ms, %d MiB of state, %d ms", res.ParentPauseMs, res.StateBytes>>20, res.TookMs)
+	a, b := res.Children[0].Name, res.Children[1].Name
+	for _, ch := range []string{a, b} {
+		verifyState(t, s, ctx, ch, before)
+	}
+	verifyState(t, s, ctx, "restored", before)
+	s.Exec(ctx, a, "echo only-a > /data/f1; sync")
+	for _, other := range []string{"restored", b} {
+		if r := s.Exec(ctx, other, "sha256sum -c --quiet /root/sums && echo intact"); r.Stdout != "intact\n" {
+			t.Fatalf("a write in %s is visible in %s: %+v", a, other, r)
+		}
+	}
+	if mid(a) == mid(b) || mid(a) == mid("restored") {
+		t.Fatal("forks share a machine-id")
+	}
+	out, _, code = s.CLI("", "fork", "restored", "--json")
+	if code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "[") || !strings.Contains(out, `"state": "running"`) {
+		t.Fatalf("fork --json: %q", out)
+	}
+
+	// deleting the snapshot keeps what VMs still use
+	if err := s.Client.DeleteSnapshot(ctx, "base"); err != nil {
+		t.Fatal(err)
+	}
+	verifyState(t, s, ctx, "second", last)
+	if _, err := s.Client.GetSnapshot(ctx, "base"); !isStatus(err, 404) {
+		t.Fatalf("deleted snapshot: %v", err)
+	}
+}
