@@ -118,7 +118,7 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 		return prev, false, err
 	}
 	id := v.ID
-	unlock := s.lock(id)
+	unlock := s.lock(id, "create")
 	defer unlock()
 	start := time.Now()
 	if err := s.restore(ctx, v); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"os"
 	"time"
 
@@ -63,7 +64,11 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 	if err != nil {
 		return nil, err
 	}
-	defer s.lock(v.ID)()
+	unlock, err := s.tryLock(v.ID, v.Name, "stop")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err
 	}
@@ -94,7 +99,11 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 	if err != nil {
 		return nil, err
 	}
-	defer s.lock(v.ID)()
+	unlock, err := s.tryLock(v.ID, v.Name, "start")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err
 	}
@@ -136,7 +145,11 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	if err != nil {
 		return err
 	}
-	defer s.lock(v.ID)()
+	unlock, err := s.tryLock(v.ID, v.Name, "delete")
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return err
 	}
@@ -159,7 +172,7 @@ func (s *Service) monitor(id string, in *instance) {
 	if in.expectingExit() {
 		return
 	}
-	defer s.lock(id)()
+	defer s.lock(id, "exit handling")()
 	if s.instance(id) != in {
 		return
 	}
@@ -254,6 +267,17 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)
 		case "running", "paused":
+			os.Remove(s.suspendPath(v.ID) + ".tmp")
+			if !qemu.IsOurs(v.PID, v.ID) {
+				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
+					// the daemon died between writing the suspend state and recording it
+					v.State, v.PID = "suspended", 0
+					s.store.UpdateVM(ctx, v)
+					s.log.Info("finished an interrupted suspend", "vm", v.ID)
+					continue
+				}
+			}
+			os.Remove(s.suspendPath(v.ID))
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
 				v.State, v.PID, v.ColdBoot, v.Error = "crashed", 0, true, "lost while the daemon was down: "+err.Error()
@@ -262,8 +286,30 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	s.removeOrphanSnapshots(ctx)
 	s.gcLayers(ctx)
 	return nil
+}
+
+// removeOrphanSnapshots deletes snapshot directories that no record owns: an
+// interrupted snapshot, or a fork's temporary state.
+func (s *Service) removeOrphanSnapshots(ctx context.Context) {
+	snaps, err := s.store.ListSnapshots(ctx)
+	if err != nil {
+		return
+	}
+	owned := map[string]bool{}
+	for _, sn := range snaps {
+		owned[filepath.Dir(sn.State)] = true
+	}
+	dir := filepath.Join(s.cfg.DataDir, "snapshots")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if p := filepath.Join(dir, e.Name()); !owned[p] {
+			s.log.Info("removing unfinished snapshot files", "dir", p)
+			os.RemoveAll(p)
+		}
+	}
 }
 
 func (s *Service) reattach(ctx context.Context, v *store.VM) error {
@@ -293,6 +339,20 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		return fmt.Errorf("re-attach network: %w", err)
 	}
 	in := &instance{id: v.ID, paths: p, machine: m, net: net}
+	// An operation interrupted by the daemon's death (a save) may have left the guest
+	// stopped: put it back in the state the record says.
+	if st, err := m.Status(actx); err == nil && v.State == "running" && st != "running" {
+		m.QMP().Execute(actx, "migrate_cancel", nil)
+		if err := m.Resume(actx); err != nil {
+			s.log.Warn("cannot resume after an interrupted operation", "vm", v.ID, "status", st, "err", err)
+		}
+	}
+	// A snapshot or fork interrupted after it froze the disk: follow QEMU's real top.
+	if top, err := m.DiskTop(actx); err == nil && top != "" && top != s.diskPath(v) {
+		v.Layers, v.Disk = append(v.Layers, s.diskPath(v)), top
+		s.store.UpdateVM(ctx, v)
+		s.log.Info("recorded the disk top of an interrupted snapshot", "vm", v.ID, "top", top)
+	}
 	s.setInstance(v.ID, in)
 	go s.monitor(v.ID, in)
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)

@@ -23,7 +23,10 @@ func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, 
 	if err != nil {
 		return nil, nil, err
 	}
-	unlock := s.lock(v.ID)
+	unlock, err := s.tryLock(v.ID, v.Name, op)
+	if err != nil {
+		return nil, nil, err
+	}
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		unlock()
 		return nil, nil, err
@@ -170,7 +173,7 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 	if err != nil || (v.State != "paused" && v.State != "suspended") {
 		return v, err
 	}
-	defer s.lock(v.ID)()
+	defer s.lock(v.ID, "wake")()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err
 	}

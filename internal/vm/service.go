@@ -3,7 +3,6 @@
 package vm
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -58,6 +57,7 @@ type Service struct {
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id
 	locks     map[string]*sync.Mutex
+	busy      map[string]string // VM id -> the operation holding its lock, for 409 messages
 
 	imgOnce sync.Mutex
 	img     *image.Image
@@ -82,7 +82,7 @@ func New(cfg Config, st *store.Store) (*Service, error) {
 			return nil, err
 		}
 	}
-	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, locks: map[string]*sync.Mutex{}}, nil
+	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, locks: map[string]*sync.Mutex{}, busy: map[string]string{}}, nil
 }
 
 // Accel returns the accelerator in use.
@@ -103,17 +103,51 @@ func (s *Service) Image(ctx context.Context) (*image.Image, error) {
 	return img, nil
 }
 
-// lock serialises lifecycle operations on one VM.
-func (s *Service) lock(id string) func() {
+func (s *Service) mutex(id string) *sync.Mutex {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	l := s.locks[id]
 	if l == nil {
 		l = &sync.Mutex{}
 		s.locks[id] = l
 	}
-	s.mu.Unlock()
+	return l
+}
+
+// lock serialises work on one VM, waiting its turn: used by internal steps and by
+// wake-on-request, so concurrent requests share one wake.
+func (s *Service) lock(id, op string) func() {
+	l := s.mutex(id)
 	l.Lock()
-	return l.Unlock
+	s.setBusy(id, op)
+	return func() { s.setBusy(id, ""); l.Unlock() }
+}
+
+// tryLock takes the VM for a user-requested lifecycle operation; if another one is
+// in progress the caller gets a 409 naming it (retry when it is done).
+func (s *Service) tryLock(id, name, op string) (func(), error) {
+	l := s.mutex(id)
+	if !l.TryLock() {
+		s.mu.Lock()
+		other := s.busy[id]
+		s.mu.Unlock()
+		if other == "" {
+			other = "another operation"
+		}
+		return nil, fmt.Errorf("%w: cannot %s VM %s: %s is in progress; retry when it is done", ErrConflict, op, name, other)
+	}
+	s.setBusy(id, op)
+	return func() { s.setBusy(id, ""); l.Unlock() }, nil
+}
+
+func (s *Service) setBusy(id, op string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if op == "" {
+		delete(s.busy, id)
+	} else {
+		s.busy[id] = op
+	}
 }
 
 func (s *Service) instance(id string) *instance {
@@ -240,5 +274,3 @@ func (s *Service) layersDir() string { return filepath.Join(s.cfg.DataDir, "laye
 func (s *Service) newLayerPath(id string) string {
 	return filepath.Join(s.layersDir(), id+"-"+randHex(4)+".qcow2")
 }
-
-func bytesContains(b, sub []byte) bool { return bytes.Contains(b, sub) }

@@ -38,13 +38,11 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 		res, err = in.machine.SaveLive(ctx, statePath, freeze)
 	}
 	if err != nil {
-		if _, statErr := os.Stat(newTop); statErr == nil && s.diskPath(v) == frozen {
-			// the freeze may have happened before a later step failed
-			if st, qerr := in.machine.QMP().Execute(ctx, "query-block", nil); qerr == nil && containsPath(st, newTop) {
-				v.Layers, v.Disk = append(v.Layers, frozen), newTop
-				s.store.UpdateVM(context.Background(), v)
-				return "", res, err
-			}
+		// If the freeze happened before a later step failed, QEMU writes to newTop now.
+		if top, qerr := in.machine.DiskTop(context.Background()); qerr == nil && top == newTop {
+			v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
+			s.store.UpdateVM(context.Background(), v)
+		} else {
 			os.Remove(newTop)
 		}
 		return "", res, err
@@ -52,8 +50,6 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
 	return frozen, res, s.store.UpdateVM(ctx, v)
 }
-
-func containsPath(b []byte, p string) bool { return len(p) > 0 && bytesContains(b, []byte(p)) }
 
 // Snapshot captures a running or paused VM (memory, processes and disk).
 func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error) {
@@ -158,7 +154,7 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 	if err != nil || prev != nil {
 		return prev, false, err
 	}
-	defer s.lock(v.ID)()
+	defer s.lock(v.ID, "create")()
 	start := time.Now()
 	v.Source = "snapshot " + sn.Name
 	if err := s.restoreState(ctx, v, sn.Disk, sn.Layers, sn.State, sn.DiskBytes); err != nil {
@@ -240,7 +236,7 @@ func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkRe
 				errs[i] = err
 				return
 			}
-			defer s.lock(v.ID)()
+			defer s.lock(v.ID, "create")()
 			t0 := time.Now()
 			v.Source = "fork of " + parent.Name
 			if err := s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes); err != nil {

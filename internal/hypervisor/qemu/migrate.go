@@ -139,3 +139,26 @@ func (m *Machine) FreezeDisk(ctx context.Context, newTop string) error {
 		"device": "disk0", "snapshot-file": newTop, "format": "qcow2", "mode": "absolute-paths"})
 	return err
 }
+
+// DiskTop returns the file QEMU is writing the disk to (the top of its chain).
+func (m *Machine) DiskTop(ctx context.Context) (string, error) {
+	r, err := m.qmp.Execute(ctx, "query-block", nil)
+	if err != nil {
+		return "", err
+	}
+	var devs []struct {
+		Device   string `json:"device"`
+		Inserted struct {
+			File string `json:"file"`
+		} `json:"inserted"`
+	}
+	if err := json.Unmarshal(r, &devs); err != nil {
+		return "", err
+	}
+	for _, d := range devs {
+		if d.Device == "disk0" {
+			return d.Inserted.File, nil
+		}
+	}
+	return "", fmt.Errorf("no disk0 in query-block")
+}
