@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
