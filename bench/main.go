@@ -5,6 +5,7 @@
 // Run from the repository root:
 //
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
+//	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
 // data dir (and a fresh template dir unless -keep-template), and deletes every VM it
@@ -35,6 +36,7 @@ type options struct {
 	skipSSH      bool
 	jsonPath     string
 	verbose      bool
+	lifecycle    bool
 }
 
 func main() {
@@ -48,7 +50,15 @@ func main() {
 	flag.BoolVar(&o.skipSSH, "skip-ssh", false, "skip the OpenSSH baseline")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this path")
 	flag.BoolVar(&o.verbose, "v", false, "print progress details")
+	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on a 1 GiB VM); implies -keep-template unless it is given")
 	flag.Parse()
+	if o.lifecycle {
+		explicit := false
+		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
+		if !explicit {
+			o.keepTemplate = true
+		}
+	}
 	if o.creates < 1 || o.execs < 1 || o.cliExecs < 1 || o.sshNew < 1 || o.sshCM < 1 {
 		fmt.Fprintln(os.Stderr, "bench: iteration counts must be at least 1")
 		os.Exit(2)
@@ -115,7 +125,13 @@ func run(ctx context.Context, o options) (code int) {
 	}()
 	logf("server %s (data %s, templates %s)", srv.url, srv.dataDir, srv.templateDir)
 
-	if err := b.runAll(ctx); err != nil {
+	phases := b.runAll
+	if o.lifecycle {
+		phases = b.runLifecycle
+		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemory>>20, 0
+		r.Notes = append(r.Notes, lifecycleNotes()...)
+	}
+	if err := phases(ctx); err != nil {
 		r.Errors = append(r.Errors, err.Error())
 		logf("error: %v", err)
 		code = 1
@@ -125,10 +141,19 @@ func run(ctx context.Context, o options) (code int) {
 		}
 	}
 	r.FinishedAt = time.Now().UTC()
-	r.computeRatios()
-	r.Print(os.Stdout)
+	var out any = r
+	if o.lifecycle {
+		if r.Lifecycle != nil {
+			r.Lifecycle.computeRatios()
+		}
+		r.PrintLifecycle(os.Stdout)
+		out = lifecycleJSON{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Host: r.Host, Lifecycle: r.Lifecycle, Notes: r.Notes, Errors: r.Errors}
+	} else {
+		r.computeRatios()
+		r.Print(os.Stdout)
+	}
 	if o.jsonPath != "" {
-		bs, _ := json.MarshalIndent(r, "", "  ")
+		bs, _ := json.MarshalIndent(out, "", "  ")
 		if err := os.WriteFile(o.jsonPath, append(bs, '\n'), 0o644); err != nil {
 			logf("write %s: %v", o.jsonPath, err)
 			code = 1

@@ -120,8 +120,10 @@ type Report struct {
 	Exec              ExecStats `json:"exec_true"`
 	SSH               SSHStats  `json:"ssh"`
 	Ratios            Ratios    `json:"ratios"`
-	Notes             []string  `json:"notes"`
-	Errors            []string  `json:"errors,omitempty"`
+	// Lifecycle is set only by -lifecycle (then the other results are empty).
+	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
+	Notes     []string         `json:"notes"`
+	Errors    []string         `json:"errors,omitempty"`
 }
 
 func ratio(a, b float64) float64 {

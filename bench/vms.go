@@ -31,8 +31,9 @@ type bench struct {
 	r   *Report
 	tmp string
 
-	mu  sync.Mutex
-	vms map[string]int // VMs this run created -> QEMU pid (0 if unknown)
+	mu    sync.Mutex
+	vms   map[string]int // VMs this run created -> QEMU pid (0 if unknown)
+	snaps []string       // snapshots this run created and has not deleted yet
 
 	sshCleanup func() // closes the ControlMaster and the forwarder, if started
 }
@@ -78,6 +79,9 @@ func (b *bench) cleanup() {
 	if b.sshCleanup != nil {
 		b.sshCleanup()
 		b.sshCleanup = nil
+	}
+	if b.o.lifecycle {
+		b.deleteSnapshots()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -94,7 +94,6 @@ func (c Config) Args() []string {
 	return a
 }
 
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // Machine is a running QEMU process and its QMP connection.
 type Machine struct {
@@ -273,6 +272,26 @@ func (m *Machine) WaitIncoming(ctx context.Context) error {
 	}
 }
 
+// passFile opens path (for writing when write is set) and hands the descriptor to
+// QEMU, returning the migration URI that names it. A file descriptor instead of
+// `exec:cat` saves a copy through a pipe, which costs ~1 ms per MiB on these hosts.
+func (m *Machine) passFile(ctx context.Context, path string, write bool) (string, error) {
+	flag := os.O_RDONLY
+	if write {
+		flag = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	}
+	f, err := os.OpenFile(path, flag, 0o600)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close() // QEMU has its own copy once getfd returns
+	name := "mig" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := m.qmp.ExecuteWithFD(ctx, "getfd", map[string]any{"fdname": name}, int(f.Fd())); err != nil {
+		return "", err
+	}
+	return "fd:" + name, nil
+}
+
 // ignoreShared makes migration skip RAM backed by a file (the template's RAM file):
 // the state stream then holds only device state.
 func (m *Machine) ignoreShared(ctx context.Context) error {
@@ -288,7 +307,11 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 			return err
 		}
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(m.cfg.Incoming)}); err != nil {
+	uri, err := m.passFile(ctx, m.cfg.Incoming, false)
+	if err != nil {
+		return err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return err
 	}
 	return m.WaitIncoming(ctx)
@@ -303,7 +326,11 @@ func (m *Machine) SaveState(ctx context.Context, path string) error {
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return err
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+	uri, err := m.passFile(ctx, path, true)
+	if err != nil {
+		return err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
 		return err
 	}
 	return m.waitMigration(ctx)

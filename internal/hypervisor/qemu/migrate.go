@@ -48,7 +48,11 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 		return SaveResult{}, err
 	}
 	start := time.Now()
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+	uri, err := m.passFile(ctx, path, true)
+	if err != nil {
+		return SaveResult{}, err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
 		return SaveResult{}, err
 	}
 	bytes, err := m.waitMigrationBytes(ctx)
@@ -75,10 +79,14 @@ func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, err
 	if err := m.setFileMigration(ctx, 0); err != nil {
 		return SaveResult{}, err
 	}
+	uri, err := m.passFile(ctx, path, true)
+	if err != nil {
+		return SaveResult{}, err
+	}
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return SaveResult{}, err
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(path)}); err != nil {
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
 		return SaveResult{}, err
 	}
 	bytes, err := m.waitMigrationBytes(ctx)

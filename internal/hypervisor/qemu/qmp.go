@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -120,6 +121,15 @@ func (q *QMP) Done() <-chan struct{} { return q.done }
 
 // Execute runs one command and returns its "return" value.
 func (q *QMP) Execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return q.execute(ctx, cmd, args, -1)
+}
+
+// ExecuteWithFD runs a command carrying a file descriptor (SCM_RIGHTS), as `getfd` needs.
+func (q *QMP) ExecuteWithFD(ctx context.Context, cmd string, args any, fd int) (json.RawMessage, error) {
+	return q.execute(ctx, cmd, args, fd)
+}
+
+func (q *QMP) execute(ctx context.Context, cmd string, args any, fd int) (json.RawMessage, error) {
 	ch := make(chan qmpReply, 1)
 	q.mu.Lock()
 	if q.err != nil {
@@ -135,7 +145,14 @@ func (q *QMP) Execute(ctx context.Context, cmd string, args any) (json.RawMessag
 		msg["arguments"] = args
 	}
 	b, _ := json.Marshal(msg)
-	_, err := q.conn.Write(append(b, '\n'))
+	var err error
+	if uc, ok := q.conn.(*net.UnixConn); ok && fd >= 0 {
+		_, _, err = uc.WriteMsgUnix(append(b, '\n'), syscall.UnixRights(fd), nil)
+	} else if fd >= 0 {
+		err = fmt.Errorf("cannot pass a file descriptor over %T", q.conn)
+	} else {
+		_, err = q.conn.Write(append(b, '\n'))
+	}
 	if err != nil {
 		delete(q.pending, id)
 	}

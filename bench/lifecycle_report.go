@@ -1,0 +1,228 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// LifecycleReport holds the results of `go run ./bench -lifecycle`.
+type LifecycleReport struct {
+	VMMemoryMiB      int64  `json:"vm_memory_mib"`
+	VMDiskBytes      int64  `json:"vm_disk_bytes"`
+	VMTemplate       string `json:"vm_template"`
+	VMCreateServerMs int64  `json:"vm_create_server_ms"` // includes a template cold boot if this shape had none
+	VMCreateToExecMs int64  `json:"vm_create_to_first_exec_ms"`
+
+	PauseWall         Stats   `json:"pause_wall"`
+	PauseServer       Stats   `json:"pause_server_took_ms"`
+	ResumeWall        Stats   `json:"resume_wall"`
+	ResumeServer      Stats   `json:"resume_server_took_ms"`
+	ExecAfterResumeMs float64 `json:"exec_after_resume_ms"`
+
+	HolderRSSMiB      int64   `json:"holder_rss_mib"`
+	HolderRSSAfterMiB int64   `json:"holder_rss_after_wakes_mib"`
+	SuspendWall       Stats   `json:"suspend_wall"`
+	SuspendServer     Stats   `json:"suspend_server_took_ms"`
+	SuspendPaused     Stats   `json:"suspend_server_paused_ms"`
+	SuspendBytes      []int64 `json:"suspend_state_bytes"`
+	WakeToExec        Stats   `json:"wake_to_first_exec"`
+
+	SnapshotWall   Stats   `json:"snapshot_wall"`
+	SnapshotPaused Stats   `json:"snapshot_paused_ms"`
+	SnapshotBytes  []int64 `json:"snapshot_state_bytes"`
+
+	Forks []ForkRun `json:"forks"`
+
+	ResumeTargetMs  float64 `json:"target_resume_ms"`
+	WakeTargetMs    float64 `json:"target_wake_to_exec_ms"`
+	ForkPauseTarget float64 `json:"target_fork_parent_pause_ms"`
+	Fork4Over1      float64 `json:"fork4_ready_over_fork1_ready,omitempty"`
+	Fork8Over1      float64 `json:"fork8_ready_over_fork1_ready,omitempty"`
+	Fork4Over1Ret   float64 `json:"fork4_returned_over_fork1_returned,omitempty"`
+	Fork8Over1Ret   float64 `json:"fork8_returned_over_fork1_returned,omitempty"`
+}
+
+// ForkRun is one live fork into Count children.
+type ForkRun struct {
+	Count           int     `json:"count"`
+	HostMemAvailMiB int64   `json:"host_mem_available_mib_before"`
+	ParentPauseMs   int64   `json:"parent_pause_ms"`
+	StateBytes      int64   `json:"state_bytes"`
+	ServerTookMs    int64   `json:"server_took_ms"`
+	ReturnedMs      float64 `json:"fork_returned_ms"`
+	AllExecMs       float64 `json:"all_children_exec_ms"` // from the fork call start
+	ChildExec       Stats   `json:"child_exec_done_from_fork_start"`
+	ExecRetries     int     `json:"exec_retries"`
+	Children        int     `json:"children"`
+	Error           string  `json:"error,omitempty"`
+}
+
+func (lc *LifecycleReport) forkBy(n int) *ForkRun {
+	for i := range lc.Forks {
+		if lc.Forks[i].Count == n && lc.Forks[i].Error == "" {
+			return &lc.Forks[i]
+		}
+	}
+	return nil
+}
+
+func (lc *LifecycleReport) computeRatios() {
+	lc.ResumeTargetMs, lc.WakeTargetMs, lc.ForkPauseTarget = 50, 1000, 100
+	f1, f4, f8 := lc.forkBy(1), lc.forkBy(4), lc.forkBy(8)
+	if f1 != nil && f4 != nil {
+		lc.Fork4Over1, lc.Fork4Over1Ret = ratio(f4.AllExecMs, f1.AllExecMs), ratio(f4.ReturnedMs, f1.ReturnedMs)
+	}
+	if f1 != nil && f8 != nil {
+		lc.Fork8Over1, lc.Fork8Over1Ret = ratio(f8.AllExecMs, f1.AllExecMs), ratio(f8.ReturnedMs, f1.ReturnedMs)
+	}
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func mibList(bs []int64) string {
+	if len(bs) == 0 {
+		return "n/a"
+	}
+	parts := make([]string, len(bs))
+	for i, b := range bs {
+		parts[i] = mib(b)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "MET"
+	}
+	return "MISSED"
+}
+
+// PrintLifecycle writes the human-readable lifecycle report.
+func (r *Report) PrintLifecycle(w io.Writer) {
+	lc := r.Lifecycle
+	line := strings.Repeat("=", 78)
+	fmt.Fprintln(w, line)
+	fmt.Fprintln(w, "agentvm lifecycle benchmark  ", r.StartedAt.Format(time.RFC3339), " took", r.FinishedAt.Sub(r.StartedAt).Round(time.Second))
+	fmt.Fprintln(w, line)
+	fmt.Fprintf(w, "Host: accel=%s  qemu=%q  nproc=%d  loadavg at start=%s  server=%s\n",
+		r.Host.Accel, r.Host.QEMUVersion, r.Host.NProc, r.Host.LoadAvgAtStart, r.Host.ServerVersion)
+	if lc == nil {
+		fmt.Fprintln(w, "(no lifecycle results)")
+		r.printTail(w, line)
+		return
+	}
+	fmt.Fprintf(w, "VM: %d MiB, %.1f GiB disk (default), template %s\n", lc.VMMemoryMiB, float64(lc.VMDiskBytes)/(1<<30), lc.VMTemplate)
+	fmt.Fprintf(w, "  setup create (not a result): server create_ms %d, create -> first exec %d ms\n\n", lc.VMCreateServerMs, lc.VMCreateToExecMs)
+
+	fmt.Fprintf(w, "1. Pause / resume, %d cycles on the running VM (after 1 warm-up cycle)\n", lc.PauseWall.N)
+	statsLine(w, "PauseVM (client wall)", lc.PauseWall)
+	statsLine(w, "PauseVM (server op.took_ms)", lc.PauseServer)
+	statsLine(w, "ResumeVM (client wall)", lc.ResumeWall)
+	statsLine(w, "ResumeVM (server op.took_ms)", lc.ResumeServer)
+	if lc.ResumeWall.N > 0 {
+		fmt.Fprintf(w, "  target resume <= %.0f ms: wall p50 %.1f ms -> %s (server p50 %.0f ms)\n", lc.ResumeTargetMs,
+			lc.ResumeWall.P50, verdict(lc.ResumeWall.P50 <= lc.ResumeTargetMs), lc.ResumeServer.P50)
+		fmt.Fprintf(w, "  first exec after the last resume: %.1f ms\n", lc.ExecAfterResumeMs)
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintf(w, "2. Suspend (save to disk, QEMU exits) and wake by exec, %d cycles\n", lc.SuspendWall.N)
+	fmt.Fprintf(w, "  guest memory: a python3 holding %d MiB resident (still %d MiB after the wakes)\n", lc.HolderRSSMiB, lc.HolderRSSAfterMiB)
+	statsLine(w, "SuspendVM (client wall)", lc.SuspendWall)
+	statsLine(w, "SuspendVM (server op.took_ms)", lc.SuspendServer)
+	statsLine(w, "SuspendVM (server op.paused_ms)", lc.SuspendPaused)
+	fmt.Fprintf(w, "  suspend state bytes: %s\n", mibList(lc.SuspendBytes))
+	statsLine(w, "suspended -> exec `true` returned", lc.WakeToExec)
+	if lc.WakeToExec.N > 0 {
+		fmt.Fprintf(w, "  target wake to first exec <= %.0f ms: p50 %.1f ms -> %s\n", lc.WakeTargetMs, lc.WakeToExec.P50,
+			verdict(lc.WakeToExec.P50 <= lc.WakeTargetMs))
+		if lc.SuspendWall.P50 > 0 {
+			fmt.Fprintf(w, "  wake p50 / suspend p50 = %.2f\n", lc.WakeToExec.P50/lc.SuspendWall.P50)
+		}
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintf(w, "3. Snapshot of the running VM, %d snapshots (deleted after)\n", lc.SnapshotWall.N)
+	statsLine(w, "Snapshot (client wall)", lc.SnapshotWall)
+	statsLine(w, "Snapshot guest pause (paused_ms)", lc.SnapshotPaused)
+	fmt.Fprintf(w, "  snapshot state bytes: %s\n", mibList(lc.SnapshotBytes))
+	if lc.SnapshotWall.P50 > 0 {
+		fmt.Fprintf(w, "  guest pause p50 / snapshot wall p50 = %.2f (share of the call the guest is frozen)\n",
+			lc.SnapshotPaused.P50/lc.SnapshotWall.P50)
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintln(w, "4. Live fork of the running VM (children deleted before the next N, untimed)")
+	fmt.Fprintf(w, "  %-3s %10s %11s %12s %12s %14s %12s %9s\n", "N", "parent", "state", "fork call", "server", "all children", "mem avail", "retries")
+	fmt.Fprintf(w, "  %-3s %10s %11s %12s %12s %14s %12s %9s\n", "", "pause ms", "bytes", "returned ms", "took ms", "exec'd ms", "before MiB", "")
+	for _, f := range lc.Forks {
+		if f.Error != "" {
+			fmt.Fprintf(w, "  %-3d FAILED (host MemAvailable %d MiB before): %s\n", f.Count, f.HostMemAvailMiB, f.Error)
+			continue
+		}
+		fmt.Fprintf(w, "  %-3d %10d %11s %12.0f %12d %14.0f %12d %9d\n", f.Count, f.ParentPauseMs, mib(f.StateBytes),
+			f.ReturnedMs, f.ServerTookMs, f.AllExecMs, f.HostMemAvailMiB, f.ExecRetries)
+	}
+	for _, f := range lc.Forks {
+		if f.Error == "" {
+			fmt.Fprintf(w, "  target parent pause <= %.0f ms, N=%d: %d ms -> %s\n", lc.ForkPauseTarget, f.Count, f.ParentPauseMs,
+				verdict(float64(f.ParentPauseMs) <= lc.ForkPauseTarget))
+		}
+	}
+	ratioLine(w, "all children exec'd: N=4 / N=1", lc.Fork4Over1)
+	ratioLine(w, "all children exec'd: N=8 / N=1", lc.Fork8Over1)
+	ratioLine(w, "fork call returned:  N=4 / N=1", lc.Fork4Over1Ret)
+	ratioLine(w, "fork call returned:  N=8 / N=1", lc.Fork8Over1Ret)
+	if lc.Fork4Over1 > 0 {
+		fmt.Fprintf(w, "  target N=4 ready <= 2x N=1: %.2fx -> %s\n", lc.Fork4Over1, verdict(lc.Fork4Over1 <= 2))
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintln(w, "Bytes moved per save:")
+	fmt.Fprintf(w, "  suspend:  %s\n", mibList(lc.SuspendBytes))
+	fmt.Fprintf(w, "  snapshot: %s\n", mibList(lc.SnapshotBytes))
+	for _, f := range lc.Forks {
+		if f.Error == "" {
+			fmt.Fprintf(w, "  fork x%d:  %s (one state file shared by all children)\n", f.Count, mib(f.StateBytes))
+		}
+	}
+	fmt.Fprintln(w)
+	r.printTail(w, line)
+}
+
+func (r *Report) printTail(w io.Writer, line string) {
+	fmt.Fprintln(w, "Notes:")
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "  -", n)
+	}
+	if len(r.Errors) > 0 {
+		fmt.Fprintln(w, "Errors:")
+		for _, e := range r.Errors {
+			fmt.Fprintln(w, "  -", e)
+		}
+	}
+	fmt.Fprintln(w, line)
+}
+
+func lifecycleNotes() []string {
+	return []string{
+		"-lifecycle implies -keep-template: no cold boot is measured. The first create of the 1 GiB shape cold-boots its " +
+			"template once (~30 s under TCG) if none is cached; that setup create is not a result.",
+		"Wall times are client-side around one SDK call; server times are the server's own op.took_ms / paused_ms.",
+		"Wake to first exec is timed from sending an exec of `true` to a suspended VM (the request wakes it) until it returns.",
+		"Fork 'all children exec'd' is timed from the fork call start until every child answered an exec of `true` (children exec'd in parallel after the fork returned).",
+		"Ratios are N=k / N=1; a 507 (insufficient memory) from the server is reported as a failed row, not a crash.",
+	}
+}
+
+// lifecycleJSON is what -json writes with -lifecycle.
+type lifecycleJSON struct {
+	StartedAt  time.Time        `json:"started_at"`
+	FinishedAt time.Time        `json:"finished_at"`
+	Host       Host             `json:"host"`
+	Lifecycle  *LifecycleReport `json:"lifecycle"`
+	Notes      []string         `json:"notes"`
+	Errors     []string         `json:"errors,omitempty"`
+}
