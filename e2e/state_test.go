@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -251,5 +253,53 @@ func TestSnapshotAndFork(t *testing.T) {
 	verifyState(t, s, ctx, "second", last)
 	if _, err := s.Client.GetSnapshot(ctx, "base"); !isStatus(err, 404) {
 		t.Fatalf("deleted snapshot: %v", err)
+	}
+}
+
+func TestConcurrentOperationsAndRecovery(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "busy"})
+	if _, err := s.Client.SuspendVM(ctx, "busy"); err != nil {
+		t.Fatal(err)
+	}
+	// An exec wakes the VM (about a second under TCG); a delete meanwhile is a 409.
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Client.Exec(ctx, "busy", api.ExecRequest{Cmd: []string{"true"}})
+		done <- err
+	}()
+	time.Sleep(150 * time.Millisecond)
+	err := s.Client.DeleteVM(ctx, "busy")
+	if !isStatus(err, 409) || !strings.Contains(err.Error(), "wake is in progress") {
+		t.Fatalf("delete during a wake: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("exec that woke the VM: %v", err)
+	}
+	if _, err := s.Client.StartVM(ctx, "busy"); err != nil { // start of a running VM is a no-op
+		t.Fatalf("start running VM: %v", err)
+	}
+	if _, err := s.Client.ResumeVM(ctx, "busy"); err != nil {
+		t.Fatalf("resume running VM: %v", err)
+	}
+
+	// Leftovers of operations interrupted by a daemon crash are cleaned at start.
+	s.Kill9()
+	orphan := filepath.Join(s.DataDir, "snapshots", "snap-deadbeef0000")
+	os.MkdirAll(orphan, 0o700)
+	os.WriteFile(filepath.Join(orphan, "state"), []byte("half"), 0o600)
+	tmp := filepath.Join(s.DataDir, "vms", v.ID, "suspend.state.tmp")
+	os.WriteFile(tmp, []byte("half"), 0o600)
+	s.Restart()
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Fatalf("orphan snapshot dir survived the restart: %v", err)
+	}
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Fatalf("half-written suspend state survived the restart: %v", err)
+	}
+	if r := s.Exec(ctx, "busy", "echo alive"); r.Stdout != "alive\n" {
+		t.Fatalf("after restart: %+v", r)
 	}
 }
