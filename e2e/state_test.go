@@ -303,3 +303,40 @@ func TestConcurrentOperationsAndRecovery(t *testing.T) {
 		t.Fatalf("after restart: %+v", r)
 	}
 }
+
+func TestDeepChainIsFlattened(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	s.CreateVM(ctx, api.CreateVMRequest{Name: "deep"})
+	seedState(t, s, ctx, "deep")
+	last := 1
+	for i := 0; i < 6; i++ {
+		s.Exec(ctx, "deep", fmt.Sprintf("echo %d > /root/gen; sync", i))
+		if _, err := s.Client.Snapshot(ctx, "deep", fmt.Sprintf("gen%d", i)); err != nil {
+			t.Fatalf("snapshot %d: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		logs, _, _ := s.CLI("", "logs", "deep")
+		if strings.Contains(logs, "flattened 6 disk layers") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("chain of 6 layers was not flattened:\n%s", logs)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	last = verifyState(t, s, ctx, "deep", last)
+	if r := s.Exec(ctx, "deep", "cat /root/gen"); r.Stdout != "5\n" {
+		t.Fatalf("after flattening: %q", r.Stdout)
+	}
+	// every snapshot of the chain still restores
+	if _, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "gen2", From: "gen2"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Exec(ctx, "gen2", "cat /root/gen"); r.Stdout != "2\n" {
+		t.Fatalf("snapshot gen2 after flattening: %q", r.Stdout)
+	}
+}

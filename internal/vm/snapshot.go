@@ -2,9 +2,11 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
@@ -48,7 +50,11 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 		return "", res, err
 	}
 	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-	return frozen, res, s.store.UpdateVM(ctx, v)
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		return "", res, err
+	}
+	s.flattenIfDeep(v)
+	return frozen, res, nil
 }
 
 // Snapshot captures a running or paused VM (memory, processes and disk).
@@ -303,4 +309,62 @@ func (s *Service) gcLayers(ctx context.Context) {
 		}
 		os.Remove(p)
 	}
+}
+
+// maxLayers is how many frozen layers a VM's chain may grow to before it is flattened.
+const maxLayers = 6
+
+// flattenIfDeep streams a deep chain's layers into the VM's top in the background,
+// so reads stay fast and unused layers can be collected. The VM's lock is held for
+// the job: user lifecycle operations get a 409 until it is done.
+func (s *Service) flattenIfDeep(v *store.VM) {
+	if len(v.Layers) < maxLayers {
+		return
+	}
+	go func() {
+		defer s.lock(v.ID, "flatten")() // after the operation that froze the layer
+
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		defer cancel()
+		cur, err := s.store.GetVM(ctx, v.ID)
+		in := s.instance(v.ID)
+		if err != nil || in == nil || len(cur.Layers) < maxLayers {
+			return
+		}
+		base, err := backingFile(ctx, cur.Layers[0])
+		if err != nil || base == "" {
+			s.log.Warn("flatten: cannot read the chain's base", "vm", v.ID, "err", err)
+			return
+		}
+		start := time.Now()
+		if err := in.machine.Flatten(ctx, base); err != nil {
+			s.log.Warn("flatten failed", "vm", v.ID, "err", err)
+			return
+		}
+		cur.Layers = nil
+		if err := s.store.UpdateVM(ctx, cur); err != nil {
+			return
+		}
+		s.logEvent(v.ID, "flattened %d disk layers in %d ms", maxLayers, time.Since(start).Milliseconds())
+		s.gcLayers(ctx)
+	}()
+}
+
+// backingFile returns the backing file of a qcow2 image.
+func backingFile(ctx context.Context, path string) (string, error) {
+	out, err := exec.CommandContext(ctx, "qemu-img", "info", "-U", "--output=json", path).Output()
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		Full string `json:"full-backing-filename"`
+		B    string `json:"backing-filename"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return "", err
+	}
+	if info.Full != "" {
+		return info.Full, nil
+	}
+	return info.B, nil
 }

@@ -170,3 +170,44 @@ func (m *Machine) DiskTop(ctx context.Context) (string, error) {
 	}
 	return "", fmt.Errorf("no disk0 in query-block")
 }
+
+// Flatten copies the data of every layer above base into the disk's top
+// (block-stream) and waits for the job; the top's backing file becomes base.
+func (m *Machine) Flatten(ctx context.Context, base string) error {
+	job := "flatten" + fmt.Sprint(time.Now().UnixNano())
+	if _, err := m.qmp.Execute(ctx, "block-stream", map[string]any{"job-id": job, "device": "disk0", "base": base}); err != nil {
+		return err
+	}
+	for {
+		r, err := m.qmp.Execute(ctx, "query-block-jobs", nil)
+		if err != nil {
+			return err
+		}
+		var jobs []struct {
+			Device string `json:"device"`
+			Status string `json:"status"`
+			Error  string `json:"error"`
+		}
+		json.Unmarshal(r, &jobs)
+		running := false
+		for _, j := range jobs {
+			if j.Device == job {
+				running = true
+				if j.Error != "" {
+					return fmt.Errorf("block-stream: %s", j.Error)
+				}
+			}
+		}
+		if !running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			m.qmp.Execute(context.Background(), "block-job-cancel", map[string]any{"device": job})
+			return ctx.Err()
+		case <-m.done:
+			return fmt.Errorf("qemu exited during block-stream")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
