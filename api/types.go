@@ -160,6 +160,8 @@ type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
 	Accel   string `json:"accel"`
+	// WarmPool counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>".
+	WarmPool map[string]int `json:"warm_pool,omitempty"`
 }
 
 // Error is the body of every non-2xx response.

@@ -1,7 +1,7 @@
 package main
 
 // The lifecycle benchmark (go run ./bench -lifecycle): pause/resume, suspend and
-// wake-to-first-exec, snapshot interruption and live fork, all on one 1 GiB VM.
+// wake-to-first-exec, snapshot interruption and live fork, all on one VM of -lc-memory MiB (default 1 GiB).
 
 import (
 	"context"
@@ -21,7 +21,6 @@ import (
 )
 
 const (
-	lcMemory      = 1 << 30
 	lcPauseCycles = 10
 	lcSuspends    = 3
 	lcSnapshots   = 3
@@ -30,7 +29,8 @@ const (
 
 var lcForkCounts = []int{1, 4, 8}
 
-var lcShape = api.CreateVMRequest{Memory: lcMemory} // disk: server default
+// lcMemoryMiB is the VM memory (-lc-memory, default 1024 MiB); disk: server default.
+var lcMemoryMiB int64 = 1024
 
 // holdCmd starts a background python3 that keeps ~200 MiB resident (every page touched).
 const holdCmd = `nohup python3 -c 'import time; b=bytearray(200<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; time.sleep(10**9)' >/dev/null 2>&1 & echo $!`
@@ -49,11 +49,11 @@ func (b *bench) runLifecycle(ctx context.Context) (err error) {
 
 	defer b.deleteSnapshots()
 
-	logf("creating the 1 GiB VM (the first create of this shape cold-boots its template once, ~30 s; not measured)")
+	logf("creating the %d MiB VM (the first create of this shape cold-boots its template once, ~30 s; not measured)", lcMemoryMiB)
 	t0 := time.Now()
-	v, err := b.c.CreateVM(ctx, lcShape)
+	v, err := b.c.CreateVM(ctx, api.CreateVMRequest{Memory: api.Size(lcMemoryMiB << 20)})
 	if err != nil {
-		return fmt.Errorf("create 1 GiB VM: %w", err)
+		return fmt.Errorf("create %d MiB VM: %w", lcMemoryMiB, err)
 	}
 	b.track(v.ID, v.PID)
 	if _, err := b.firstExec(ctx, v.ID); err != nil {
@@ -67,7 +67,7 @@ func (b *bench) runLifecycle(ctx context.Context) (err error) {
 	logf("VM %s ready (%d MiB, create_ms %d, create->exec %d ms)", v.ID, v.MemoryMiB, v.CreateMs, lc.VMCreateToExecMs)
 	vm := v.ID
 	if v.CreateMs > 10000 {
-		b.r.Notes = append(b.r.Notes, fmt.Sprintf("No 1 GiB template was cached: this run's setup create cold-booted it (create_ms %d; not measured).", v.CreateMs))
+		b.r.Notes = append(b.r.Notes, fmt.Sprintf("No template of this shape was cached: this run's setup create cold-booted it (create_ms %d; not measured).", v.CreateMs))
 	}
 
 	phases := []struct {
@@ -87,9 +87,8 @@ func (b *bench) runLifecycle(ctx context.Context) (err error) {
 		logf("lifecycle phase: %s", p.name)
 		if perr := p.f(ctx, vm, lc); perr != nil {
 			perr = fmt.Errorf("%s: %w", p.name, perr)
-			logf("error: %v", perr)
-			b.r.Errors = append(b.r.Errors, perr.Error())
-			errs = append(errs, perr)
+			logf("phase failed (continuing): %v", perr)
+			errs = append(errs, perr) // run() records the joined error in the report
 			// Make sure the VM is usable for the next phase (wakes it if needed).
 			if _, werr := b.firstExec(ctx, vm); werr != nil {
 				return errors.Join(append(errs, fmt.Errorf("VM %s unusable after %s: %w", vm, p.name, werr))...)
@@ -319,7 +318,7 @@ func (b *bench) lcFork(ctx context.Context, vm string, lc *LifecycleReport) erro
 			return ctx.Err()
 		}
 		fr := ForkRun{Count: n, HostMemAvailMiB: memAvailMiB()}
-		need := int64(n) * (lcMemory >> 20)
+		need := int64(n) * lcMemoryMiB
 		if fr.HostMemAvailMiB >= 0 && fr.HostMemAvailMiB < need+128 {
 			logf("fork x%d: host MemAvailable %d MiB < %d MiB needed; the server should answer 507", n, fr.HostMemAvailMiB, need+128)
 		}

@@ -208,8 +208,8 @@ func (r *Report) printTail(w io.Writer, line string) {
 
 func lifecycleNotes() []string {
 	return []string{
-		"-lifecycle implies -keep-template: no cold boot is measured. The first create of the 1 GiB shape cold-boots its " +
-			"template once (~30 s under TCG) if none is cached; that setup create is not a result.",
+		fmt.Sprintf("-lifecycle implies -keep-template: no cold boot is measured. The first create of the %d MiB shape cold-boots its "+
+			"template once (~30 s under TCG) if none is cached; that setup create is not a result.", lcMemoryMiB),
 		"Wall times are client-side around one SDK call; server times are the server's own op.took_ms / paused_ms.",
 		"Wake to first exec is timed from sending an exec of `true` to a suspended VM (the request wakes it) until it returns.",
 		"Fork 'all children exec'd' is timed from the fork call start until every child answered an exec of `true` (children exec'd in parallel after the fork returned).",

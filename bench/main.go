@@ -50,7 +50,8 @@ func main() {
 	flag.BoolVar(&o.skipSSH, "skip-ssh", false, "skip the OpenSSH baseline")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this path")
 	flag.BoolVar(&o.verbose, "v", false, "print progress details")
-	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on a 1 GiB VM); implies -keep-template unless it is given")
+	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on one -lc-memory VM); implies -keep-template unless it is given")
+	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
 	if o.lifecycle {
 		explicit := false
@@ -121,6 +122,12 @@ func run(ctx context.Context, o options) (code int) {
 		srv.removeRunDir()
 		if code != 0 {
 			logf("server log tail:\n%s", srv.logTail(4000))
+			if o.lifecycle {
+				p := filepath.Join(os.TempDir(), "agentvm-bench-lifecycle-server-"+time.Now().Format("150405")+".log")
+				if os.WriteFile(p, []byte(srv.log.String()), 0o644) == nil {
+					logf("full server log: %s", p)
+				}
+			}
 		}
 	}()
 	logf("server %s (data %s, templates %s)", srv.url, srv.dataDir, srv.templateDir)
@@ -128,7 +135,7 @@ func run(ctx context.Context, o options) (code int) {
 	phases := b.runAll
 	if o.lifecycle {
 		phases = b.runLifecycle
-		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemory>>20, 0
+		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
 		r.Notes = append(r.Notes, lifecycleNotes()...)
 	}
 	if err := phases(ctx); err != nil {

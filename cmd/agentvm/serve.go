@@ -51,6 +51,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.AgentPath, "guest-agent", os.Getenv("AGENTVM_GUEST_AGENT"), "agentvm-guest binary to bake into the image (default: next to agentvm)")
 	f.BoolVar(&cfg.AllowPrivateEgress, "allow-private-egress", false, "let VMs reach loopback, private and link-local addresses and this host (unsafe)")
 	f.BoolVar(&cfg.KeepRunning, "keep-running", false, "leave VMs running when the server stops (default: suspend them and wake them at the next start)")
+	f.IntVar(&cfg.WarmPool, "warm-pool", 1, "ready VMs kept per recently created shape, so creates skip the restore (0 disables)")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }

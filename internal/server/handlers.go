@@ -24,7 +24,7 @@ func shortHash(s string) string {
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, 200, api.Health{Status: "ok", Version: Version, Accel: s.accel})
+		writeJSON(w, 200, api.Health{Status: "ok", Version: Version, Accel: s.accel, WarmPool: s.svc.PoolReady()})
 	})
 	authed := http.NewServeMux()
 	authed.HandleFunc("POST /v1/vms", s.createVM)

@@ -46,6 +46,8 @@ type Config struct {
 	// KeepRunning leaves VMs running when the server stops (for daemon upgrades);
 	// otherwise they are suspended and woken at the next start.
 	KeepRunning bool
+	// WarmPool is how many ready VMs to keep per recently created shape.
+	WarmPool int
 	Log         *slog.Logger
 }
 
@@ -147,6 +149,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		DataDir: cfg.DataDir, RunDir: cfg.RunDir, CacheDir: cfg.CacheDir, TemplateDir: cfg.TemplateDir,
 		QEMU: cfg.QEMU, QEMUVersion: qv, Accel: accel, AgentPath: cfg.AgentPath, Policy: policy, Log: cfg.Log,
 		ImageProgress: func(step string) { cfg.Log.Info("image build", "step", step) },
+		PoolSize:      cfg.WarmPool,
 	}, s.store)
 	if err != nil {
 		return nil, err
@@ -165,8 +168,11 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // Warm builds the default image and the default template so the first create is fast.
 func (s *Server) Warm(ctx context.Context, cpus int, memMiB int64) error {
-	_, err := s.svc.EnsureTemplate(ctx, cpus, memMiB)
-	return err
+	if _, err := s.svc.EnsureTemplate(ctx, cpus, memMiB); err != nil {
+		return err
+	}
+	s.svc.WarmPool(cpus, memMiB)
+	return nil
 }
 
 // Serve serves until ctx is done, then detaches from VMs (they keep running).

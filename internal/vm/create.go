@@ -113,6 +113,17 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	if err := s.admit(o.MemoryMiB, o.DiskBytes-img.SizeBytes); err != nil {
 		return nil, false, err
 	}
+	// Top the warm pool of this shape up once this create is done, so the refill
+	// does not compete with it.
+	defer s.refillPool(poolKey{o.CPUs, o.MemoryMiB})
+	if o.Name != "" {
+		if _, err := s.store.GetVM(ctx, o.Name); err == nil {
+			return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
+		}
+	}
+	if v, created, err := s.claimPooled(ctx, o, img.SizeBytes); v != nil || err != nil {
+		return v, created, err
+	}
 	v, prev, err := s.insertRow(ctx, o)
 	if err != nil || prev != nil {
 		return prev, false, err

@@ -49,14 +49,26 @@ func checkTransition(op string, v *store.VM) error {
 // Get finds a VM by id or name.
 func (s *Service) Get(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, err := s.store.GetVM(ctx, idOrName)
+	if err == nil && v.State == statePool {
+		err = store.ErrNotFound
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: no VM named or with id %q", ErrNotFound, idOrName)
 	}
 	return v, err
 }
 
-// List returns all VMs.
-func (s *Service) List(ctx context.Context) ([]*store.VM, error) { return s.store.ListVMs(ctx) }
+// List returns all VMs (not the warm pool).
+func (s *Service) List(ctx context.Context) ([]*store.VM, error) {
+	vms, err := s.store.ListVMs(ctx)
+	out := vms[:0]
+	for _, v := range vms {
+		if v.State != statePool {
+			out = append(out, v)
+		}
+	}
+	return out, err
+}
 
 // Stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
 func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) {
@@ -189,6 +201,10 @@ func (s *Service) monitor(id string, in *instance) {
 	if err != nil {
 		return
 	}
+	if v.State == statePool {
+		s.destroy(context.Background(), v)
+		return
+	}
 	v.State, v.PID, v.ColdBoot = "crashed", 0, true
 	v.Error = "QEMU exited unexpectedly" + tail(s.paths(id).Log)
 	if clean && reason != "host-error" {
@@ -263,7 +279,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		switch v.State {
-		case "creating", "deleting":
+		case "creating", "deleting", statePool:
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)
 		case "running", "paused":

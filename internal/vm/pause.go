@@ -124,7 +124,9 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	res, err := in.machine.SaveStopped(ctx, tmp)
 	if err != nil {
 		os.Remove(tmp)
-		in.machine.Resume(context.Background()) // leave it as it was
+		if v.State == "running" {
+			in.machine.Resume(context.Background()) // leave it as it was
+		}
 		return nil, fmt.Errorf("suspend %s: %w", v.Name, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
@@ -170,9 +172,10 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, err := s.Get(ctx, idOrName)
-	if err != nil || (v.State != "paused" && v.State != "suspended") {
+	if err != nil || (v.State != "paused" && v.State != "suspended" && !s.isBusy(v.ID)) {
 		return v, err
 	}
+	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
 	defer s.lock(v.ID, "wake")()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err

@@ -89,7 +89,12 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 			}
 		}
 		if live {
-			v.NextCPUs, v.NextMemoryMiB = o.CPUs, o.MemoryMiB
+			if o.CPUs != 0 {
+				v.NextCPUs = o.CPUs
+			}
+			if o.MemoryMiB != 0 {
+				v.NextMemoryMiB = o.MemoryMiB
+			}
 			msgs = append(msgs, "CPU and memory changes apply at the next start (stop and start the VM)")
 		} else {
 			if o.CPUs != 0 {

@@ -46,6 +46,8 @@ type Config struct {
 	Log         *slog.Logger
 	// ImageProgress receives image build step lines.
 	ImageProgress func(string)
+	// PoolSize is how many warm VMs to keep per recently created shape (0: none).
+	PoolSize int
 }
 
 // Service owns all VMs of one data dir.
@@ -61,6 +63,11 @@ type Service struct {
 
 	imgOnce sync.Mutex
 	img     *image.Image
+
+	poolMu      sync.Mutex
+	pool        map[poolKey][]string // ready pool VM ids per shape
+	poolFilling map[poolKey]bool
+	poolClosed  bool
 }
 
 // New creates the service. Call Reconcile before serving requests.
@@ -82,7 +89,8 @@ func New(cfg Config, st *store.Store) (*Service, error) {
 			return nil, err
 		}
 	}
-	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, locks: map[string]*sync.Mutex{}, busy: map[string]string{}}, nil
+	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, locks: map[string]*sync.Mutex{}, busy: map[string]string{},
+		pool: map[poolKey][]string{}, poolFilling: map[poolKey]bool{}}, nil
 }
 
 // Accel returns the accelerator in use.
@@ -138,6 +146,12 @@ func (s *Service) tryLock(id, name, op string) (func(), error) {
 	}
 	s.setBusy(id, op)
 	return func() { s.setBusy(id, ""); l.Unlock() }, nil
+}
+
+func (s *Service) isBusy(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busy[id] != ""
 }
 
 func (s *Service) setBusy(id, op string) {
@@ -230,8 +244,12 @@ func hashStrings(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil))[:24]
 }
 
-// Close detaches from all VMs without stopping them: QEMU outlives the daemon.
+// Close destroys the warm pool and detaches from all other VMs without stopping
+// them: QEMU outlives the daemon.
 func (s *Service) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	s.drainPool(ctx)
+	cancel()
 	s.mu.Lock()
 	ins := make([]*instance, 0, len(s.instances))
 	for _, in := range s.instances {

@@ -1,0 +1,229 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// The warm pool keeps a few VMs per recently used shape already restored from their
+// template, with their network configured and the paths a create runs through
+// exercised once. Under TCG most of a create is QEMU translating guest code that runs
+// for the first time in the new process; a pooled VM has done that ahead of time, so
+// a create that finds one only pushes the new identity. Pool VMs are rows in state
+// "pool", hidden from the API; they are destroyed when the server stops or restarts.
+
+const statePool = "pool"
+
+type poolKey struct {
+	cpus int
+	mem  int64
+}
+
+// claimPooled turns a ready pool VM into the requested VM. It returns a nil VM and
+// error when no pool VM of this shape is ready; the caller then restores a new one.
+// created is false when an idempotency key matched an earlier VM.
+func (s *Service) claimPooled(ctx context.Context, o CreateOptions, imgSize int64) (v *store.VM, created bool, err error) {
+	if s.cfg.PoolSize <= 0 {
+		return nil, false, nil
+	}
+	key := poolKey{o.CPUs, o.MemoryMiB}
+	for {
+		id := s.popPool(key)
+		if id == "" {
+			return nil, false, nil
+		}
+		v, created, err := s.claim(ctx, id, o, imgSize)
+		if err == nil || errors.Is(err, ErrConflict) {
+			return v, created, err
+		}
+		s.log.Warn("pool VM unusable, trying the next", "vm", id, "err", err)
+	}
+}
+
+func (s *Service) popPool(key poolKey) string {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	ids := s.pool[key]
+	if len(ids) == 0 {
+		return ""
+	}
+	s.pool[key] = ids[1:]
+	return ids[0]
+}
+
+func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize int64) (*store.VM, bool, error) {
+	start := time.Now()
+	unlock := s.lock(id, "create")
+	defer unlock()
+	v, err := s.store.GetVM(ctx, id)
+	in := s.instance(id)
+	if err != nil || v.State != statePool || in == nil {
+		return nil, false, fmt.Errorf("pool VM %s is gone", id)
+	}
+	name := o.Name
+	if name == "" {
+		name = v.ID
+	}
+	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
+	v.State = "creating"
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		// the name or key was taken meanwhile: the pool VM is still good
+		v.Name, v.IdempotencyKey, v.State = "pool-"+v.ID, "", statePool
+		s.pushPool(poolKey{v.CPUs, v.MemoryMiB}, v.ID)
+		if errors.Is(err, store.ErrConflict) {
+			if o.IdempotencyKey != "" {
+				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
+					return prev, false, nil
+				}
+			}
+			return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, name)
+		}
+		return nil, false, err
+	}
+	fail := func(err error) (*store.VM, bool, error) {
+		s.destroy(context.Background(), v)
+		return nil, false, err
+	}
+	resize := o.DiskBytes > imgSize
+	if resize {
+		if err := in.machine.BlockResize(ctx, o.DiskBytes); err != nil {
+			return fail(err)
+		}
+	}
+	agent, err := in.guestClient(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if err := agent.SetIdentity(ctx, guest.Identity{Hostname: v.Name, MachineID: v.MachineID, Env: v.Env,
+		TimeUnixNano: time.Now().UnixNano(), Seed: []byte(randHex(32)), DiskResize: resize}); err != nil {
+		return fail(fmt.Errorf("set guest identity: %w", err))
+	}
+	now := time.Now().UTC()
+	v.State, v.StartedAt, v.CreatedAt = "running", &now, now
+	v.Source = "warm pool (template " + v.Template + ")"
+	if err := s.finishCreate(ctx, v, start); err != nil {
+		return nil, false, err
+	}
+	return v, true, nil
+}
+
+func (s *Service) pushPool(key poolKey, id string) {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	s.pool[key] = append(s.pool[key], id)
+}
+
+// refillPool tops the pool of one shape up in the background, one VM at a time.
+func (s *Service) refillPool(key poolKey) {
+	if s.cfg.PoolSize <= 0 {
+		return
+	}
+	s.poolMu.Lock()
+	if s.poolFilling[key] || len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed {
+		s.poolMu.Unlock()
+		return
+	}
+	s.poolFilling[key] = true
+	s.poolMu.Unlock()
+	go func() {
+		defer func() {
+			s.poolMu.Lock()
+			s.poolFilling[key] = false
+			s.poolMu.Unlock()
+		}()
+		for {
+			s.poolMu.Lock()
+			full := len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed
+			s.poolMu.Unlock()
+			if full {
+				return
+			}
+			if err := s.fillOne(key); err != nil {
+				s.log.Warn("warm pool refill failed", "cpus", key.cpus, "memory_mib", key.mem, "err", err)
+				return
+			}
+		}
+	}()
+}
+
+func (s *Service) fillOne(key poolKey) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	img, err := s.Image(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.admit(key.mem, 0); err != nil {
+		return err
+	}
+	v, _, err := s.insertRow(ctx, CreateOptions{CPUs: key.cpus, MemoryMiB: key.mem, DiskBytes: img.SizeBytes})
+	if err != nil {
+		return err
+	}
+	v.Name = "pool-" + v.ID
+	unlock := s.lock(v.ID, "create")
+	defer unlock()
+	if err := s.restore(ctx, v); err != nil { // network, clock and seed are pushed here
+		s.destroy(context.Background(), v)
+		return err
+	}
+	// Run once through what a claim and a first exec run, so that QEMU has
+	// translated that guest code before anyone waits for it.
+	in := s.instance(v.ID)
+	agent, err := in.guestClient(ctx)
+	if err == nil {
+		err = agent.SetIdentity(ctx, guest.Identity{Hostname: "agentvm", MachineID: randHex(16), Env: map[string]string{},
+			TimeUnixNano: time.Now().UnixNano(), Seed: []byte(randHex(32))})
+	}
+	if err == nil {
+		_, err = agent.Run(ctx, guest.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
+	}
+	if err != nil {
+		s.destroy(context.Background(), v)
+		return err
+	}
+	v.State = statePool
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		s.destroy(context.Background(), v)
+		return err
+	}
+	s.pushPool(key, v.ID)
+	s.log.Info("warm pool VM ready", "vm", v.ID, "cpus", key.cpus, "memory_mib", key.mem)
+	return nil
+}
+
+// WarmPool fills the pool of a shape (used at start-up for the default shape).
+func (s *Service) WarmPool(cpus int, memMiB int64) { s.refillPool(poolKey{cpus, memMiB}) }
+
+// drainPool destroys every pool VM (server shutdown) and stops refills.
+func (s *Service) drainPool(ctx context.Context) {
+	s.poolMu.Lock()
+	s.poolClosed = true
+	s.pool = map[poolKey][]string{}
+	s.poolMu.Unlock()
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if v.State == statePool {
+			s.destroy(ctx, v)
+		}
+	}
+}
+
+// PoolReady counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>".
+func (s *Service) PoolReady() map[string]int {
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	out := map[string]int{}
+	for k, ids := range s.pool {
+		out[fmt.Sprintf("%dx%d", k.cpus, k.mem)] = len(ids)
+	}
+	return out
+}
