@@ -258,6 +258,10 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		return err
 	}
 	tStart := time.Since(t0)
+	// Record the pid at once: a daemon that dies from here on finds (and, for an
+	// unfinished create, removes) this QEMU at its next start.
+	v.PID = m.PID()
+	s.store.UpdateVM(ctx, v)
 	in := &instance{id: v.ID, paths: s.paths(v.ID), machine: m, net: net}
 	fail := func(err error) error {
 		in.kill()

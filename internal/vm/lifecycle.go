@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
@@ -279,6 +280,10 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		switch v.State {
+		case "suspended":
+			if qemu.IsOurs(v.PID, v.ID) { // a wake the daemon did not finish
+				syscall.Kill(v.PID, syscall.SIGKILL)
+			}
 		case "creating", "deleting", statePool:
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)

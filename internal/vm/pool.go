@@ -172,6 +172,13 @@ func (s *Service) fillOne(key poolKey) error {
 		s.destroy(context.Background(), v)
 		return err
 	}
+	s.poolMu.Lock()
+	closed := s.poolClosed
+	s.poolMu.Unlock()
+	if closed {
+		s.destroy(context.Background(), v)
+		return errors.New("server is stopping")
+	}
 	// Run once through what a claim and a first exec run, so that QEMU has
 	// translated that guest code before anyone waits for it.
 	in := s.instance(v.ID)
