@@ -280,8 +280,8 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		switch v.State {
-		case "suspended":
-			if qemu.IsOurs(v.PID, v.ID) { // a wake the daemon did not finish
+		case "suspended", "stopped", "crashed":
+			if qemu.IsOurs(v.PID, v.ID) { // a wake or start the daemon did not finish
 				syscall.Kill(v.PID, syscall.SIGKILL)
 			}
 		case "creating", "deleting", statePool:
