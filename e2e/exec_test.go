@@ -220,3 +220,64 @@ func TestIdempotentCreateAndDisk(t *testing.T) {
 		t.Fatalf("clones share identity: %q vs %q, subnets %s %s", ra.Stdout, rc.Stdout, a.Subnet, c.Subnet)
 	}
 }
+
+func TestWarmPool(t *testing.T) {
+	s := testenv.Start(t, "", "--warm-pool", "1")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	a := s.CreateVM(ctx, api.CreateVMRequest{Name: "first"})
+	// the create refills the pool of its shape in the background
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		h, err := s.Client.Health(ctx)
+		if err == nil && h.WarmPool["1x512"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not refilled: %+v %v", h, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if vms, _ := s.Client.ListVMs(ctx); len(vms) != 1 {
+		t.Fatalf("pool VMs are listed: %+v", vms)
+	}
+	b, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "pooled", Memory: 512 << 20, Disk: 10 << 30,
+		Env: map[string]string{"ROLE": "worker"}, Labels: map[string]string{"tier": "hot"}, IdempotencyKey: "pool-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.Source, "warm pool") || b.State != "running" || b.Labels["tier"] != "hot" {
+		t.Fatalf("not served from the pool: %+v", b)
+	}
+	t.Logf("create from the warm pool: %d ms (restore path: %d ms)", b.CreateMs, a.CreateMs)
+	r := s.Exec(ctx, "pooled", `hostname; grep -c pooled /etc/hosts; echo $ROLE; cat /etc/machine-id; df -B1M --output=size / | tail -1; ip -4 -o addr show eth0`)
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) != 6 || lines[0] != "pooled" || lines[1] != "1" || lines[2] != "worker" || !strings.Contains(lines[5], b.IP+"/24") {
+		t.Fatalf("pooled VM identity: %q", r.Stdout)
+	}
+	var mb int
+	fmtSscan(lines[4], &mb)
+	if mb < 9500 {
+		t.Fatalf("disk not grown: %s MiB", lines[4])
+	}
+	if ra := s.Exec(ctx, "first", "cat /etc/machine-id"); strings.TrimSpace(ra.Stdout) == lines[3] {
+		t.Fatal("pooled VM shares a machine-id")
+	}
+	again, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "pooled", Memory: 512 << 20, IdempotencyKey: "pool-1"})
+	if err != nil || again.ID != b.ID {
+		t.Fatalf("idempotent replay: %v %+v", err, again)
+	}
+	if _, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "pooled", Memory: 512 << 20}); !isStatus(err, 409) {
+		t.Fatalf("duplicate name with a warm pool: %v", err)
+	}
+	// stopping the server removes the pool's VMs
+	for _, id := range []string{a.ID, b.ID} {
+		s.Client.DeleteVM(ctx, id)
+	}
+	s.Terminate()
+	for _, p := range testenv.AllQEMUProcesses() {
+		if strings.Contains(p, s.DataDir) {
+			t.Fatalf("QEMU left after the server stopped: %s", p)
+		}
+	}
+}

@@ -129,8 +129,10 @@ func (s *Service) refillPool(key poolKey) {
 		return
 	}
 	s.poolFilling[key] = true
+	s.poolFills.Add(1)
 	s.poolMu.Unlock()
 	go func() {
+		defer s.poolFills.Done()
 		defer func() {
 			s.poolMu.Lock()
 			s.poolFilling[key] = false
@@ -213,6 +215,12 @@ func (s *Service) drainPool(ctx context.Context) {
 	s.poolClosed = true
 	s.pool = map[poolKey][]string{}
 	s.poolMu.Unlock()
+	done := make(chan struct{})
+	go func() { s.poolFills.Wait(); close(done) }() // a refill under way finishes or undoes itself
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 	vms, err := s.store.ListVMs(ctx)
 	if err != nil {
 		return

@@ -68,6 +68,7 @@ type Service struct {
 	pool        map[poolKey][]string // ready pool VM ids per shape
 	poolFilling map[poolKey]bool
 	poolClosed  bool
+	poolFills   sync.WaitGroup
 }
 
 // New creates the service. Call Reconcile before serving requests.
