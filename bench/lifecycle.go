@@ -313,6 +313,7 @@ func memAvailMiB() int64 {
 // lcFork: for each N, fork the running VM into N children, time the fork call and
 // until every child answers an exec of `true`; delete the children before the next N.
 func (b *bench) lcFork(ctx context.Context, vm string, lc *LifecycleReport) error {
+	var ferrs []error
 	for _, n := range lcForkCounts {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -330,15 +331,16 @@ func (b *bench) lcFork(ctx context.Context, vm string, lc *LifecycleReport) erro
 				logf("fork x%d: server answered 507: %v (reported, not a failure)", n, err)
 				continue
 			}
-			return fmt.Errorf("fork x%d: %w", n, err)
+			ferrs = append(ferrs, fmt.Errorf("fork x%d: %w", n, err)) // try the next N anyway
+			continue
 		}
 		logf("fork x%d: parent paused %d ms, %d MiB state, fork returned %.0f ms (server %d ms), all children exec'd %.0f ms",
 			n, fr.ParentPauseMs, fr.StateBytes>>20, fr.ReturnedMs, fr.ServerTookMs, fr.AllExecMs)
 		if err := b.execTrue(ctx, vm); err != nil {
-			return fmt.Errorf("parent exec after fork x%d: %w", n, err)
+			return errors.Join(append(ferrs, fmt.Errorf("parent exec after fork x%d: %w", n, err))...)
 		}
 	}
-	return nil
+	return errors.Join(ferrs...)
 }
 
 func (b *bench) forkOnce(ctx context.Context, vm string, fr *ForkRun) error {

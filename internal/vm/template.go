@@ -124,7 +124,7 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 		QMP: filepath.Join(run, "qmp.sock"), Agent: filepath.Join(run, "agent.sock"), Net: filepath.Join(run, "net.sock")}
 	v := &store.VM{ID: "tpl-" + key[:12], CPUs: cpus, MemoryMiB: memMiB}
 	mc := s.machineConfig(v, p, img)
-	mc.RAMPath, mc.RAMShared = t.ram(), true
+	mc.Disk, mc.RAMPath, mc.RAMShared = t.disk(), t.ram(), true
 
 	net, err := network.New(s.networkConfig(0), s.log.With("vm", v.ID))
 	if err != nil {
