@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,5 +132,33 @@ func waitState(t *testing.T, s *testenv.Server, vm, state string, timeout time.D
 			t.Fatalf("%s did not become %s: %+v %v", vm, state, v, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// The first create of a shape cold-boots its template once and saves it; every other
+// test reuses cached templates, so this one starts from an empty template dir.
+func TestTemplateColdBoot(t *testing.T) {
+	tpl := t.TempDir()
+	s := testenv.Start(t, "", "--template-dir", tpl)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "cold"})
+	if r := s.Exec(ctx, "cold", "systemctl is-system-running; hostname"); !strings.HasSuffix(r.Stdout, "cold\n") {
+		t.Fatalf("VM from a fresh template: %+v", r)
+	}
+	b, err := os.ReadFile(filepath.Join(tpl, v.Template, "template.json"))
+	if err != nil || !strings.Contains(string(b), `"cold_boot_ms"`) {
+		t.Fatalf("template not saved: %v %s", err, b)
+	}
+	for _, f := range []string{"ram", "state", "disk.qcow2"} {
+		st, err := os.Stat(filepath.Join(tpl, v.Template, f))
+		if err != nil || st.Mode().Perm()&0o222 != 0 {
+			t.Fatalf("template file %s: %v %v (must exist, read-only)", f, err, st)
+		}
+	}
+	// a second create restores the saved template instead of booting
+	w := s.CreateVM(ctx, api.CreateVMRequest{Name: "warm"})
+	if w.CreateMs*5 > v.CreateMs {
+		t.Errorf("second create took %d ms, the cold one %d ms: not a restore?", w.CreateMs, v.CreateMs)
 	}
 }
