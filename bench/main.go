@@ -104,7 +104,7 @@ func run(ctx context.Context, o options) (code int) {
 		logf("error: %v", err)
 		return 1
 	}
-	srv, err := startServer(ctx, bin, tmp, o.keepTemplate)
+	srv, err := startServer(ctx, bin, tmp, o.keepTemplate, 0)
 	if err != nil {
 		logf("error: %v", err)
 		return 1
@@ -186,6 +186,9 @@ func (b *bench) runAll(ctx context.Context) error {
 	}
 	if err := b.createLoop(ctx); err != nil {
 		return fmt.Errorf("create loop: %w", err)
+	}
+	if err := b.poolLoop(ctx); err != nil {
+		return fmt.Errorf("warm pool loop: %w", err)
 	}
 	vm, err := b.create(ctx)
 	if err != nil {

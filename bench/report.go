@@ -116,10 +116,14 @@ type Report struct {
 	CreateToFirstExec Stats     `json:"create_to_first_exec"`
 	CreateOnly        Stats     `json:"create_only"`
 	CreateServer      Stats     `json:"create_server_ms"`
-	CreateRetries     int       `json:"create_first_exec_retries"`
-	Exec              ExecStats `json:"exec_true"`
-	SSH               SSHStats  `json:"ssh"`
-	Ratios            Ratios    `json:"ratios"`
+	// Creates served by the warm pool (a second server with --warm-pool 1, each
+	// create made once the pool is refilled).
+	PoolCreateToFirstExec Stats     `json:"pool_create_to_first_exec"`
+	PoolCreateServer      Stats     `json:"pool_create_server_ms"`
+	CreateRetries         int       `json:"create_first_exec_retries"`
+	Exec                  ExecStats `json:"exec_true"`
+	SSH                   SSHStats  `json:"ssh"`
+	Ratios                Ratios    `json:"ratios"`
 	// Lifecycle is set only by -lifecycle (then the other results are empty).
 	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
 	Notes     []string         `json:"notes"`
@@ -200,6 +204,11 @@ func (r *Report) Print(w io.Writer) {
 	statsLine(w, "create only (server create_ms)", r.CreateServer)
 	ratioLine(w, "template cold boot / create-to-first-exec p50", r.Ratios.TemplateColdBootOverCreateToExecP50)
 	ratioLine(w, "first create wall / create-to-first-exec p50", r.Ratios.FirstCreateWallOverCreateToExecP50)
+	statsLine(w, "warm pool: create -> first exec", r.PoolCreateToFirstExec)
+	statsLine(w, "warm pool: create (server create_ms)", r.PoolCreateServer)
+	if r.PoolCreateToFirstExec.P50 > 0 {
+		ratioLine(w, "template cold boot / warm-pool create-to-first-exec p50", ratio(float64(r.ColdBoot.TemplateColdBootMs), r.PoolCreateToFirstExec.P50))
+	}
 	fmt.Fprintln(w)
 
 	fmt.Fprintln(w, "3. Exec round trip of `true` on one VM (after warm-up; Exec and Run interleaved)")

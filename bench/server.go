@@ -89,12 +89,14 @@ var listenRe = regexp.MustCompile(`agentvm listening on (http://[0-9.:]+)`)
 
 // startServer runs `agentvm serve` on a fresh data dir and, unless keepTemplate, a
 // fresh empty template dir so that the first create cold-boots the template.
-func startServer(ctx context.Context, bin, tmp string, keepTemplate bool) (*server, error) {
+// startServer starts `agentvm serve` with its own data dir under tmp. The warm pool
+// is off unless warmPool > 0, so creates measure the restore path.
+func startServer(ctx context.Context, bin, tmp string, keepTemplate bool, warmPool int) (*server, error) {
 	s := &server{bin: bin, dataDir: filepath.Join(tmp, "data"), log: &syncBuffer{}}
 	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
 		return nil, err
 	}
-	args := []string{"serve", "--data-dir", s.dataDir, "--listen", "127.0.0.1:0", "--no-warm"}
+	args := []string{"serve", "--data-dir", s.dataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", fmt.Sprint(warmPool)}
 	if keepTemplate {
 		s.templateDir = defaultTemplateDir()
 	} else {
