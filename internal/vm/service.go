@@ -60,6 +60,7 @@ type Service struct {
 	instances map[string]*instance // running VMs by id
 	locks     map[string]*sync.Mutex
 	busy      map[string]string // VM id -> the operation holding its lock, for 409 messages
+	snapLocks map[string]*sync.RWMutex
 
 	imgOnce sync.Mutex
 	img     *image.Image

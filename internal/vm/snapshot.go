@@ -113,12 +113,33 @@ func (s *Service) GetSnapshot(ctx context.Context, idOrName string) (*store.Snap
 	return sn, err
 }
 
-// DeleteSnapshot removes a snapshot; disk layers still used by VMs stay.
+// snapLock guards a snapshot's files: restores read-lock them, deletion write-locks.
+func (s *Service) snapLock(id string) *sync.RWMutex {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.snapLocks == nil {
+		s.snapLocks = map[string]*sync.RWMutex{}
+	}
+	l := s.snapLocks[id]
+	if l == nil {
+		l = &sync.RWMutex{}
+		s.snapLocks[id] = l
+	}
+	return l
+}
+
+// DeleteSnapshot removes a snapshot; disk layers still used by VMs stay. A snapshot
+// that a create is restoring right now gets a 409.
 func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	sn, err := s.GetSnapshot(ctx, idOrName)
 	if err != nil {
 		return err
 	}
+	l := s.snapLock(sn.ID)
+	if !l.TryLock() {
+		return fmt.Errorf("%w: snapshot %s is being restored; retry when the create is done", ErrConflict, sn.Name)
+	}
+	defer l.Unlock()
 	if err := s.store.DeleteSnapshot(ctx, sn.ID); err != nil {
 		return err
 	}
@@ -129,6 +150,15 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 
 // CreateFrom makes a new VM from a snapshot: its processes and files, a fresh identity.
 func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
+	if o.IdempotencyKey != "" {
+		if v, err := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); err == nil {
+			return v, false, nil
+		}
+	}
+	probe := o // Validate fills defaults; o keeps its zero values for the shape check
+	if err := probe.Validate(); err != nil {
+		return nil, false, err
+	}
 	sn, err := s.GetSnapshot(ctx, snap)
 	if err != nil {
 		return nil, false, err
@@ -155,6 +185,12 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 	}
 	if err := s.admit(o.MemoryMiB, o.DiskBytes-sn.DiskBytes); err != nil {
 		return nil, false, err
+	}
+	l := s.snapLock(sn.ID)
+	l.RLock()
+	defer l.RUnlock()
+	if _, err := s.store.GetSnapshot(ctx, sn.ID); err != nil { // deleted meanwhile
+		return nil, false, fmt.Errorf("%w: snapshot %s was deleted", ErrNotFound, sn.Name)
 	}
 	v, prev, err := s.insertRow(ctx, o)
 	if err != nil || prev != nil {
