@@ -3,6 +3,7 @@ module github.com/agentvm/agentvm
 go 1.26.8
 
 require (
+	github.com/apparentlymart/go-cidr v1.1.1
 	github.com/containers/gvisor-tap-vsock v0.8.9
 	github.com/hashicorp/yamux v0.1.2
 	github.com/insomniacslk/dhcp v0.0.0-20240710054256-ddd8a41251c9
@@ -18,10 +19,8 @@ require (
 )
 
 require (
-	github.com/apparentlymart/go-cidr v1.1.1 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/btree v1.1.2 // indirect
-	github.com/google/gopacket v1.1.19 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect

@@ -27,9 +27,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/containers/gvisor-tap-vsock/pkg/services/dhcp"
+	"github.com/agentvm/agentvm/internal/network/dhcp"
 	"github.com/containers/gvisor-tap-vsock/pkg/services/dns"
-	"github.com/containers/gvisor-tap-vsock/pkg/tap"
+	"github.com/agentvm/agentvm/internal/network/tap"
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
