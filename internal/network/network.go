@@ -28,8 +28,8 @@ import (
 	"sync/atomic"
 
 	"github.com/agentvm/agentvm/internal/network/dhcp"
-	"github.com/containers/gvisor-tap-vsock/pkg/services/dns"
 	"github.com/agentvm/agentvm/internal/network/tap"
+	"github.com/containers/gvisor-tap-vsock/pkg/services/dns"
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"

@@ -130,7 +130,6 @@ func (e *LinkEndpoint) writePacket(r stack.RouteInfo, protocol tcpip.NetworkProt
 		}
 	}
 
-
 	e.networkSwitch.DeliverNetworkPacket(protocol, pkt)
 	return nil
 }
