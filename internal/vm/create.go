@@ -277,7 +277,7 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		if actx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w: guest agent did not answer within %s (accel %s)", ErrUnavailable, agentTimeout, s.cfg.Accel)
 		}
-		return fail(fmt.Errorf("%w%s", err, tail(mc.LogPath)))
+		return fail(fmt.Errorf("%w%s", err, qemu.LogTail(mc.LogPath)))
 	}
 	in.agent = agent
 	tAgent := time.Since(t0)

@@ -73,18 +73,11 @@ func (s *Service) List(ctx context.Context) ([]*store.VM, error) {
 
 // Stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
 func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) {
-	v, err := s.Get(ctx, idOrName)
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := s.tryLock(v.ID, v.Name, "stop")
+	v, unlock, err := s.take(ctx, idOrName, "stop")
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if v, err = s.Get(ctx, v.ID); err != nil {
-		return nil, err
-	}
 	if v.State == "stopped" {
 		return v, nil // stopping twice is a no-op
 	}
@@ -108,18 +101,11 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 
 // Start cold-boots a stopped VM from its own disk.
 func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error) {
-	v, err := s.Get(ctx, idOrName)
-	if err != nil {
-		return nil, err
-	}
-	unlock, err := s.tryLock(v.ID, v.Name, "start")
+	v, unlock, err := s.take(ctx, idOrName, "start")
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if v, err = s.Get(ctx, v.ID); err != nil {
-		return nil, err
-	}
 	if v.State == "running" {
 		return v, nil
 	}
@@ -154,18 +140,11 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 
 // Delete removes a VM in any settled state.
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
-	v, err := s.Get(ctx, idOrName)
-	if err != nil {
-		return err
-	}
-	unlock, err := s.tryLock(v.ID, v.Name, "delete")
+	v, unlock, err := s.take(ctx, idOrName, "delete")
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if v, err = s.Get(ctx, v.ID); err != nil {
-		return err
-	}
 	if err := checkTransition("delete", v); err != nil {
 		return err
 	}
@@ -207,7 +186,7 @@ func (s *Service) monitor(id string, in *instance) {
 		return
 	}
 	v.State, v.PID, v.ColdBoot = "crashed", 0, true
-	v.Error = "QEMU exited unexpectedly" + tail(s.paths(id).Log)
+	v.Error = "QEMU exited unexpectedly" + qemu.LogTail(s.paths(id).Log)
 	if clean && reason != "host-error" {
 		v.State, v.Error = "stopped", ""
 	}

@@ -18,7 +18,9 @@ type OpResult struct {
 	TookMs   int64
 }
 
-func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
+// take finds a VM and takes it for a user-requested operation (409 if another one
+// is in progress), returning the record as it is once the VM is held.
+func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
 	v, err := s.Get(ctx, idOrName)
 	if err != nil {
 		return nil, nil, err
@@ -29,6 +31,15 @@ func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, 
 	}
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		unlock()
+		return nil, nil, err
+	}
+	return v, unlock, nil
+}
+
+// settled is take plus the transition check of op.
+func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
+	v, unlock, err := s.take(ctx, idOrName, op)
+	if err != nil {
 		return nil, nil, err
 	}
 	if err := checkTransition(op, v); err != nil {

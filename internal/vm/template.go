@@ -146,9 +146,9 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	if err != nil {
 		if errors.Is(bctx.Err(), context.DeadlineExceeded) {
 			return nil, fmt.Errorf("%w: template cold boot (%s) did not reach the guest agent within %s; the accelerator may not run this kernel (try --accel tcg)%s",
-				ErrUnavailable, s.cfg.Accel, s.cfg.BootTimeout, tail(p.Log))
+				ErrUnavailable, s.cfg.Accel, s.cfg.BootTimeout, qemu.LogTail(p.Log))
 		}
-		return nil, fmt.Errorf("template cold boot: %w%s", err, tail(p.Log))
+		return nil, fmt.Errorf("template cold boot: %w%s", err, qemu.LogTail(p.Log))
 	}
 	defer agent.Close()
 	// Let boot finish so clones do not each redo the tail of it.
@@ -159,7 +159,7 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	agent.Run(bctx, guest.ExecRequest{Argv: []string{"sync"}}, nil, nil, nil)
 	agent.Close()
 	if err := m.SaveState(ctx, t.state()); err != nil {
-		return nil, fmt.Errorf("save template state: %w%s", err, tail(p.Log))
+		return nil, fmt.Errorf("save template state: %w%s", err, qemu.LogTail(p.Log))
 	}
 	m.Quit()
 	for _, f := range []string{t.ram(), t.disk(), t.state()} {
@@ -190,15 +190,4 @@ func createOverlay(ctx context.Context, backing, path string, size int64) error 
 		return fmt.Errorf("qemu-img create overlay: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	if len(b) > 1200 {
-		b = b[len(b)-1200:]
-	}
-	return "; log tail: " + strings.TrimSpace(string(b))
 }

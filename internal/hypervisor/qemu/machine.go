@@ -138,13 +138,13 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}()
 	if err := m.connect(ctx); err != nil {
 		m.Kill()
-		return nil, fmt.Errorf("qemu did not come up: %w%s", err, logTail(cfg.LogPath))
+		return nil, fmt.Errorf("qemu did not come up: %w%s", err, LogTail(cfg.LogPath))
 	}
 	if cfg.Incoming != "" {
 		if err := m.startIncoming(ctx); err != nil {
 			m.Kill()
 			<-m.done
-			return nil, fmt.Errorf("restore %s: %w%s", cfg.Incoming, err, logTail(cfg.LogPath))
+			return nil, fmt.Errorf("restore %s: %w%s", cfg.Incoming, err, LogTail(cfg.LogPath))
 		}
 	}
 	return m, nil
@@ -270,13 +270,13 @@ func (m *Machine) WaitIncoming(ctx context.Context) error {
 			return nil
 		case "inmigrate", "restore-vm":
 		default:
-			return fmt.Errorf("restore ended in state %q%s", st, logTail(m.cfg.LogPath))
+			return fmt.Errorf("restore ended in state %q%s", st, LogTail(m.cfg.LogPath))
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("restore: %w", ctx.Err())
 		case <-m.done:
-			return fmt.Errorf("qemu exited during restore%s", logTail(m.cfg.LogPath))
+			return fmt.Errorf("qemu exited during restore%s", LogTail(m.cfg.LogPath))
 		case <-time.After(3 * time.Millisecond):
 		}
 	}
@@ -430,7 +430,8 @@ func (m *Machine) Close() {
 	}
 }
 
-func logTail(path string) string {
+// LogTail returns the end of a VM log, formatted to be appended to an error.
+func LogTail(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil || len(b) == 0 {
 		return ""
