@@ -48,7 +48,7 @@ type Config struct {
 	KeepRunning bool
 	// WarmPool is how many ready VMs to keep per recently created shape.
 	WarmPool int
-	Log         *slog.Logger
+	Log      *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.

@@ -94,7 +94,6 @@ func (c Config) Args() []string {
 	return a
 }
 
-
 // Machine is a running QEMU process and its QMP connection.
 type Machine struct {
 	cfg  Config
