@@ -25,6 +25,8 @@ type CreateOptions struct {
 	Labels         map[string]string
 	Env            map[string]string
 	IdempotencyKey string
+
+	pool bool // a warm-pool VM: hidden from the API until claimed
 }
 
 // Defaults for a create.
@@ -144,10 +146,14 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 // "creating". If the idempotency key was used before, it returns that VM as prev.
 func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *store.VM, err error) {
 	id := "vm-" + randHex(6)
+	state := "creating"
+	if o.pool {
+		o.Name, state = "pool-"+id, statePool
+	}
 	if o.Name == "" {
 		o.Name = id
 	}
-	v = &store.VM{ID: id, Name: o.Name, State: "creating", CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
+	v = &store.VM{ID: id, Name: o.Name, State: state, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
 		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC()}
 	// The row goes in first so the name and idempotency key are claimed; a retry
 	// racing with us sees a conflict instead of making a second VM.

@@ -163,11 +163,10 @@ func (s *Service) fillOne(key poolKey) error {
 	if err := s.admit(key.mem, 0); err != nil {
 		return err
 	}
-	v, _, err := s.insertRow(ctx, CreateOptions{CPUs: key.cpus, MemoryMiB: key.mem, DiskBytes: img.SizeBytes})
+	v, _, err := s.insertRow(ctx, CreateOptions{CPUs: key.cpus, MemoryMiB: key.mem, DiskBytes: img.SizeBytes, pool: true})
 	if err != nil {
 		return err
 	}
-	v.Name = "pool-" + v.ID
 	unlock := s.lock(v.ID, "create")
 	defer unlock()
 	if err := s.restore(ctx, v); err != nil { // network, clock and seed are pushed here
