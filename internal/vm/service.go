@@ -200,15 +200,13 @@ func (s *Service) paths(id string) paths {
 const GuestMAC = "5a:94:ef:e4:0c:ee"
 
 // kernelAppend is the guest kernel command line; part of the template key.
-// Under TCG: CPU side-channel mitigations are off (the emulated guest does not
-// speculate); norandmaps keeps ld.so, libc and binaries at the same addresses in
-// every process so QEMU reuses their translated code (fork+exec 30 -> 9 ms); and
-// init_on_free zeroes freed pages, so a save sends them as zero pages (a 512 MiB
-// VM's state drops from ~276 to ~129 MiB, halving suspend, snapshot, fork and wake).
+// Under TCG the CPU side-channel mitigations are turned off: the emulated guest does
+// not speculate, and page-table isolation makes every guest syscall flush QEMU's
+// software TLB, which slows everything the guest does several times over.
 func kernelAppend(accel string) string {
 	a := "root=/dev/vda rw console=ttyS0 quiet loglevel=3 net.ifnames=0 panic=-1 systemd.show_status=false"
 	if accel == "tcg" {
-		a += " mitigations=off norandmaps init_on_free=1"
+		a += " mitigations=off norandmaps"
 	}
 	return a
 }
