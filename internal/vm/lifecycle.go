@@ -99,8 +99,12 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 	return v, s.store.UpdateVM(ctx, v)
 }
 
-// Start cold-boots a stopped VM from its own disk.
+// Start cold-boots a stopped VM from its own disk; a paused or suspended VM is
+// resumed or woken instead.
 func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error) {
+	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == "paused" || v.State == "suspended") {
+		return s.Wake(ctx, v.ID)
+	}
 	v, unlock, err := s.take(ctx, idOrName, "start")
 	if err != nil {
 		return nil, err
