@@ -134,6 +134,11 @@ func TestPauseSuspendWake(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"state": "running"`) {
 		t.Fatalf("inspect --wake: %q", out)
 	}
+	// and so does start
+	s.Client.SuspendVM(ctx, "life")
+	if out, _, code := s.CLI("", "start", "life"); code != 0 || !strings.Contains(out, "running") {
+		t.Fatalf("start of a suspended VM: %d %q", code, out)
+	}
 
 	// resize: the disk grows online, shrinking is refused, CPUs wait for a start
 	r, err := s.Client.ResizeVM(ctx, "life", api.ResizeRequest{Disk: 10 << 30})
