@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
@@ -118,11 +119,16 @@ func (s *Service) pushPool(key poolKey, id string) {
 	s.pool[key] = append(s.pool[key], id)
 }
 
+// maxPoolShapes bounds how many shapes keep warm VMs; the least recently created
+// shape's pool is dropped to make room for a new one.
+const maxPoolShapes = 3
+
 // refillPool tops the pool of one shape up in the background, one VM at a time.
 func (s *Service) refillPool(key poolKey) {
 	if s.cfg.PoolSize <= 0 {
 		return
 	}
+	s.evictPoolShapes(key)
 	s.poolMu.Lock()
 	if s.poolFilling[key] || len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed {
 		s.poolMu.Unlock()
@@ -140,7 +146,7 @@ func (s *Service) refillPool(key poolKey) {
 		}()
 		for {
 			s.poolMu.Lock()
-			full := len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed
+			full := len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed || !slices.Contains(s.poolOrder, key)
 			s.poolMu.Unlock()
 			if full {
 				return
@@ -240,4 +246,31 @@ func (s *Service) PoolReady() map[string]int {
 		out[fmt.Sprintf("%dx%d", k.cpus, k.mem)] = len(ids)
 	}
 	return out
+}
+
+// evictPoolShapes records key as the most recently created shape and destroys the
+// warm VMs of shapes beyond maxPoolShapes.
+func (s *Service) evictPoolShapes(key poolKey) {
+	s.poolMu.Lock()
+	order := []poolKey{key}
+	for _, k := range s.poolOrder {
+		if k != key {
+			order = append(order, k)
+		}
+	}
+	var evict []string
+	if len(order) > maxPoolShapes {
+		for _, k := range order[maxPoolShapes:] {
+			evict = append(evict, s.pool[k]...)
+			delete(s.pool, k)
+		}
+		order = order[:maxPoolShapes]
+	}
+	s.poolOrder = order
+	s.poolMu.Unlock()
+	for _, id := range evict {
+		if v, err := s.store.GetVM(context.Background(), id); err == nil && v.State == statePool {
+			s.destroy(context.Background(), v)
+		}
+	}
 }

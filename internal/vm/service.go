@@ -70,6 +70,7 @@ type Service struct {
 	poolFilling map[poolKey]bool
 	poolClosed  bool
 	poolFills   sync.WaitGroup
+	poolOrder   []poolKey // shapes by most recent create
 }
 
 // New creates the service. Call Reconcile before serving requests.
