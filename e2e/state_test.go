@@ -251,6 +251,20 @@ func TestSnapshotAndFork(t *testing.T) {
 		t.Fatalf("fork --json: %q", out)
 	}
 
+	// a paused VM can be snapshotted and then still suspended (QEMU refuses a second
+	// migration from the state a first one leaves behind unless it is resumed)
+	if _, err := s.Client.PauseVM(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.Snapshot(ctx, b, "paused-snap"); err != nil {
+		t.Fatalf("snapshot of a paused VM: %v", err)
+	}
+	if v, err := s.Client.SuspendVM(ctx, b); err != nil || v.State != "suspended" {
+		t.Fatalf("suspend after a snapshot of a paused VM: %v", err)
+	}
+	verifyState(t, s, ctx, b, before)
+	s.Client.DeleteSnapshot(ctx, "paused-snap")
+
 	// deleting the snapshot keeps what VMs still use
 	if err := s.Client.DeleteSnapshot(ctx, "base"); err != nil {
 		t.Fatal(err)

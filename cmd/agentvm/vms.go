@@ -241,7 +241,7 @@ func execCmd() *cobra.Command {
 			if interactive || !term.IsTerminal(int(os.Stdin.Fd())) {
 				stdin = os.Stdin
 			}
-			st, err := client.FromEnv().Run(cmd.Context(), args[0], req, stdin, os.Stdout, os.Stderr)
+			st, err := runExec(args[0], req, stdin)
 			if err != nil {
 				return err
 			}

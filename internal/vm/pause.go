@@ -137,6 +137,8 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 		os.Remove(tmp)
 		if v.State == "running" {
 			in.machine.Resume(context.Background()) // leave it as it was
+		} else {
+			in.machine.Repause(context.Background())
 		}
 		return nil, fmt.Errorf("suspend %s: %w", v.Name, err)
 	}

@@ -36,6 +36,9 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 		if err == nil {
 			err = freeze()
 		}
+		if rerr := in.machine.Repause(ctx); rerr != nil && err == nil {
+			err = rerr
+		}
 	} else {
 		res, err = in.machine.SaveLive(ctx, statePath, freeze)
 	}

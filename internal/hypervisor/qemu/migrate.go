@@ -211,3 +211,17 @@ func (m *Machine) Flatten(ctx context.Context, base string) error {
 		}
 	}
 }
+
+// Repause brings a guest that a completed save left stopped ("postmigrate") back to
+// a plain pause: QEMU refuses any later migration from postmigrate, so the guest is
+// resumed for an instant and stopped again.
+func (m *Machine) Repause(ctx context.Context) error {
+	if st, err := m.Status(ctx); err != nil || st != "postmigrate" {
+		return err
+	}
+	if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
+		return err
+	}
+	_, err := m.qmp.Execute(ctx, "stop", nil)
+	return err
+}
