@@ -124,6 +124,42 @@ func TestBadInput(t *testing.T) {
 			}
 		}
 	})
+	t.Run("bad lifecycle requests", func(t *testing.T) {
+		for _, c := range []struct{ path, body, msg string }{
+			{"/v1/vms/valid/fork", `{"count":0}`, "count must be between 1 and 32"},
+			{"/v1/vms/valid/fork", `{"count":100}`, "count must be between 1 and 32"},
+			{"/v1/vms/valid/resize", `{}`, "nothing to resize"},
+			{"/v1/vms/valid/resize", `{"disk":"1G"}`, "shrinking the disk is not supported"},
+			{"/v1/vms/valid/resize", `{"memory":"64M"}`, "memory must be at least"},
+			{"/v1/vms/valid/snapshot", `{"name":"Bad Name"}`, "invalid name"},
+		} {
+			code, resp := rawRequest(t, s, "POST", c.path, s.Token, c.body)
+			if code != 400 || !strings.Contains(resp, c.msg) {
+				t.Errorf("%s %s: %d %s (want 400 %q)", c.path, c.body, code, resp, c.msg)
+			}
+		}
+		if code, _ := rawRequest(t, s, "GET", "/v1/snapshots/nope", s.Token, ""); code != 404 {
+			t.Errorf("unknown snapshot: %d", code)
+		}
+		if code, _ := rawRequest(t, s, "POST", "/v1/vms/valid/resume", s.Token, ""); code != 200 {
+			t.Errorf("resume of a running VM is a no-op, got %d", code)
+		}
+	})
+	t.Run("ctrl-c reaches the remote command", func(t *testing.T) {
+		cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), "exec", "valid", "--", "sh", "-c", `trap "echo interrupted; exit 7" INT; sleep 60 & wait`)
+		cmd.Env = append(os.Environ(), "AGENTVM_URL="+s.URL, "AGENTVM_DATA_DIR="+s.DataDir, "AGENTVM_TOKEN=")
+		var out bytes.Buffer
+		cmd.Stdout = &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		cmd.Process.Signal(os.Interrupt)
+		err := cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 || !strings.Contains(out.String(), "interrupted") {
+			t.Fatalf("exec after Ctrl-C: %v %q", err, out.String())
+		}
+	})
 	t.Run("duplicate name", func(t *testing.T) {
 		_, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "valid", Memory: 512 << 20})
 		if !isStatus(err, 409) || !strings.Contains(err.Error(), "already exists") {
