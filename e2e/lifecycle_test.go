@@ -52,7 +52,7 @@ func TestDaemonKill9Reattach(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	v := s.CreateVM(ctx, api.CreateVMRequest{Name: "survivor"})
-	r := s.Exec(ctx, "survivor", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 & echo $!")
+	r := s.Exec(ctx, "survivor", "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 & echo $!")
 	pid := strings.TrimSpace(r.Stdout)
 	if pid == "" {
 		t.Fatalf("no pid: %+v", r)

@@ -19,7 +19,7 @@ import (
 func seedState(t *testing.T, s *testenv.Server, ctx context.Context, vm string) {
 	t.Helper()
 	r := s.Exec(ctx, vm, `mkdir -p /data && for i in $(seq 200); do head -c 8192 /dev/urandom > /data/f$i; done && sha256sum /data/f* > /root/sums || exit 1
-nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done' >/dev/null 2>&1 &
+nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 0.2; done' >/dev/null 2>&1 &
 nohup python3 -m http.server 8000 --directory /data >/dev/null 2>&1 &
 sync; echo seeded`)
 	if !strings.Contains(r.Stdout, "seeded") {
