@@ -315,3 +315,10 @@ func (s *Server) Terminate() {
 		<-s.exited
 	}
 }
+
+// RemoveBinaries deletes the binaries Binaries built; call it from TestMain.
+func RemoveBinaries() {
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+}
