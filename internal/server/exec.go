@@ -19,10 +19,10 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
 var userRe = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-var envKeyRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func validateExec(req *api.ExecRequest) (guest.ExecRequest, error) {
 	var g guest.ExecRequest
@@ -41,7 +41,7 @@ func validateExec(req *api.ExecRequest) (guest.ExecRequest, error) {
 		return g, fmt.Errorf("cwd must be an absolute path, got %q", req.Cwd)
 	}
 	for k, v := range req.Env {
-		if !envKeyRe.MatchString(k) || strings.ContainsRune(v, 0) {
+		if !vm.ValidEnv(k, v) {
 			return g, fmt.Errorf("invalid environment variable %q", k)
 		}
 	}

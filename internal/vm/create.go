@@ -56,6 +56,9 @@ func ValidateName(n string) error {
 	return nil
 }
 
+// ValidEnv reports whether K=V is a usable environment variable (create and exec).
+func ValidEnv(k, v string) bool { return envRe.MatchString(k) && !strings.ContainsRune(v, 0) }
+
 // Validate fills defaults and checks every field.
 func (o *CreateOptions) Validate() error {
 	if o.CPUs == 0 {
@@ -84,7 +87,7 @@ func (o *CreateOptions) Validate() error {
 		}
 	}
 	for k, v := range o.Env {
-		if !envRe.MatchString(k) || strings.ContainsRune(v, 0) {
+		if !ValidEnv(k, v) {
 			return fmt.Errorf("%w: invalid environment variable %q", ErrInvalid, k)
 		}
 	}

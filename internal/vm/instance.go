@@ -9,6 +9,7 @@ import (
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/store"
 )
 
 // instance is the live side of a running VM: its QEMU process, network and agent session.
@@ -104,4 +105,13 @@ func (in *instance) expectingExit() bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.expectExit || in.detached
+}
+
+// attached returns the live instance of v, or a 503 when the VM has none.
+func (s *Service) attached(v *store.VM) (*instance, error) {
+	in := s.instance(v.ID)
+	if in == nil {
+		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	}
+	return in, nil
 }

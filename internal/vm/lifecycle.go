@@ -227,9 +227,9 @@ func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net
 	if err := checkTransition("exec", v); err != nil {
 		return nil, err
 	}
-	in := s.instance(v.ID)
-	if in == nil {
-		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	in, err := s.attached(v)
+	if err != nil {
+		return nil, err
 	}
 	c, err := in.net.DialGuest(ctx, port)
 	if err != nil {

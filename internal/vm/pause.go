@@ -60,9 +60,9 @@ func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error)
 		return nil, err
 	}
 	defer unlock()
-	in := s.instance(v.ID)
-	if in == nil {
-		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	in, err := s.attached(v)
+	if err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	if err := in.machine.Pause(ctx); err != nil {
@@ -92,9 +92,9 @@ func (s *Service) Resume(ctx context.Context, idOrName string) (*OpResult, error
 }
 
 func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
-	in := s.instance(v.ID)
-	if in == nil {
-		return fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	in, err := s.attached(v)
+	if err != nil {
+		return err
 	}
 	if err := in.machine.Resume(ctx); err != nil {
 		return err
@@ -124,9 +124,9 @@ func (s *Service) Suspend(ctx context.Context, idOrName string) (*OpResult, erro
 }
 
 func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, error) {
-	in := s.instance(v.ID)
-	if in == nil {
-		return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	in, err := s.attached(v)
+	if err != nil {
+		return nil, err
 	}
 	path := s.suspendPath(v.ID)
 	tmp := path + ".tmp"

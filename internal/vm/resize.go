@@ -54,9 +54,9 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 			return nil, err
 		}
 		if live {
-			in := s.instance(v.ID)
-			if in == nil {
-				return nil, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+			in, err := s.attached(v)
+			if err != nil {
+				return nil, err
 			}
 			if err := in.machine.BlockResize(ctx, o.DiskBytes); err != nil {
 				return nil, fmt.Errorf("grow disk: %w", err)

@@ -25,9 +25,9 @@ func (s *Service) shapeKey(cpus int, memMiB int64) string {
 // at the same instant; the VM goes on (or stays paused) on a new writable top.
 // It returns the frozen layer.
 func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (frozen string, res qemu.SaveResult, err error) {
-	in := s.instance(v.ID)
-	if in == nil {
-		return "", res, fmt.Errorf("%w: VM %s is not attached", ErrUnavailable, v.Name)
+	in, err := s.attached(v)
+	if err != nil {
+		return "", res, err
 	}
 	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
 	freeze := func() error { return in.machine.FreezeDisk(ctx, newTop) }

@@ -303,18 +303,18 @@ func (m *Machine) passFile(ctx context.Context, path string, write bool) (string
 	return "fd:" + name, nil
 }
 
-// ignoreShared makes migration skip RAM backed by a file (the template's RAM file):
-// the state stream then holds only device state.
-func (m *Machine) ignoreShared(ctx context.Context) error {
+// setIgnoreShared sets x-ignore-shared: when on, migration skips RAM backed by a
+// shared file (the template's RAM file) and the stream holds only device state.
+func (m *Machine) setIgnoreShared(ctx context.Context, on bool) error {
 	_, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}})
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}})
 	return err
 }
 
 // startIncoming begins restoring the state file; QEMU starts the guest when it is loaded.
 func (m *Machine) startIncoming(ctx context.Context) error {
 	if m.cfg.IncomingShared {
-		if err := m.ignoreShared(ctx); err != nil {
+		if err := m.setIgnoreShared(ctx, true); err != nil {
 			return err
 		}
 	}
@@ -328,49 +328,11 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 	return m.WaitIncoming(ctx)
 }
 
-// SaveState stops the guest and writes its device state (and any RAM not shared
-// through a file) to path. The VM is left paused.
+// SaveState stops the guest and writes its device state, but not the RAM it shares
+// through its memory file, to path (a template). The VM is left paused.
 func (m *Machine) SaveState(ctx context.Context, path string) error {
-	if err := m.ignoreShared(ctx); err != nil {
-		return err
-	}
-	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
-		return err
-	}
-	uri, err := m.passFile(ctx, path, true)
-	if err != nil {
-		return err
-	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
-		return err
-	}
-	return m.waitMigration(ctx)
-}
-
-func (m *Machine) waitMigration(ctx context.Context) error {
-	for {
-		r, err := m.qmp.Execute(ctx, "query-migrate", nil)
-		if err != nil {
-			return err
-		}
-		var s struct {
-			Status    string `json:"status"`
-			ErrorDesc string `json:"error-desc"`
-		}
-		json.Unmarshal(r, &s)
-		switch s.Status {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("migration %s: %s", s.Status, s.ErrorDesc)
-		}
-		select {
-		case <-ctx.Done():
-			m.qmp.Execute(context.Background(), "migrate_cancel", nil)
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	_, err := m.saveStopped(ctx, path, true)
+	return err
 }
 
 // BlockResize grows the disk seen by the guest.

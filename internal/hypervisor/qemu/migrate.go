@@ -44,7 +44,7 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 			}
 		}
 	})
-	if err := m.setFileMigration(ctx, 50); err != nil {
+	if err := m.setFileMigration(ctx, false, 50); err != nil {
 		return SaveResult{}, err
 	}
 	start := time.Now()
@@ -55,7 +55,7 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
 		return SaveResult{}, err
 	}
-	bytes, err := m.waitMigrationBytes(ctx)
+	bytes, err := m.waitMigration(ctx)
 	var stopAt time.Time
 	select {
 	case stopAt = <-stopped:
@@ -75,8 +75,12 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 // SaveStopped pauses the guest and writes its RAM and device state to path; the guest
 // is left paused (the caller quits QEMU for a suspend, or resumes it).
 func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, error) {
+	return m.saveStopped(ctx, path, false)
+}
+
+func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (SaveResult, error) {
 	start := time.Now()
-	if err := m.setFileMigration(ctx, 0); err != nil {
+	if err := m.setFileMigration(ctx, ignoreShared, 0); err != nil {
 		return SaveResult{}, err
 	}
 	uri, err := m.passFile(ctx, path, true)
@@ -89,15 +93,14 @@ func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, err
 	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
 		return SaveResult{}, err
 	}
-	bytes, err := m.waitMigrationBytes(ctx)
+	bytes, err := m.waitMigration(ctx)
 	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start)}, err
 }
 
-// setFileMigration prepares a migration to a local file: RAM included (no
-// x-ignore-shared), no bandwidth cap (QEMU's default is 128 MiB/s).
-func (m *Machine) setFileMigration(ctx context.Context, downtimeMs int) error {
-	if _, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}}}); err != nil {
+// setFileMigration prepares a migration to a local file: RAM included unless
+// ignoreShared, no bandwidth cap (QEMU's default is 128 MiB/s).
+func (m *Machine) setFileMigration(ctx context.Context, ignoreShared bool, downtimeMs int) error {
+	if err := m.setIgnoreShared(ctx, ignoreShared); err != nil {
 		return err
 	}
 	p := map[string]any{"max-bandwidth": int64(64) << 30}
@@ -108,7 +111,8 @@ func (m *Machine) setFileMigration(ctx context.Context, downtimeMs int) error {
 	return err
 }
 
-func (m *Machine) waitMigrationBytes(ctx context.Context) (int64, error) {
+// waitMigration polls until the outgoing migration ends and returns the bytes sent.
+func (m *Machine) waitMigration(ctx context.Context) (int64, error) {
 	for {
 		r, err := m.qmp.Execute(ctx, "query-migrate", nil)
 		if err != nil {
