@@ -238,16 +238,5 @@ func (r *Report) Print(w io.Writer) {
 	ratioLine(w, "CLI exec p50 / ssh new-connection p50", r.Ratios.CLIOverSSHNew)
 	ratioLine(w, "CLI exec p50 / ssh ControlMaster p50", r.Ratios.CLIOverSSHCM)
 	fmt.Fprintln(w)
-
-	fmt.Fprintln(w, "Notes:")
-	for _, n := range r.Notes {
-		fmt.Fprintln(w, "  -", n)
-	}
-	if len(r.Errors) > 0 {
-		fmt.Fprintln(w, "Errors:")
-		for _, e := range r.Errors {
-			fmt.Fprintln(w, "  -", e)
-		}
-	}
-	fmt.Fprintln(w, line)
+	r.printTail(w, line)
 }
