@@ -7,6 +7,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // fakePort imitates a guest virtio-serial port backed by a QEMU
@@ -14,7 +15,12 @@ import (
 // writes made while detached are queued and delivered to the next host, and
 // Restore swaps in a new host connection without the guest noticing (as a
 // snapshot restore does).
+// testDeliverDelay delays the delivery of queued bytes, as a loaded machine
+// may; the ordering must hold anyway (a CI run once lost it).
+var testDeliverDelay = 20 * time.Millisecond
+
 type fakePort struct {
+	wmu   sync.Mutex // orders queued bytes before new writes, as QEMU does
 	mu    sync.Mutex
 	cur   net.Conn // guest end of the current host connection
 	queue []byte
@@ -42,6 +48,7 @@ func socketPair(t *testing.T) (net.Conn, net.Conn) {
 // Attach connects a new host; stale (queued) guest bytes are delivered first.
 func (f *fakePort) Attach(t *testing.T) net.Conn {
 	host, g := socketPair(t)
+	f.wmu.Lock()
 	f.mu.Lock()
 	if f.cur != nil {
 		f.cur.Close()
@@ -50,15 +57,14 @@ func (f *fakePort) Attach(t *testing.T) net.Conn {
 	f.queue = nil
 	f.cur = g
 	f.mu.Unlock()
-	if len(q) > 0 {
-		go g.Write(q)
-	}
+	go f.deliver(g, q)
 	return host
 }
 
 // Restore replaces the host connection while the guest is mid-session.
 func (f *fakePort) Restore(t *testing.T, staleToHost []byte) net.Conn {
 	host, g := socketPair(t)
+	f.wmu.Lock()
 	f.mu.Lock()
 	old := f.cur
 	f.cur = g
@@ -66,10 +72,21 @@ func (f *fakePort) Restore(t *testing.T, staleToHost []byte) net.Conn {
 	if old != nil {
 		old.Close()
 	}
-	if len(staleToHost) > 0 {
-		go g.Write(staleToHost)
-	}
+	go f.deliver(g, staleToHost)
 	return host
+}
+
+// deliver writes bytes that must reach the host before anything the guest
+// writes later (the caller holds wmu; the host may not be reading yet, so
+// this runs in its own goroutine).
+func (f *fakePort) deliver(g net.Conn, b []byte) {
+	defer f.wmu.Unlock()
+	if testDeliverDelay > 0 {
+		time.Sleep(testDeliverDelay)
+	}
+	if len(b) > 0 {
+		g.Write(b)
+	}
 }
 
 func (f *fakePort) Read(b []byte) (int, error) {
@@ -99,6 +116,8 @@ func (f *fakePort) Read(b []byte) (int, error) {
 }
 
 func (f *fakePort) Write(b []byte) (int, error) {
+	f.wmu.Lock()
+	defer f.wmu.Unlock()
 	f.mu.Lock()
 	c := f.cur
 	if c == nil {
