@@ -184,6 +184,14 @@ const (
 	CodeInsufficient = "insufficient_storage"
 	CodeUnavailable  = "unavailable"
 	CodeInternal     = "internal"
+	CodeForbidden    = "forbidden"
+	// File operations answer with these too.
+	CodePermission   = "permission_denied"
+	CodeExists       = "exists"
+	CodeNotEmpty     = "not_empty"
+	CodeIsDirectory  = "is_directory"
+	CodeNotDirectory = "not_directory"
+	CodeNoSpace      = "no_space"
 )
 
 // ExecUpgrade is the Upgrade protocol for full-duplex exec (stdin streaming).

@@ -37,6 +37,7 @@ type options struct {
 	jsonPath     string
 	verbose      bool
 	lifecycle    bool
+	access       bool
 }
 
 func main() {
@@ -51,9 +52,10 @@ func main() {
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this path")
 	flag.BoolVar(&o.verbose, "v", false, "print progress details")
 	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on one -lc-memory VM); implies -keep-template unless it is given")
+	flag.BoolVar(&o.access, "access", false, "run only the interactive-access benchmark (100 MiB through the files API and scp via the gateway vs scp to sshd in the VM, keystroke echo); implies -keep-template unless it is given")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
-	if o.lifecycle {
+	if o.lifecycle || o.access {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -133,6 +135,9 @@ func run(ctx context.Context, o options) (code int) {
 	logf("server %s (data %s, templates %s)", srv.url, srv.dataDir, srv.templateDir)
 
 	phases := b.runAll
+	if o.access {
+		phases = b.runAccess
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -149,7 +154,16 @@ func run(ctx context.Context, o options) (code int) {
 	}
 	r.FinishedAt = time.Now().UTC()
 	var out any = r
-	if o.lifecycle {
+	if o.access {
+		r.PrintAccess(os.Stdout)
+		out = struct {
+			StartedAt  time.Time     `json:"started_at"`
+			FinishedAt time.Time     `json:"finished_at"`
+			Host       Host          `json:"host"`
+			Access     *AccessReport `json:"access"`
+			Errors     []string      `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.Access, r.Errors}
+	} else if o.lifecycle {
 		if r.Lifecycle != nil {
 			r.Lifecycle.computeRatios()
 		}

@@ -126,6 +126,7 @@ type Report struct {
 	Ratios                Ratios    `json:"ratios"`
 	// Lifecycle is set only by -lifecycle (then the other results are empty).
 	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
+	Access    *AccessReport    `json:"access,omitempty"`
 	Notes     []string         `json:"notes"`
 	Errors    []string         `json:"errors,omitempty"`
 }

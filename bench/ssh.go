@@ -101,22 +101,24 @@ func (f *forwarder) dialErrors() (int, error) {
 	return f.errs, f.lastEr
 }
 
-// sshBench installs OpenSSH in the VM and measures `ssh ... true` with a new
-// connection per call and over a ControlMaster connection.
-func (b *bench) sshBench(ctx context.Context, vm string) error {
+// installSSHD installs and starts OpenSSH's sshd in the VM with a fresh key
+// for root, and returns the key file and a local forwarder to port 22.
+func (b *bench) installSSHD(ctx context.Context, vm string) (string, *forwarder, error) {
 	s := &b.r.SSH
 	dir := filepath.Join(b.tmp, "ssh")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		return "", nil, err
 	}
 	key := filepath.Join(dir, "id_ed25519")
-	if out, err := exec.CommandContext(ctx, "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "agentvm-bench",
-		"-f", key).CombinedOutput(); err != nil {
-		return fmt.Errorf("ssh-keygen: %v: %s", err, out)
+	if _, err := os.Stat(key); err != nil {
+		if out, err := exec.CommandContext(ctx, "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "agentvm-bench",
+			"-f", key).CombinedOutput(); err != nil {
+			return "", nil, fmt.Errorf("ssh-keygen: %v: %s", err, out)
+		}
 	}
 	pub, err := os.ReadFile(key + ".pub")
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 
 	logf("installing openssh-server in %s (apt-get; takes a while under TCG)", vm)
@@ -127,10 +129,10 @@ func (b *bench) sshBench(ctx context.Context, vm string) error {
 		Env:   map[string]string{"DEBIAN_FRONTEND": "noninteractive"}, Timeout: api.Duration(14 * time.Minute)})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("apt-get install openssh-server: %w", err)
+		return "", nil, fmt.Errorf("apt-get install openssh-server: %w", err)
 	}
 	if res.ExitCode != 0 || res.TimedOut {
-		return fmt.Errorf("apt-get install openssh-server exited %d (timed out %v): %s", res.ExitCode, res.TimedOut,
+		return "", nil, fmt.Errorf("apt-get install openssh-server exited %d (timed out %v): %s", res.ExitCode, res.TimedOut,
 			tailStr(res.Stdout+res.Stderr, 1500))
 	}
 	s.InstallSeconds = time.Since(t0).Seconds()
@@ -141,13 +143,24 @@ func (b *bench) sshBench(ctx context.Context, vm string) error {
 			"systemctl start ssh; systemctl is-active ssh",
 		Stdin: string(pub), Timeout: api.Duration(2 * time.Minute)})
 	if err != nil {
-		return fmt.Errorf("install key / start sshd: %w", err)
+		return "", nil, fmt.Errorf("install key / start sshd: %w", err)
 	}
 	if res.ExitCode != 0 {
-		return fmt.Errorf("install key / start sshd exited %d: %s", res.ExitCode, tailStr(res.Stdout+res.Stderr, 1500))
+		return "", nil, fmt.Errorf("install key / start sshd exited %d: %s", res.ExitCode, tailStr(res.Stdout+res.Stderr, 1500))
 	}
-
 	fwd, err := b.startForwarder(ctx, vm, 22)
+	if err != nil {
+		return "", nil, err
+	}
+	return key, fwd, nil
+}
+
+// sshBench installs OpenSSH in the VM and measures `ssh ... true` with a new
+// connection per call and over a ControlMaster connection.
+func (b *bench) sshBench(ctx context.Context, vm string) error {
+	s := &b.r.SSH
+	dir := filepath.Join(b.tmp, "ssh")
+	key, fwd, err := b.installSSHD(ctx, vm)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ command -v debootstrap >/dev/null || pkgs+=(debootstrap)
 command -v mkfs.ext4 >/dev/null || pkgs+=(e2fsprogs)
 command -v ssh >/dev/null || pkgs+=(openssh-client)
 command -v curl >/dev/null || pkgs+=(curl)
+command -v rsync >/dev/null || pkgs+=(rsync)
 if [ ${#pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "agentvm setup: missing packages: ${pkgs[*]}; run as root or: sudo apt-get install ${pkgs[*]}" >&2

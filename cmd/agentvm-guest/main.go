@@ -2,6 +2,10 @@
 // inside the VM and serves the host over the virtio-serial port
 // /dev/virtio-ports/agentvm.0 (see package internal/guest).
 //
+// "agentvm-guest sftp-server" serves SFTP on stdin/stdout instead, with the
+// credentials it was started with (the host runs it through the agent's
+// exec API as the session's user); it exits when the client disconnects.
+//
 // Build it static: CGO_ENABLED=0 go build ./cmd/agentvm-guest
 package main
 
@@ -19,6 +23,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "sftp-server" {
+		os.Exit(sftpServer())
+	}
 	device := flag.String("device", guest.DevicePath, "virtio-serial port of the agent channel")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()

@@ -28,7 +28,8 @@ func main() {
 	}
 	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
 		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
-		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd())
+		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
+		tokenCmd(), sshCmd(), termCmd(), cpCmd())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	cancel()
@@ -51,3 +52,5 @@ func printJSON(v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+func asAPIError(err error, target **client.APIError) bool { return errors.As(err, target) }

@@ -31,6 +31,9 @@ func serveCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "agentvm listening on http://%s (admin token in %s/admin.token)\n", s.Addr(), cfg.DataDir)
+			if a := s.SSHAddr(); a != "" {
+				fmt.Fprintf(os.Stderr, "ssh gateway on %s (ssh -p PORT VM@HOST, password: a token)\n", a)
+			}
 			if !noWarm {
 				go func() {
 					if err := s.Warm(cmd.Context(), 1, 1024); err != nil {
@@ -52,6 +55,7 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&cfg.AllowPrivateEgress, "allow-private-egress", false, "let VMs reach loopback, private and link-local addresses and this host (unsafe)")
 	f.BoolVar(&cfg.KeepRunning, "keep-running", false, "leave VMs running when the server stops (default: suspend them and wake them at the next start)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 1, "ready VMs kept per recently created shape, so creates skip the restore (0 disables)")
+	f.StringVar(&cfg.SSHListen, "ssh-listen", envOr("AGENTVM_SSH_LISTEN", "127.0.0.1:2222"), `SSH gateway address ("" disables it)`)
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }

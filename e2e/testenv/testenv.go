@@ -134,7 +134,7 @@ func (s *Server) start() {
 	t.Helper()
 	// The warm pool is off unless a test asks for it: its background restores would
 	// compete for the two cores with what the tests time.
-	args := append([]string{"serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", "0"}, s.Args...)
+	args := append([]string{"serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", "0", "--ssh-listen", "127.0.0.1:0"}, s.Args...)
 	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
 	pr, pw, _ := os.Pipe()
 	s.logBuf = &syncBuffer{}
@@ -175,6 +175,17 @@ func (s *Server) start() {
 	s.Token = strings.TrimSpace(string(tok))
 	s.Client = client.New(s.URL, s.Token)
 	t.Cleanup(s.cleanup)
+}
+
+// SSHHostPort returns the SSH gateway's host and port.
+func (s *Server) SSHHostPort() (string, string) {
+	s.t.Helper()
+	info, err := s.Client.SSHInfo(context.Background())
+	if err != nil || !info.Enabled {
+		s.t.Fatalf("ssh gateway: %v %+v", err, info)
+	}
+	h, p, _ := strings.Cut(info.Listen, ":")
+	return h, p
 }
 
 // Logs returns the server's output so far.

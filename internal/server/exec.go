@@ -70,6 +70,10 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 		return
 	}
+	var ok bool
+	if greq.User, ok = actAs(w, r, greq.User); !ok {
+		return
+	}
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.ExecUpgrade)
 	greq.Stdin = upgrade || req.Stdin != ""
 	_, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))

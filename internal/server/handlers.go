@@ -27,24 +27,30 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, 200, api.Health{Status: "ok", Version: Version, Accel: s.accel, WarmPool: s.svc.PoolReady()})
 	})
 	authed := http.NewServeMux()
-	authed.HandleFunc("POST /v1/vms", s.createVM)
-	authed.HandleFunc("GET /v1/vms", s.listVMs)
-	authed.HandleFunc("GET /v1/vms/{id}", s.getVM)
-	authed.HandleFunc("DELETE /v1/vms/{id}", s.deleteVM)
-	authed.HandleFunc("POST /v1/vms/{id}/start", s.startVM)
-	authed.HandleFunc("POST /v1/vms/{id}/stop", s.stopVM)
-	authed.HandleFunc("POST /v1/vms/{id}/exec", s.execVM)
-	authed.HandleFunc("GET /v1/vms/{id}/logs", s.logsVM)
-	authed.HandleFunc("POST /v1/vms/{id}/pause", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Pause(r.Context(), id) }, "pause"))
-	authed.HandleFunc("POST /v1/vms/{id}/resume", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Resume(r.Context(), id) }, "resume"))
-	authed.HandleFunc("POST /v1/vms/{id}/suspend", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Suspend(r.Context(), id) }, "suspend"))
-	authed.HandleFunc("POST /v1/vms/{id}/snapshot", s.snapshotVM)
-	authed.HandleFunc("POST /v1/vms/{id}/fork", s.forkVM)
-	authed.HandleFunc("POST /v1/vms/{id}/resize", s.resizeVM)
-	authed.HandleFunc("GET /v1/snapshots", s.listSnapshots)
-	authed.HandleFunc("GET /v1/snapshots/{id}", s.getSnapshot)
-	authed.HandleFunc("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
-	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.tcpVM)
+	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
+	authed.HandleFunc("GET /v1/vms", admin(s.listVMs))
+	authed.HandleFunc("GET /v1/vms/{id}", s.scoped("", s.getVM))
+	authed.HandleFunc("DELETE /v1/vms/{id}", admin(s.deleteVM))
+	authed.HandleFunc("POST /v1/vms/{id}/start", admin(s.startVM))
+	authed.HandleFunc("POST /v1/vms/{id}/stop", admin(s.stopVM))
+	authed.HandleFunc("POST /v1/vms/{id}/exec", s.scoped(api.PermExec, s.execVM))
+	authed.HandleFunc("GET /v1/vms/{id}/logs", admin(s.logsVM))
+	authed.HandleFunc("POST /v1/vms/{id}/pause", admin(s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Pause(r.Context(), id) }, "pause")))
+	authed.HandleFunc("POST /v1/vms/{id}/resume", admin(s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Resume(r.Context(), id) }, "resume")))
+	authed.HandleFunc("POST /v1/vms/{id}/suspend", admin(s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Suspend(r.Context(), id) }, "suspend")))
+	authed.HandleFunc("POST /v1/vms/{id}/snapshot", admin(s.snapshotVM))
+	authed.HandleFunc("POST /v1/vms/{id}/fork", admin(s.forkVM))
+	authed.HandleFunc("POST /v1/vms/{id}/resize", admin(s.resizeVM))
+	authed.HandleFunc("GET /v1/snapshots", admin(s.listSnapshots))
+	authed.HandleFunc("GET /v1/snapshots/{id}", admin(s.getSnapshot))
+	authed.HandleFunc("DELETE /v1/snapshots/{id}", admin(s.deleteSnapshot))
+	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.scoped(api.PermExec, s.tcpVM))
+	authed.HandleFunc("POST /v1/tokens", admin(s.createToken))
+	authed.HandleFunc("GET /v1/tokens", admin(s.listTokens))
+	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))
+	authed.HandleFunc("GET /v1/ssh", s.sshInfo)
+	s.fileRoutes(authed)
+	s.termRoutes(authed)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
@@ -144,9 +150,17 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVM(w http.ResponseWriter, r *http.Request) {
-	if err := s.svc.Delete(r.Context(), r.PathValue("id")); err != nil {
+	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
 		writeErr(w, err)
 		return
+	}
+	if err := s.svc.Delete(r.Context(), v.ID); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := s.tokens.ForgetVM(r.Context(), v.ID); err != nil {
+		s.log.Warn("delete tokens of a deleted VM", "vm", v.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -5,7 +5,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -22,9 +21,11 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
@@ -48,7 +49,9 @@ type Config struct {
 	KeepRunning bool
 	// WarmPool is how many ready VMs to keep per recently created shape.
 	WarmPool int
-	Log      *slog.Logger
+	// SSHListen is the SSH gateway's address ("" disables it).
+	SSHListen string
+	Log       *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.
@@ -62,15 +65,17 @@ func DefaultDataDir() string {
 
 // Server is a running daemon.
 type Server struct {
-	cfg   Config
-	svc   *vm.Service
-	store *store.Store
-	token string
-	lock  *os.File
-	http  *http.Server
-	ln    net.Listener
-	log   *slog.Logger
-	accel string
+	cfg    Config
+	svc    *vm.Service
+	store  *store.Store
+	token  string
+	tokens *auth.Service
+	ssh    *sshgw.Gateway
+	lock   *os.File
+	http   *http.Server
+	ln     net.Listener
+	log    *slog.Logger
+	accel  string
 }
 
 // New validates cfg, takes the data-dir lock, opens the store, reconciles VMs and
@@ -136,6 +141,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = store.Open(filepath.Join(cfg.DataDir, "agentvm.db")); err != nil {
 		return nil, err
 	}
+	s.tokens = auth.New(s.store, s.token)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -157,10 +163,26 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.SSHListen != "" {
+		s.ssh, err = sshgw.New(sshgw.Config{Listen: cfg.SSHListen, HostKeyPath: filepath.Join(cfg.DataDir, "ssh_host_ed25519_key"),
+			Auth: s.tokens, VMs: s.svc, Log: cfg.Log})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Log.Info("ssh gateway ready", "listen", s.ssh.Addr())
+	}
 	cfg.Log.Info("agentvm ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "accel", accel, "accel_reason", why, "qemu", qv)
 	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	ok = true
 	return s, nil
+}
+
+// SSHAddr is the SSH gateway's bound address ("" when disabled).
+func (s *Server) SSHAddr() string {
+	if s.ssh == nil {
+		return ""
+	}
+	return s.ssh.Addr()
 }
 
 // Addr is the bound listen address.
@@ -177,8 +199,15 @@ func (s *Server) Warm(ctx context.Context, cpus int, memMiB int64) error {
 
 // Serve serves until ctx is done, then detaches from VMs (they keep running).
 func (s *Server) Serve(ctx context.Context) error {
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- s.http.Serve(s.ln) }()
+	if s.ssh != nil {
+		go func() {
+			if err := s.ssh.Serve(); err != nil {
+				errc <- fmt.Errorf("ssh gateway: %w", err)
+			}
+		}()
+	}
 	go s.svc.WakeMarked(ctx)
 	select {
 	case <-ctx.Done():
@@ -189,6 +218,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.http.Shutdown(sctx)
+	if s.ssh != nil {
+		s.ssh.Close()
+		s.ssh = nil
+	}
 	if !s.cfg.KeepRunning {
 		actx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		s.svc.SuspendAll(actx)
@@ -199,6 +232,9 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) closeResources() {
+	if s.ssh != nil {
+		s.ssh.Close()
+	}
 	if s.svc != nil {
 		s.svc.Close()
 		os.Remove(s.cfg.RunDir) // only if empty: running VMs keep their sockets
@@ -249,21 +285,6 @@ func findAgent() string {
 	return "agentvm-guest"
 }
 
-func (s *Server) auth(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		tok := ""
-		if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-			tok = strings.TrimSpace(h[7:])
-		}
-		if tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
-			writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing or invalid API token: send Authorization: Bearer <token> (the admin token is in <data dir>/admin.token)")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -286,11 +307,15 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusConflict, api.CodeConflict
 	case errors.Is(err, vm.ErrInsufficient):
 		status, code = http.StatusInsufficientStorage, api.CodeInsufficient
+	case errors.Is(err, auth.ErrInvalid):
+		status, code = http.StatusBadRequest, api.CodeInvalid
+	case errors.Is(err, auth.ErrForbidden):
+		status, code = http.StatusForbidden, api.CodeForbidden
 	case errors.Is(err, vm.ErrUnavailable):
 		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
 	}
 	msg := err.Error()
-	for _, p := range []string{vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": "} {
+	for _, p := range []string{vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": ", auth.ErrInvalid.Error() + ": ", auth.ErrForbidden.Error() + ": "} {
 		msg = strings.TrimPrefix(msg, p)
 	}
 	writeError(w, status, code, msg)

@@ -80,6 +80,8 @@ func New(opts Options) (*Agent, error) {
 	mux.HandleFunc("GET "+guest.PathInfo, a.handleInfo)
 	mux.HandleFunc("POST "+guest.PathIdentity, a.handleIdentity)
 	mux.HandleFunc("POST "+guest.PathExec, a.handleExec)
+	a.registerFiles(mux)
+	a.registerTerms(mux)
 	a.srv = &http.Server{
 		Handler:     mux,
 		IdleTimeout: 10 * time.Minute,

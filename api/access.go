@@ -1,0 +1,144 @@
+package api
+
+import "time"
+
+// Token permissions.
+const (
+	PermExec    = "exec"    // exec, processes, TCP to the VM's ports
+	PermFiles   = "files"   // the files API
+	PermSSH     = "ssh"     // the SSH gateway (shell, exec, sftp/scp/rsync, -L)
+	PermTerm    = "term"    // terminals
+	PermPreview = "preview" // preview URLs of non-public ports
+)
+
+// AllPerms lists every permission a token can hold.
+var AllPerms = []string{PermExec, PermFiles, PermSSH, PermTerm, PermPreview}
+
+// CreateTokenRequest is the body of POST /v1/tokens.
+type CreateTokenRequest struct {
+	VM string `json:"vm"` // id or name
+	// Allow lists permissions; empty means all of AllPerms.
+	Allow []string `json:"allow,omitempty"`
+	// TTL is a Go duration ("1h", "15m"); default 1h, at most 8760h.
+	TTL string `json:"ttl,omitempty"`
+	// User limits the token to one guest user (e.g. "agent"): requests that
+	// name no user act as it, requests for any other user are refused.
+	User string `json:"user,omitempty"`
+	Name string `json:"name,omitempty"`
+	// SSHKeys are public keys in authorized_keys format that log in to the
+	// SSH gateway with this token's scope.
+	SSHKeys []string `json:"ssh_keys,omitempty"`
+}
+
+// Token describes a scoped token. Secret is only returned by create.
+type Token struct {
+	ID        string    `json:"id"`
+	Secret    string    `json:"token,omitempty"`
+	VMID      string    `json:"vm_id"`
+	Allow     []string  `json:"allow"`
+	User      string    `json:"user,omitempty"`
+	Name      string    `json:"name,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	SSHKeys   []string  `json:"ssh_keys,omitempty"`
+}
+
+// ListTokensResponse is the body of GET /v1/tokens.
+type ListTokensResponse struct {
+	Tokens []Token `json:"tokens"`
+}
+
+// SSHInfo is the body of GET /v1/ssh: where the gateway listens and its host key.
+type SSHInfo struct {
+	Enabled bool   `json:"enabled"`
+	Listen  string `json:"listen,omitempty"`
+	// HostKey is the gateway's public host key in authorized_keys format.
+	HostKey string `json:"host_key,omitempty"`
+}
+
+// FileInfo describes a file inside a VM (lstat: a symlink is itself).
+type FileInfo struct {
+	Name       string    `json:"name"`
+	Path       string    `json:"path"`
+	Type       string    `json:"type"` // file, dir, symlink, other
+	Size       int64     `json:"size"`
+	Mode       uint32    `json:"mode"` // permission bits, 07777
+	UID        uint32    `json:"uid"`
+	GID        uint32    `json:"gid"`
+	Owner      string    `json:"owner,omitempty"`
+	Group      string    `json:"group,omitempty"`
+	ModTime    time.Time `json:"mtime"`
+	LinkTarget string    `json:"link_target,omitempty"`
+}
+
+// FileList is the body of GET /v1/vms/{id}/files/list.
+type FileList struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+}
+
+// MkdirRequest is the body of POST /v1/vms/{id}/files/mkdir (mkdir -p).
+type MkdirRequest struct {
+	Path string `json:"path"`
+	User string `json:"user,omitempty"`
+	Mode uint32 `json:"mode,omitempty"`
+}
+
+// RenameRequest is the body of POST /v1/vms/{id}/files/rename.
+type RenameRequest struct {
+	From      string `json:"from"`
+	To        string `json:"to"`
+	User      string `json:"user,omitempty"`
+	Overwrite bool   `json:"overwrite,omitempty"`
+}
+
+// TarResult is the answer of a tar upload.
+type TarResult struct {
+	Files int   `json:"files"`
+	Dirs  int   `json:"dirs"`
+	Bytes int64 `json:"bytes"`
+}
+
+// TermCreate is the body of POST /v1/vms/{id}/terminals.
+type TermCreate struct {
+	Name string            `json:"name,omitempty"`
+	Argv []string          `json:"argv,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	User string            `json:"user,omitempty"`
+	Cols int               `json:"cols,omitempty"`
+	Rows int               `json:"rows,omitempty"`
+}
+
+// TermInfo describes a terminal session inside a VM.
+type TermInfo struct {
+	Name      string    `json:"name"`
+	PID       int       `json:"pid"`
+	User      string    `json:"user"`
+	Argv      []string  `json:"argv"`
+	Cols      int       `json:"cols"`
+	Rows      int       `json:"rows"`
+	Clients   int       `json:"clients"`
+	CreatedAt time.Time `json:"created_at"`
+	Exited    bool      `json:"exited"`
+	ExitCode  int       `json:"exit_code"`
+	Signal    string    `json:"signal,omitempty"`
+}
+
+// TermList is the body of GET /v1/vms/{id}/terminals.
+type TermList struct {
+	Terminals []TermInfo `json:"terminals"`
+}
+
+// TermControl is a text (JSON) WebSocket message on a terminal connection.
+// Client to server: {"type":"resize","cols":C,"rows":R} or
+// {"type":"signal","signal":"INT"}. Server to client, last message:
+// {"type":"exit","exit_code":N,"signal":"..."}. Binary messages carry the
+// terminal's bytes in both directions.
+type TermControl struct {
+	Type     string `json:"type"`
+	Cols     int    `json:"cols,omitempty"`
+	Rows     int    `json:"rows,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	ExitCode int    `json:"exit_code,omitempty"`
+}

@@ -1,0 +1,241 @@
+// Package auth owns API credentials: the admin token and scoped tokens (one
+// VM, a set of permissions, optionally one guest user, an expiry), stored
+// hashed, and the permission checks every entry point (REST, terminals,
+// files, SSH) makes with them.
+package auth
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/store"
+	"golang.org/x/crypto/ssh"
+)
+
+var (
+	// ErrUnauthenticated means no valid credential was presented.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrForbidden means the credential is valid but does not allow the action.
+	ErrForbidden = errors.New("forbidden")
+	// ErrInvalid means a bad token request.
+	ErrInvalid = errors.New("invalid")
+)
+
+// TokenPrefix starts every scoped token.
+const TokenPrefix = "avt_"
+
+// MaxTTL bounds a token's lifetime.
+const MaxTTL = 365 * 24 * time.Hour
+
+// Principal is who is calling: the admin, or the holder of a scoped token.
+type Principal struct {
+	Admin   bool
+	TokenID string
+	VMID    string
+	Allow   []string
+	User    string // "" = any guest user
+}
+
+// Admin is the principal of the admin token.
+var Admin = &Principal{Admin: true}
+
+// Can reports whether p may use perm on the VM with id vmID.
+func (p *Principal) Can(vmID, perm string) error {
+	if p.Admin {
+		return nil
+	}
+	if p.VMID != vmID {
+		return fmt.Errorf("%w: this token is for another VM", ErrForbidden)
+	}
+	if perm != "" && !slices.Contains(p.Allow, perm) {
+		return fmt.Errorf("%w: this token does not allow %q (it allows %s)", ErrForbidden, perm, strings.Join(p.Allow, ","))
+	}
+	return nil
+}
+
+// ActAs returns the guest user a request for user runs as: the token's user
+// when the request names none, and an error when it names another one.
+// Admin requests keep what they asked for ("" = the endpoint's default).
+func (p *Principal) ActAs(user string) (string, error) {
+	if p.Admin || p.User == "" {
+		return user, nil
+	}
+	if user == "" || user == p.User {
+		return p.User, nil
+	}
+	return "", fmt.Errorf("%w: this token may only act as user %q, not %q", ErrForbidden, p.User, user)
+}
+
+// Service issues and checks tokens.
+type Service struct {
+	store *store.Store
+	admin string
+	now   func() time.Time
+}
+
+// New returns a service with the given admin token.
+func New(st *store.Store, adminToken string) *Service {
+	return &Service{store: st, admin: adminToken, now: time.Now}
+}
+
+func hash(tok string) string {
+	h := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(h[:])
+}
+
+// Authenticate maps a presented secret to its principal.
+func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, error) {
+	if secret == "" {
+		return nil, ErrUnauthenticated
+	}
+	if subtle.ConstantTimeCompare([]byte(secret), []byte(s.admin)) == 1 {
+		return Admin, nil
+	}
+	if !strings.HasPrefix(secret, TokenPrefix) {
+		return nil, ErrUnauthenticated
+	}
+	t, err := s.store.TokenByHash(ctx, hash(secret), s.now())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, ErrUnauthenticated
+	}
+	if err != nil {
+		return nil, err
+	}
+	return principalOf(t), nil
+}
+
+func principalOf(t *store.Token) *Principal {
+	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User}
+}
+
+// AuthenticateKey finds the principal whose token registered key for vmID.
+func (s *Service) AuthenticateKey(ctx context.Context, vmID string, key ssh.PublicKey) (*Principal, error) {
+	ts, err := s.store.ListTokens(ctx, vmID, s.now())
+	if err != nil {
+		return nil, err
+	}
+	want := key.Marshal()
+	for _, t := range ts {
+		for _, k := range t.SSHKeys {
+			pk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
+			if err == nil && bytes.Equal(pk.Marshal(), want) {
+				return principalOf(t), nil
+			}
+		}
+	}
+	return nil, ErrUnauthenticated
+}
+
+// ValidUser reports whether name can be a guest user name.
+func ValidUser(name string) bool {
+	if name == "" || len(name) > 32 {
+		return false
+	}
+	for i, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || (i > 0 && (c >= '0' && c <= '9' || c == '-' || c == '.'))) {
+			return false
+		}
+	}
+	return true
+}
+
+// Create issues a token for the VM with id vmID. The secret is only in the
+// returned value.
+func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRequest) (*api.Token, error) {
+	allow := req.Allow
+	if len(allow) == 0 {
+		allow = api.AllPerms
+	}
+	var clean []string
+	for _, a := range allow {
+		a = strings.TrimSpace(strings.ToLower(a))
+		if !slices.Contains(api.AllPerms, a) {
+			return nil, fmt.Errorf("%w: unknown permission %q (valid: %s)", ErrInvalid, a, strings.Join(api.AllPerms, ","))
+		}
+		if !slices.Contains(clean, a) {
+			clean = append(clean, a)
+		}
+	}
+	ttl := time.Hour
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("%w: ttl %q: want a positive duration such as 30m, 1h or 720h", ErrInvalid, req.TTL)
+		}
+		if d > MaxTTL {
+			return nil, fmt.Errorf("%w: ttl %s is longer than the maximum %s", ErrInvalid, d, MaxTTL)
+		}
+		ttl = d
+	}
+	if req.User != "" && !ValidUser(req.User) {
+		return nil, fmt.Errorf("%w: user %q is not a valid user name", ErrInvalid, req.User)
+	}
+	if len(req.Name) > 64 {
+		return nil, fmt.Errorf("%w: name is longer than 64 characters", ErrInvalid)
+	}
+	var keys []string
+	for i, k := range req.SSHKeys {
+		pk, comment, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
+		if err != nil {
+			return nil, fmt.Errorf("%w: ssh_keys[%d]: not a public key in authorized_keys format: %v", ErrInvalid, i, err)
+		}
+		line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pk)))
+		if comment != "" {
+			line += " " + comment
+		}
+		keys = append(keys, line)
+	}
+	b := make([]byte, 24)
+	rand.Read(b)
+	id := make([]byte, 6)
+	rand.Read(id)
+	secret := TokenPrefix + hex.EncodeToString(b)
+	now := s.now().UTC()
+	t := &store.Token{ID: "tok_" + hex.EncodeToString(id), Hash: hash(secret), VMID: vmID, Allow: clean, User: req.User,
+		Name: req.Name, CreatedAt: now, ExpiresAt: now.Add(ttl), SSHKeys: keys}
+	if err := s.store.CreateToken(ctx, t); err != nil {
+		return nil, err
+	}
+	out := ToAPI(t)
+	out.Secret = secret
+	return &out, nil
+}
+
+// ToAPI is the public view of a token (without its secret).
+func ToAPI(t *store.Token) api.Token {
+	return api.Token{ID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, Name: t.Name,
+		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, SSHKeys: t.SSHKeys}
+}
+
+// List returns the live tokens (of one VM when vmID is set).
+func (s *Service) List(ctx context.Context, vmID string) ([]api.Token, error) {
+	ts, err := s.store.ListTokens(ctx, vmID, s.now())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Token, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, ToAPI(t))
+	}
+	return out, nil
+}
+
+// Revoke deletes a token; store.ErrNotFound if unknown.
+func (s *Service) Revoke(ctx context.Context, id string) error {
+	return s.store.DeleteToken(ctx, id)
+}
+
+// ForgetVM deletes the tokens of a deleted VM (and expired ones).
+func (s *Service) ForgetVM(ctx context.Context, vmID string) error {
+	return s.store.DeleteTokens(ctx, vmID, s.now())
+}

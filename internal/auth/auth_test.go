@@ -1,0 +1,129 @@
+package auth
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/store"
+	"golang.org/x/crypto/ssh"
+)
+
+func newService(t *testing.T) *Service {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return New(st, "avm_admin")
+}
+
+func TestScopes(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	if p, err := s.Authenticate(ctx, "avm_admin"); err != nil || !p.Admin {
+		t.Fatalf("admin: %v %+v", err, p)
+	}
+	for _, bad := range []string{"", "avm_admi", "avt_nope", "Bearer avm_admin"} {
+		if _, err := s.Authenticate(ctx, bad); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("%q: %v", bad, err)
+		}
+	}
+	tok, err := s.Create(ctx, "vmA", api.CreateTokenRequest{Allow: []string{"exec", "FILES", "exec"}, User: "agent", TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tok.Secret, TokenPrefix) || strings.Join(tok.Allow, ",") != "exec,files" {
+		t.Fatalf("token %+v", tok)
+	}
+	p, err := s.Authenticate(ctx, tok.Secret)
+	if err != nil || p.Admin || p.VMID != "vmA" {
+		t.Fatalf("scoped: %v %+v", err, p)
+	}
+	if p.Can("vmA", "exec") != nil || p.Can("vmA", "files") != nil {
+		t.Fatal("allowed perms refused")
+	}
+	for _, c := range [][2]string{{"vmA", "ssh"}, {"vmA", "term"}, {"vmB", "exec"}, {"vmB", ""}} {
+		if err := p.Can(c[0], c[1]); !errors.Is(err, ErrForbidden) {
+			t.Fatalf("Can(%v) = %v", c, err)
+		}
+	}
+	if u, err := p.ActAs(""); err != nil || u != "agent" {
+		t.Fatalf("ActAs default: %q %v", u, err)
+	}
+	if _, err := p.ActAs("root"); !errors.Is(err, ErrForbidden) {
+		t.Fatalf("ActAs root: %v", err)
+	}
+	if u, _ := Admin.ActAs("root"); u != "root" {
+		t.Fatal("admin cannot act as root")
+	}
+	// stored hashed: the secret is nowhere in the store
+	list, _ := s.List(ctx, "")
+	if len(list) != 1 || list[0].Secret != "" {
+		t.Fatalf("list %+v", list)
+	}
+	if err := s.Revoke(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(ctx, tok.Secret); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("revoked token still works: %v", err)
+	}
+}
+
+func TestExpiryAndValidation(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	tok, err := s.Create(ctx, "vmA", api.CreateTokenRequest{TTL: "1m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tok.Allow) != len(api.AllPerms) {
+		t.Fatalf("default allow %v", tok.Allow)
+	}
+	s.now = func() time.Time { return time.Now().Add(2 * time.Minute) }
+	if _, err := s.Authenticate(ctx, tok.Secret); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("expired token works: %v", err)
+	}
+	for _, req := range []api.CreateTokenRequest{
+		{Allow: []string{"reboot"}}, {TTL: "-1h"}, {TTL: "soon"}, {TTL: "100000h"},
+		{User: "root;rm"}, {SSHKeys: []string{"not a key"}},
+	} {
+		if _, err := s.Create(ctx, "vmA", req); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%+v: %v", req, err)
+		}
+	}
+}
+
+func TestSSHKeys(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	other, _, _ := ed25519.GenerateKey(rand.Reader)
+	sp, _ := ssh.NewPublicKey(pub)
+	so, _ := ssh.NewPublicKey(other)
+	if _, err := s.Create(ctx, "vmA", api.CreateTokenRequest{Allow: []string{"ssh"}, SSHKeys: []string{string(ssh.MarshalAuthorizedKey(sp))}}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.AuthenticateKey(ctx, "vmA", sp); err != nil || p.Can("vmA", "ssh") != nil {
+		t.Fatalf("key login: %v", err)
+	}
+	if _, err := s.AuthenticateKey(ctx, "vmB", sp); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("key for another VM: %v", err)
+	}
+	if _, err := s.AuthenticateKey(ctx, "vmA", so); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("unregistered key: %v", err)
+	}
+	if err := s.ForgetVM(ctx, "vmA"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AuthenticateKey(ctx, "vmA", sp); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("key of a deleted VM: %v", err)
+	}
+}

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+)
+
+type principalKey struct{}
+
+// principal is the authenticated caller of r (set by the auth middleware).
+func principal(r *http.Request) *auth.Principal {
+	if p, ok := r.Context().Value(principalKey{}).(*auth.Principal); ok {
+		return p
+	}
+	return &auth.Principal{} // no permissions at all
+}
+
+// bearer extracts the token of a request: the Authorization header, or for
+// WebSocket upgrades (browsers cannot set headers) the access_token query
+// parameter.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return r.URL.Query().Get("access_token")
+	}
+	return ""
+}
+
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.tokens.Authenticate(r.Context(), bearer(r))
+		if err != nil {
+			if errors.Is(err, auth.ErrUnauthenticated) {
+				writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing, invalid or expired API token: send Authorization: Bearer <token> (the admin token is in <data dir>/admin.token)")
+				return
+			}
+			writeErr(w, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	})
+}
+
+// admin allows only the admin token.
+func admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !principal(r).Admin {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, "this endpoint needs the admin token; scoped tokens open only their VM's exec, files, terminals, ssh and preview")
+			return
+		}
+		h(w, r)
+	}
+}
+
+// scoped allows the admin and tokens of the VM in the path that hold perm
+// ("" = any token of that VM). The path's {id} may be a name; it is
+// resolved first so a token cannot reach another VM through a name.
+func (s *Server) scoped(perm string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p := principal(r)
+		if p.Admin {
+			h(w, r)
+			return
+		}
+		v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+		if err != nil {
+			if p.VMID != "" {
+				// do not reveal which other VMs exist
+				writeError(w, http.StatusForbidden, api.CodeForbidden, "this token is for another VM")
+				return
+			}
+			writeErr(w, err)
+			return
+		}
+		if err := p.Can(v.ID, perm); err != nil {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
+			return
+		}
+		r.SetPathValue("id", v.ID)
+		h(w, r)
+	}
+}
+
+// actAs applies the caller's user restriction to a requested guest user and
+// writes a 403 when it is refused.
+func actAs(w http.ResponseWriter, r *http.Request, user string) (string, bool) {
+	u, err := principal(r).ActAs(user)
+	if err != nil {
+		writeError(w, http.StatusForbidden, api.CodeForbidden, strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
+		return "", false
+	}
+	return u, true
+}

@@ -1,0 +1,316 @@
+// Package sshgw is the SSH gateway: standard SSH clients log in to a VM as
+// VM@host or VM+USER@host with a scoped token as the password or a public
+// key registered with a token, and get shells, exec, sftp (so scp, sftp and
+// rsync work) and -L port forwarding. Nothing runs sshd in the guest: the
+// gateway terminates SSH on the host and speaks to the guest agent.
+package sshgw
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/store"
+	"golang.org/x/crypto/ssh"
+)
+
+// VMs is what the gateway needs from the VM service.
+type VMs interface {
+	Get(ctx context.Context, idOrName string) (*store.VM, error)
+	Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error)
+}
+
+// Config configures a Gateway.
+type Config struct {
+	Listen      string // e.g. 127.0.0.1:2222
+	HostKeyPath string // created (ed25519) when missing
+	Auth        *auth.Service
+	VMs         VMs
+	// AgentPath is the guest agent binary inside the VM (sftp-server mode).
+	AgentPath string
+	Log       *slog.Logger
+}
+
+// Gateway is a running SSH gateway.
+type Gateway struct {
+	cfg    Config
+	sshCfg *ssh.ServerConfig
+	signer ssh.Signer
+	ln     net.Listener
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// LoadOrCreateHostKey reads an OpenSSH private key file, generating an
+// ed25519 key there (0600) the first time.
+func LoadOrCreateHostKey(path string) (ssh.Signer, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		s, err := ssh.ParsePrivateKey(b)
+		if err != nil {
+			return nil, fmt.Errorf("ssh host key %s: %w", path, err)
+		}
+		return s, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	blk, err := ssh.MarshalPrivateKey(priv, "agentvm ssh gateway")
+	if err != nil {
+		return nil, err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, pem.EncodeToMemory(blk), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, err
+	}
+	return ssh.NewSignerFromKey(priv)
+}
+
+// New loads the host key and binds the listener.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.AgentPath == "" {
+		cfg.AgentPath = "/usr/local/bin/agentvm-guest"
+	}
+	signer, err := LoadOrCreateHostKey(cfg.HostKeyPath)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, signer: signer, log: cfg.Log, conns: map[net.Conn]struct{}{}}
+	g.sshCfg = &ssh.ServerConfig{
+		PasswordCallback: func(c ssh.ConnMetadata, pw []byte) (*ssh.Permissions, error) {
+			return g.login(c, func(ctx context.Context, vmID string) (*auth.Principal, error) {
+				return cfg.Auth.Authenticate(ctx, string(pw))
+			})
+		},
+		PublicKeyCallback: func(c ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+			return g.login(c, func(ctx context.Context, vmID string) (*auth.Principal, error) {
+				return cfg.Auth.AuthenticateKey(ctx, vmID, key)
+			})
+		},
+		MaxAuthTries:  6,
+		ServerVersion: "SSH-2.0-agentvm",
+		BannerCallback: func(c ssh.ConnMetadata) string {
+			return ""
+		},
+	}
+	g.sshCfg.AddHostKey(signer)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("ssh gateway: listen %s: %w", cfg.Listen, err)
+	}
+	g.ln = ln
+	return g, nil
+}
+
+// Addr is the bound address.
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// HostKey is the gateway's public host key.
+func (g *Gateway) HostKey() ssh.PublicKey { return g.signer.PublicKey() }
+
+// Permissions extensions set at login.
+const (
+	extVM    = "agentvm-vm"
+	extUser  = "agentvm-user"
+	extToken = "agentvm-token"
+)
+
+// parseUser splits "VM" or "VM+USER".
+func parseUser(s string) (vmName, user string) {
+	vmName, user, _ = strings.Cut(s, "+")
+	return vmName, user
+}
+
+func (g *Gateway) login(c ssh.ConnMetadata, authn func(context.Context, string) (*auth.Principal, error)) (*ssh.Permissions, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	vmName, user := parseUser(c.User())
+	if vmName == "" || (user != "" && !auth.ValidUser(user)) {
+		return nil, fmt.Errorf("bad user name %q: log in as VM@host or VM+USER@host", c.User())
+	}
+	v, err := g.cfg.VMs.Get(ctx, vmName)
+	if err != nil {
+		g.log.Info("ssh login refused: no such VM", "user", c.User(), "remote", c.RemoteAddr().String())
+		return nil, errors.New("access denied")
+	}
+	p, err := authn(ctx, v.ID)
+	if err == nil {
+		err = p.Can(v.ID, "ssh")
+	}
+	if err == nil {
+		user, err = p.ActAs(user)
+	}
+	if err != nil {
+		g.log.Info("ssh login refused", "user", c.User(), "vm", v.ID, "remote", c.RemoteAddr().String(), "err", err)
+		return nil, errors.New("access denied")
+	}
+	if user == "" {
+		user = "root"
+	}
+	return &ssh.Permissions{Extensions: map[string]string{extVM: v.ID, extUser: user, extToken: p.TokenID}}, nil
+}
+
+// Serve accepts connections until Close.
+func (g *Gateway) Serve() error {
+	for {
+		nc, err := g.ln.Accept()
+		if err != nil {
+			g.mu.Lock()
+			closed := g.closed
+			g.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		g.mu.Lock()
+		if g.closed {
+			g.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		g.conns[nc] = struct{}{}
+		g.wg.Add(1)
+		g.mu.Unlock()
+		go func() {
+			defer g.wg.Done()
+			defer func() {
+				g.mu.Lock()
+				delete(g.conns, nc)
+				g.mu.Unlock()
+				nc.Close()
+			}()
+			g.handleConn(nc)
+		}()
+	}
+}
+
+// Close stops accepting and ends every connection.
+func (g *Gateway) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	for c := range g.conns {
+		c.Close()
+	}
+	g.mu.Unlock()
+	err := g.ln.Close()
+	g.wg.Wait()
+	return err
+}
+
+func (g *Gateway) handleConn(nc net.Conn) {
+	nc.SetDeadline(time.Now().Add(30 * time.Second))
+	sc, chans, reqs, err := ssh.NewServerConn(nc, g.sshCfg)
+	if err != nil {
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	defer sc.Close()
+	vmID, user := sc.Permissions.Extensions[extVM], sc.Permissions.Extensions[extUser]
+	g.log.Info("ssh login", "vm", vmID, "user", user, "token", sc.Permissions.Extensions[extToken], "remote", nc.RemoteAddr().String())
+	go ssh.DiscardRequests(reqs)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for nch := range chans {
+		switch nch.ChannelType() {
+		case "session":
+			ch, creqs, err := nch.Accept()
+			if err != nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := &session{g: g, vmID: vmID, user: user, ch: ch, env: map[string]string{}}
+				s.serve(creqs)
+			}()
+		case "direct-tcpip":
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g.directTCPIP(vmID, nch)
+			}()
+		default:
+			nch.Reject(ssh.UnknownChannelType, "unsupported channel type "+nch.ChannelType())
+		}
+	}
+}
+
+// directTCPIP serves ssh -L: the guest agent dials the target from inside the VM.
+func (g *Gateway) directTCPIP(vmID string, nch ssh.NewChannel) {
+	var req struct {
+		Host     string
+		Port     uint32
+		OrigHost string
+		OrigPort uint32
+	}
+	if err := ssh.Unmarshal(nch.ExtraData(), &req); err != nil {
+		nch.Reject(ssh.ConnectionFailed, "bad direct-tcpip request")
+		return
+	}
+	if req.Port == 0 || req.Port > 65535 {
+		nch.Reject(ssh.ConnectionFailed, "bad port")
+		return
+	}
+	host := req.Host
+	if host == "localhost" || host == "" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, gc, err := g.cfg.VMs.Guest(ctx, vmID)
+	var conn net.Conn
+	if err == nil {
+		conn, err = gc.DialTCP(ctx, host, int(req.Port))
+	}
+	cancel()
+	if err != nil {
+		nch.Reject(ssh.ConnectionFailed, err.Error())
+		return
+	}
+	defer conn.Close()
+	ch, reqs, err := nch.Accept()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	go ssh.DiscardRequests(reqs)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		copyBuf(conn, ch)
+		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+	}()
+	copyBuf(ch, conn)
+	ch.CloseWrite()
+	<-done
+}

@@ -1,0 +1,109 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Token is a scoped API token. Only a hash of its secret is stored.
+type Token struct {
+	ID        string    `json:"id"`
+	Hash      string    `json:"hash"` // hex sha256 of the whole token string
+	VMID      string    `json:"vm_id"`
+	Allow     []string  `json:"allow"`
+	User      string    `json:"user,omitempty"` // "" = any user
+	Name      string    `json:"name,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// SSHKeys are public keys (authorized_keys format) that authenticate to
+	// the SSH gateway with this token's scope.
+	SSHKeys []string `json:"ssh_keys,omitempty"`
+}
+
+const tokenSchema = `
+CREATE TABLE IF NOT EXISTS tokens (
+	id TEXT PRIMARY KEY,
+	hash TEXT NOT NULL UNIQUE,
+	vm_id TEXT NOT NULL,
+	expires_at INTEGER NOT NULL,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tokens_vm ON tokens (vm_id);`
+
+// CreateToken inserts a token.
+func (s *Store) CreateToken(ctx context.Context, t *Token) error {
+	data, _ := json.Marshal(t)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (id, hash, vm_id, expires_at, created_at, data) VALUES (?,?,?,?,?,?)`,
+		t.ID, t.Hash, t.VMID, t.ExpiresAt.UnixNano(), t.CreatedAt.UnixNano(), string(data))
+	return mapErr(err)
+}
+
+func scanTokens(rows *sql.Rows) ([]*Token, error) {
+	defer rows.Close()
+	var out []*Token
+	for rows.Next() {
+		var data string
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var t Token
+		if err := json.Unmarshal([]byte(data), &t); err != nil {
+			return nil, fmt.Errorf("decode token: %w", err)
+		}
+		out = append(out, &t)
+	}
+	return out, rows.Err()
+}
+
+// TokenByHash finds an unexpired token by the hash of its secret.
+func (s *Store) TokenByHash(ctx context.Context, hash string, now time.Time) (*Token, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT data FROM tokens WHERE hash=? AND expires_at>?`, hash, now.UnixNano())
+	if err != nil {
+		return nil, err
+	}
+	ts, err := scanTokens(rows)
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) == 0 {
+		return nil, ErrNotFound
+	}
+	return ts[0], nil
+}
+
+// ListTokens returns the unexpired tokens, of one VM when vmID is set,
+// oldest first.
+func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*Token, error) {
+	q, args := `SELECT data FROM tokens WHERE expires_at>?`, []any{now.UnixNano()}
+	if vmID != "" {
+		q += ` AND vm_id=?`
+		args = append(args, vmID)
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at`, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanTokens(rows)
+}
+
+// DeleteToken removes a token; ErrNotFound if there is none.
+func (s *Store) DeleteToken(ctx context.Context, id string) error {
+	r, err := s.db.ExecContext(ctx, `DELETE FROM tokens WHERE id=?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteTokens removes every token of a VM, and expired tokens of any VM.
+func (s *Store) DeleteTokens(ctx context.Context, vmID string, now time.Time) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM tokens WHERE vm_id=? OR expires_at<=?`, vmID, now.UnixNano())
+	return err
+}
