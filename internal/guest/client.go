@@ -60,7 +60,11 @@ func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return sess.Open()
 		},
-		DisableCompression:  true,
+		DisableCompression: true,
+		// Large request bodies (file uploads) leave in big yamux frames:
+		// every frame costs the guest's emulated CPU a parse and a wake-up.
+		WriteBufferSize:     256 << 10,
+		ReadBufferSize:      256 << 10,
 		MaxIdleConns:        32,
 		MaxIdleConnsPerHost: 32,
 		ForceAttemptHTTP2:   false,

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,9 +21,13 @@ import (
 )
 
 const (
-	rootPath    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	userPath    = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+	rootPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	userPath = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+	// After the process exits its pipes are drained until they have been
+	// quiet for drainWindow (background children may keep them open), but
+	// for at most drainMax while data keeps coming.
 	drainWindow = 30 * time.Millisecond
+	drainMax    = 2 * time.Second
 	pipeChunk   = 32 << 10
 )
 
@@ -162,6 +167,8 @@ type execRun struct {
 	conn net.Conn
 	wmu  sync.Mutex
 
+	exitedAt atomic.Int64 // unix nanos when the process exited
+
 	mu       sync.Mutex
 	pid      int
 	exited   bool
@@ -296,7 +303,9 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	}
 	// Forward what is already buffered, but do not wait for background
 	// children that keep the pipes open.
-	dl := time.Now().Add(drainWindow)
+	now := time.Now()
+	e.exitedAt.Store(now.UnixNano())
+	dl := now.Add(drainWindow)
 	outR.SetReadDeadline(dl)
 	errR.SetReadDeadline(dl)
 	drained.Wait()
@@ -319,14 +328,24 @@ func (e *execRun) pump(f *os.File, typ byte, drained *sync.WaitGroup) {
 	defer f.Close()
 	buf := make([]byte, guest.FrameHeaderLen+pipeChunk)
 	forwarding := true
+	var lastData time.Time
 	for {
 		n, err := f.Read(buf[guest.FrameHeaderLen:])
 		if n > 0 && forwarding {
+			lastData = time.Now()
 			guest.PutFrameHeader(buf, typ, n)
 			e.write(buf[:guest.FrameHeaderLen+n])
 		}
 		if err == nil {
 			continue
+		}
+		if forwarding && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Still flowing (the host was slow to take it): keep draining.
+			exited := time.Unix(0, e.exitedAt.Load())
+			if time.Since(lastData) < drainWindow && time.Since(exited) < drainMax {
+				f.SetReadDeadline(time.Now().Add(drainWindow))
+				continue
+			}
 		}
 		if forwarding {
 			forwarding = false

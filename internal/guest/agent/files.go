@@ -408,6 +408,12 @@ func (a *Agent) handleFileRead(w http.ResponseWriter, r *http.Request) {
 	if size == 0 && offset == 0 && length < 0 {
 		// Size unknown (e.g. /proc files): stream to EOF, chunked.
 		src = f
+	} else if offset == 0 && (length < 0 || length >= size) {
+		h.Set("Content-Length", strconv.FormatInt(size, 10))
+		src = newDirectReader(f)
+		if d, ok := src.(*directReader); ok {
+			defer d.release()
+		}
 	} else {
 		offset = min(offset, size)
 		n := size - offset
@@ -517,12 +523,9 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 				os.Remove(tmp)
 			}
 		}()
-		buf := getCopyBuf()
-		defer putCopyBuf(buf)
-		body := &readErrReader{r: r.Body}
-		if _, err := io.CopyBuffer(noReadFrom{f}, body, *buf); err != nil {
-			if body.err != nil {
-				return errInvalid("%s: upload interrupted: %v", p, body.err)
+		if _, fromBody, err := copyToFile(f, r.Body); err != nil {
+			if fromBody {
+				return errInvalid("%s: upload interrupted: %v", p, err)
 			}
 			return pathError(p, err)
 		}

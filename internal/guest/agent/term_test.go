@@ -428,7 +428,13 @@ func TestTerm(t *testing.T) {
 		if st == nil || st.ExitCode != 3 || st.Signal != "" {
 			t.Fatalf("exit %+v, err %v", st, o.err)
 		}
+		// The client count drops when the guest has closed the stream,
+		// just after the exit frame went out.
 		ti := getTerm(t, e.c, "ex")
+		for i := 0; i < 100 && ti.Clients != 0; i++ {
+			time.Sleep(20 * time.Millisecond)
+			ti = getTerm(t, e.c, "ex")
+		}
 		if !ti.Exited || ti.ExitCode != 3 || ti.Clients != 0 {
 			t.Fatalf("info %+v", ti)
 		}
