@@ -82,3 +82,12 @@ const (
 	CodeNotDirectory = "not_directory"
 	CodeNoSpace      = "no_space"
 )
+
+// PathSFTP: POST /v1/sftp?user=U with Upgrade: agentvm-sftp turns the
+// stream into an SFTP session (the sftp subsystem) running as U: served
+// inside the agent for root, by an `agentvm-guest sftp-server` process with
+// U's credentials otherwise.
+const (
+	PathSFTP    = "/v1/sftp"
+	SFTPUpgrade = "agentvm-sftp"
+)

@@ -196,6 +196,30 @@ func ReadFrame(r io.Reader) (Frame, error) {
 	return f, nil
 }
 
+// ReadFrameReuse is ReadFrame reading the payload into *buf (grown as
+// needed) instead of a new slice: f.Data is valid until the next call.
+func ReadFrameReuse(r io.Reader, buf *[]byte) (Frame, error) {
+	var h [FrameHeaderLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return Frame{}, err
+	}
+	n := binary.BigEndian.Uint32(h[1:5])
+	if n > MaxFramePayload {
+		return Frame{}, ErrFrameTooLarge
+	}
+	if uint32(cap(*buf)) < n {
+		*buf = make([]byte, n)
+	}
+	f := Frame{Type: h[0], Data: (*buf)[:n]}
+	if _, err := io.ReadFull(r, f.Data); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	return f, nil
+}
+
 // YamuxConfig returns the yamux configuration used by both ends. Keepalive
 // is enabled only on the host side (the guest can be paused or snapshotted
 // at any moment; it learns about a dead host from EOF or a bad frame).

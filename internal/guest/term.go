@@ -237,6 +237,20 @@ func (c *Client) DialTCP(ctx context.Context, host string, port int) (net.Conn, 
 	return &tcpConn{st: st, br: br, raddr: guestAddr(net.JoinHostPort(host, strconv.Itoa(port)))}, nil
 }
 
+// SFTP opens an SFTP session in the guest running as user (see PathSFTP).
+// Close ends it.
+func (c *Client) SFTP(ctx context.Context, user string) (net.Conn, error) {
+	q := url.Values{}
+	if user != "" {
+		q.Set("user", user)
+	}
+	st, br, err := c.upgrade(ctx, PathSFTP+"?"+q.Encode(), SFTPUpgrade, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &tcpConn{st: st, br: br, raddr: guestAddr("sftp")}, nil
+}
+
 // guestAddr is the address a DialTCP connection reaches inside the guest.
 type guestAddr string
 

@@ -170,3 +170,27 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// agentProfile relays the guest agent's pprof endpoints (admin only), e.g.
+// GET /v1/vms/{id}/debug/pprof/profile?seconds=10 or .../goroutine?debug=2.
+func (s *Server) agentProfile(w http.ResponseWriter, r *http.Request) {
+	_, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	greq, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://agentvm/debug/pprof/"+r.PathValue("name")+"?"+r.URL.RawQuery, nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
+	}
+	resp, err := gc.HTTPClient().Do(greq)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "guest agent: "+err.Error())
+		return
+	}
+	defer resp.Body.Close()
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+}

@@ -49,6 +49,7 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("GET /v1/tokens", admin(s.listTokens))
 	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))
 	authed.HandleFunc("GET /v1/ssh", s.sshInfo)
+	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.agentProfile))
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
 
@@ -46,9 +49,21 @@ func TestErrorMapping(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	s := &Server{token: "avm_secret"}
-	h := s.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
-	for hdr, want := range map[string]int{"": 401, "Bearer wrong": 401, "avm_secret": 401, "Bearer avm_secret": 204, "bearer avm_secret": 204} {
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := &Server{token: "avm_secret", tokens: auth.New(st, "avm_secret")}
+	h := s.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !principal(r).Admin {
+			w.WriteHeader(500)
+			return
+		}
+		admin(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })(w, r)
+	}))
+	for hdr, want := range map[string]int{"": 401, "Bearer wrong": 401, "avm_secret": 401, "Bearer avm_secret": 204, "bearer avm_secret": 204,
+		"Bearer avt_0123": 401} {
 		req := httptest.NewRequest("GET", "/v1/vms", nil)
 		if hdr != "" {
 			req.Header.Set("Authorization", hdr)
@@ -58,5 +73,20 @@ func TestAuth(t *testing.T) {
 		if rec.Code != want {
 			t.Errorf("%q: %d, want %d", hdr, rec.Code, want)
 		}
+	}
+}
+
+func TestBearer(t *testing.T) {
+	req := httptest.NewRequest("GET", "/v1/vms/x/terminals/t?access_token=q", nil)
+	if got := bearer(req); got != "" {
+		t.Fatalf("query token accepted without a WebSocket upgrade: %q", got)
+	}
+	req.Header.Set("Upgrade", "websocket")
+	if got := bearer(req); got != "q" {
+		t.Fatalf("WebSocket query token: %q", got)
+	}
+	req.Header.Set("Authorization", "Bearer h")
+	if got := bearer(req); got != "h" {
+		t.Fatalf("header first: %q", got)
 	}
 }

@@ -91,9 +91,6 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if cfg.AgentPath == "" {
-		cfg.AgentPath = "/usr/local/bin/agentvm-guest"
-	}
 	signer, err := LoadOrCreateHostKey(cfg.HostKeyPath)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"strings"
 	"sync"
 
@@ -11,6 +12,9 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 )
+
+// sftpMarker stands for the sftp subsystem among the argv of start.
+const sftpMarker = "\x00sftp"
 
 // session is one SSH "session" channel: a shell, a command or a subsystem,
 // with or without a PTY.
@@ -26,6 +30,7 @@ type session struct {
 	started bool
 	term    *guest.TermStream // running with a PTY
 	exec    *guest.ExecStream // running without one
+	sftp    net.Conn          // the sftp subsystem
 }
 
 type ptyReq struct {
@@ -63,6 +68,9 @@ func (s *session) serve(reqs <-chan *ssh.Request) {
 func (s *session) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.sftp != nil {
+		s.sftp.Close()
+	}
 	if s.term != nil {
 		s.term.Close() // ephemeral: the agent hangs up the shell
 	}
@@ -161,7 +169,7 @@ func (s *session) handle(req *ssh.Request, done chan struct{}) {
 				reply(false)
 				return
 			}
-			argv = []string{s.g.cfg.AgentPath, "sftp-server"}
+			argv = []string{sftpMarker}
 			s.mu.Lock()
 			s.pty = nil // sftp never runs on a terminal
 			s.mu.Unlock()
@@ -206,6 +214,16 @@ func (s *session) start(argv []string) error {
 	}
 	p := s.pty
 	s.mu.Unlock()
+	if len(argv) == 1 && argv[0] == sftpMarker {
+		c, err := gc.SFTP(ctx, s.user)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.sftp = c
+		s.mu.Unlock()
+		return nil
+	}
 	if p != nil {
 		if p.Term != "" {
 			env["TERM"] = p.Term
@@ -240,12 +258,25 @@ func (s *session) start(argv []string) error {
 // wait relays data until the program exits, then sends its exit status.
 func (s *session) wait() {
 	s.mu.Lock()
-	t, e := s.term, s.exec
+	t, e, sc := s.term, s.exec, s.sftp
 	s.mu.Unlock()
 	var st *guest.ExitStatus
-	if t != nil {
+	if sc != nil {
 		go func() {
-			copyBuf(t, s.ch)
+			copyCoalesced(sc, s.ch)
+			if cw, ok := sc.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite() // the client is done: the server ends after its last answers
+			}
+		}()
+		_, err := copyBuf(s.ch, sc)
+		sc.Close()
+		st = &guest.ExitStatus{}
+		if err != nil {
+			st.ExitCode = 1
+		}
+	} else if t != nil {
+		go func() {
+			copyCoalesced(t, s.ch)
 		}()
 		for {
 			f, err := t.Next()
@@ -265,7 +296,7 @@ func (s *session) wait() {
 		t.Close()
 	} else {
 		go func() {
-			if _, err := copyBuf(e, s.ch); err == nil {
+			if _, err := copyCoalesced(e, s.ch); err == nil {
 				e.CloseStdin()
 			}
 		}()
@@ -297,4 +328,76 @@ func (s *session) wait() {
 // copyBuf copies with a buffer large enough for file transfers.
 func copyBuf(dst io.Writer, src io.Reader) (int64, error) {
 	return io.CopyBuffer(dst, src, make([]byte, 256<<10))
+}
+
+// copyCoalesced copies src to dst like io.Copy, but whatever has arrived
+// while the previous write was in flight leaves as one write of up to
+// 256 KiB. An SSH channel reads in packets of at most 32 KiB; each write to
+// an exec or terminal stream is a frame the guest's emulated CPU must
+// parse and hand on, so bulk uploads (rsync, cat > file) go faster in big
+// frames, while a lone keystroke still leaves at once.
+func copyCoalesced(dst io.Writer, src io.Reader) (int64, error) {
+	type chunk struct {
+		b   []byte
+		err error
+	}
+	ch := make(chan chunk, 16)
+	go func() {
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				ch <- chunk{b: b[:n]}
+			}
+			if err != nil {
+				ch <- chunk{err: err}
+				close(ch)
+				return
+			}
+		}
+	}()
+	var total int64
+	out := make([]byte, 0, 256<<10)
+	for c := range ch {
+		if c.err != nil {
+			if c.err == io.EOF {
+				return total, nil
+			}
+			return total, c.err
+		}
+		out = append(out[:0], c.b...)
+		var pending *chunk
+	more:
+		for len(out) < 224<<10 {
+			select {
+			case c2, ok := <-ch:
+				if !ok {
+					break more
+				}
+				if c2.err != nil {
+					pending = &c2
+					break more
+				}
+				out = append(out, c2.b...)
+			default:
+				break more
+			}
+		}
+		n, err := dst.Write(out)
+		total += int64(n)
+		if err != nil {
+			go func() { // let the reader finish
+				for range ch {
+				}
+			}()
+			return total, err
+		}
+		if pending != nil {
+			if pending.err == io.EOF {
+				return total, nil
+			}
+			return total, pending.err
+		}
+	}
+	return total, nil
 }

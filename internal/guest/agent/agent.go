@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -80,6 +81,10 @@ func New(opts Options) (*Agent, error) {
 	mux.HandleFunc("GET "+guest.PathInfo, a.handleInfo)
 	mux.HandleFunc("POST "+guest.PathIdentity, a.handleIdentity)
 	mux.HandleFunc("POST "+guest.PathExec, a.handleExec)
+	// Profiles of the agent itself (the host reaches them only through the
+	// agent channel; the server exposes them to the admin token).
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	a.registerFiles(mux)
 	a.registerTerms(mux)
 	a.srv = &http.Server{

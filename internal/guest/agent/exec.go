@@ -28,7 +28,8 @@ const (
 	// for at most drainMax while data keeps coming.
 	drainWindow = 30 * time.Millisecond
 	drainMax    = 2 * time.Second
-	pipeChunk   = 32 << 10
+	pipeChunk   = 256 << 10
+	pipeSize    = 1 << 20 // F_SETPIPE_SZ: fewer wake-ups between the program and the agent
 )
 
 // execSpec is a validated exec request.
@@ -220,20 +221,20 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	}
 	stdinR := a.devnull
 	if sp.stdin {
-		r, w, err := os.Pipe()
+		r, w, err := bigPipe()
 		if err != nil {
 			e.fail(126, "pipe: "+err.Error())
 			return
 		}
 		stdinR, e.stdinW = r, w
 	}
-	outR, outW, err := os.Pipe()
+	outR, outW, err := bigPipe()
 	if err != nil {
 		e.closeStdin()
 		e.fail(126, "pipe: "+err.Error())
 		return
 	}
-	errR, errW, err := os.Pipe()
+	errR, errW, err := bigPipe()
 	if err != nil {
 		e.closeStdin()
 		outR.Close()
@@ -313,6 +314,17 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	e.closeStdin()
 }
 
+// bigPipe is os.Pipe with a 1 MiB buffer where the kernel allows it.
+func bigPipe() (*os.File, *os.File, error) {
+	r, w, err := os.Pipe()
+	if err == nil {
+		if rc, err := w.SyscallConn(); err == nil { // not Fd(): that makes the fd blocking
+			rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize) })
+		}
+	}
+	return r, w, err
+}
+
 func unwrapExecErr(err error) string {
 	var pe *os.PathError
 	if errors.As(err, &pe) {
@@ -330,7 +342,7 @@ func (e *execRun) pump(f *os.File, typ byte, drained *sync.WaitGroup) {
 	forwarding := true
 	var lastData time.Time
 	for {
-		n, err := f.Read(buf[guest.FrameHeaderLen:])
+		n, err := readMore(f, buf[guest.FrameHeaderLen:])
 		if n > 0 && forwarding {
 			lastData = time.Now()
 			guest.PutFrameHeader(buf, typ, n)
@@ -363,8 +375,9 @@ func (e *execRun) pump(f *os.File, typ byte, drained *sync.WaitGroup) {
 // process exits (client went away) the process group is killed.
 func (e *execRun) readHost(br *bufio.Reader) {
 	defer e.closeStdin()
+	var buf []byte
 	for {
-		f, err := guest.ReadFrame(br)
+		f, err := guest.ReadFrameReuse(br, &buf)
 		if err != nil {
 			e.killGroup(syscall.SIGKILL)
 			return

@@ -37,6 +37,7 @@ type noWriteTo struct{ io.Reader }
 
 // registerFiles adds the file endpoints (see guest.PathFiles).
 func (a *Agent) registerFiles(mux *http.ServeMux) {
+	mux.HandleFunc("POST "+guest.PathSFTP, a.handleSFTP)
 	mux.HandleFunc("GET "+guest.PathFilesStat, a.handleFileStat)
 	mux.HandleFunc("GET "+guest.PathFilesList, a.handleFileList)
 	mux.HandleFunc("GET "+guest.PathFiles, a.handleFileRead)

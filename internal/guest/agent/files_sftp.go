@@ -3,7 +3,15 @@ package agent
 import (
 	"bufio"
 	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
 
 	"github.com/pkg/sftp"
 )
@@ -119,4 +127,59 @@ func (a *asyncWriter) Close() error {
 		}
 	})
 	return a.closeErr
+}
+
+// handleSFTP serves POST /v1/sftp (see guest.PathSFTP). Root's sessions run
+// in the agent itself: no process, no pipes, so the data is copied once
+// less on each side (every guest-kernel copy is emulated under TCG).
+func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), guest.SFTPUpgrade) {
+		writeError(w, http.StatusBadRequest, guest.CodeInvalid, "sftp needs Upgrade: "+guest.SFTPUpgrade)
+		return
+	}
+	u, err := a.users.lookup(r.URL.Query().Get("user"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, guest.CodeInvalid, err.Error())
+		return
+	}
+	home := "/"
+	if fi, err := os.Stat(u.Home); err == nil && fi.IsDir() {
+		home = u.Home
+	}
+	var cmd *exec.Cmd
+	if u.UID != 0 {
+		sp, err := a.prepareExec(&guest.ExecRequest{Argv: []string{"/proc/self/exe"}, User: u.Name})
+		if err != nil {
+			writeError(w, http.StatusBadRequest, guest.CodeInvalid, err.Error())
+			return
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "internal", err.Error())
+			return
+		}
+		cmd = exec.Command(exe, "sftp-server")
+		cmd.Dir, cmd.Env = sp.dir, sp.env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: sp.cred}
+		cmd.WaitDelay = time.Second
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+		return
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.SFTPUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+		return
+	}
+	if cmd == nil {
+		if err := ServeSFTP(brw.Reader, conn, home); err != nil && err != io.EOF {
+			a.logf("sftp: %v", err)
+		}
+		return
+	}
+	cmd.Stdin, cmd.Stdout = brw.Reader, conn
+	if err := cmd.Run(); err != nil {
+		a.logf("sftp-server as %s: %v", u.Name, err)
+	}
 }

@@ -1,0 +1,3 @@
+module github.com/hashicorp/yamux
+
+go 1.20
