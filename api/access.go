@@ -142,3 +142,44 @@ type TermControl struct {
 	Signal   string `json:"signal,omitempty"`
 	ExitCode int    `json:"exit_code,omitempty"`
 }
+
+// ExposeRequest is the body of POST /v1/vms/{id}/ports.
+type ExposeRequest struct {
+	Port int `json:"port"`
+	// Public previews need no token; private ones need a token with preview.
+	Public bool `json:"public,omitempty"`
+	// TCP maps a host port to the VM port instead of an HTTP preview.
+	TCP      bool   `json:"tcp,omitempty"`
+	HostPort int    `json:"host_port,omitempty"` // tcp: 0 picks a free port
+	HostAddr string `json:"host_addr,omitempty"` // tcp: default 127.0.0.1
+}
+
+// Port is an exposed port of a VM.
+type Port struct {
+	Port   int    `json:"port"`
+	Kind   string `json:"kind"` // http or tcp
+	Public bool   `json:"public,omitempty"`
+	// URL is the preview URL (http).
+	URL string `json:"url,omitempty"`
+	// Host is the host address that reaches the port (tcp).
+	Host      string    `json:"host,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ListPortsResponse is the body of GET /v1/vms/{id}/ports.
+type ListPortsResponse struct {
+	Ports []Port `json:"ports"`
+}
+
+// Domain maps a custom host name to a VM port through the preview proxy.
+type Domain struct {
+	Domain    string    `json:"domain"`
+	VM        string    `json:"vm"`
+	Port      int       `json:"port"`
+	CreatedAt time.Time `json:"created_at,omitempty"`
+}
+
+// ListDomainsResponse is the body of GET /v1/domains.
+type ListDomainsResponse struct {
+	Domains []Domain `json:"domains"`
+}

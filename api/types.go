@@ -43,6 +43,8 @@ type VM struct {
 	// Op reports the timing of the operation that returned this VM (pause, resume,
 	// suspend, wake).
 	Op *OpStats `json:"op,omitempty"`
+	// Ports are the VM's exposed ports (preview URLs and TCP mappings).
+	Ports []Port `json:"ports,omitempty"`
 	// CreateMs is how long the create took on the server: restore plus identity, and
 	// the template's one-time cold boot when this was the first create of its shape.
 	CreateMs int64 `json:"create_ms,omitempty"`
@@ -160,6 +162,11 @@ type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
 	Accel   string `json:"accel"`
+	// Proxy is the preview proxy's address and Domain its host suffix
+	// (http://<port>-<vm>.<domain>:<proxy port>/); SSH the SSH gateway's.
+	Proxy  string `json:"proxy,omitempty"`
+	Domain string `json:"domain,omitempty"`
+	SSH    string `json:"ssh,omitempty"`
 	// WarmPool counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>".
 	WarmPool map[string]int `json:"warm_pool,omitempty"`
 }

@@ -59,6 +59,9 @@ func (b *bench) runAccess(ctx context.Context) error {
 	const size = 100 << 20
 	ar := &AccessReport{FileMiB: size >> 20}
 	b.r.Access = ar
+	if h, err := b.c.Health(ctx); err == nil {
+		b.r.Host.Accel, b.r.Host.ServerVersion = h.Accel, h.Version
+	}
 	vm, err := b.create(ctx)
 	if err != nil {
 		return err

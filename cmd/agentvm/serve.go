@@ -31,6 +31,9 @@ func serveCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "agentvm listening on http://%s (admin token in %s/admin.token)\n", s.Addr(), cfg.DataDir)
+			if a := s.ProxyAddr(); a != "" {
+				fmt.Fprintf(os.Stderr, "preview proxy on http://%s (http://<port>-<vm>.%s:PORT/)\n", a, cfg.Domain)
+			}
 			if a := s.SSHAddr(); a != "" {
 				fmt.Fprintf(os.Stderr, "ssh gateway on %s (ssh -p PORT VM@HOST, password: a token)\n", a)
 			}
@@ -56,6 +59,8 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&cfg.KeepRunning, "keep-running", false, "leave VMs running when the server stops (default: suspend them and wake them at the next start)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 1, "ready VMs kept per recently created shape, so creates skip the restore (0 disables)")
 	f.StringVar(&cfg.SSHListen, "ssh-listen", envOr("AGENTVM_SSH_LISTEN", "127.0.0.1:2222"), `SSH gateway address ("" disables it)`)
+	f.StringVar(&cfg.ProxyListen, "proxy-listen", envOr("AGENTVM_PROXY_LISTEN", "127.0.0.1:7080"), `preview proxy address ("" disables it)`)
+	f.StringVar(&cfg.Domain, "domain", envOr("AGENTVM_DOMAIN", "localhost"), "preview host suffix: http://<port>-<vm>.<domain>/")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }

@@ -134,7 +134,7 @@ func (s *Server) start() {
 	t.Helper()
 	// The warm pool is off unless a test asks for it: its background restores would
 	// compete for the two cores with what the tests time.
-	args := append([]string{"serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", "0", "--ssh-listen", "127.0.0.1:0"}, s.Args...)
+	args := append([]string{"serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", "0", "--ssh-listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0"}, s.Args...)
 	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
 	pr, pw, _ := os.Pipe()
 	s.logBuf = &syncBuffer{}

@@ -24,7 +24,11 @@ func shortHash(s string) string {
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, 200, api.Health{Status: "ok", Version: Version, Accel: s.accel, WarmPool: s.svc.PoolReady()})
+		h := api.Health{Status: "ok", Version: Version, Accel: s.accel, WarmPool: s.svc.PoolReady(), SSH: s.SSHAddr()}
+		if s.proxy != nil {
+			h.Proxy, h.Domain = s.proxy.Addr(), s.proxy.Domain()
+		}
+		writeJSON(w, 200, h)
 	})
 	authed := http.NewServeMux()
 	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
@@ -50,6 +54,7 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))
 	authed.HandleFunc("GET /v1/ssh", s.sshInfo)
 	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.agentProfile))
+	s.portRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -66,6 +71,7 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	sub := network.SubnetForIndex(v.NetIndex)
 	cfg := network.Config{Subnet: sub}
 	out.Subnet, out.Gateway, out.IP = sub.String(), cfg.Gateway().String(), cfg.GuestIP().String()
+	out.Ports = s.vmPorts(context.Background(), v)
 	return out
 }
 
@@ -162,6 +168,12 @@ func (s *Server) deleteVM(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.tokens.ForgetVM(r.Context(), v.ID); err != nil {
 		s.log.Warn("delete tokens of a deleted VM", "vm", v.ID, "err", err)
+	}
+	if s.proxy != nil {
+		s.proxy.ForgetVM(v.ID)
+	}
+	if err := s.store.DeletePorts(r.Context(), v.ID); err != nil {
+		s.log.Warn("delete exposures of a deleted VM", "vm", v.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

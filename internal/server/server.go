@@ -25,6 +25,7 @@ import (
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -51,6 +52,10 @@ type Config struct {
 	WarmPool int
 	// SSHListen is the SSH gateway's address ("" disables it).
 	SSHListen string
+	// ProxyListen is the preview proxy's address ("" disables it); Domain
+	// is the preview host suffix (<port>-<vm>.<domain>).
+	ProxyListen string
+	Domain      string
 	Log       *slog.Logger
 }
 
@@ -71,6 +76,7 @@ type Server struct {
 	token  string
 	tokens *auth.Service
 	ssh    *sshgw.Gateway
+	proxy  *proxy.Proxy
 	lock   *os.File
 	http   *http.Server
 	ln     net.Listener
@@ -171,6 +177,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		cfg.Log.Info("ssh gateway ready", "listen", s.ssh.Addr())
 	}
+	if cfg.ProxyListen != "" {
+		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log})
+		if err != nil {
+			return nil, err
+		}
+		s.restoreTCPExposures(ctx)
+		cfg.Log.Info("preview proxy ready", "listen", s.proxy.Addr(), "domain", s.proxy.Domain())
+	}
 	cfg.Log.Info("agentvm ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "accel", accel, "accel_reason", why, "qemu", qv)
 	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	ok = true
@@ -183,6 +197,14 @@ func (s *Server) SSHAddr() string {
 		return ""
 	}
 	return s.ssh.Addr()
+}
+
+// ProxyAddr is the preview proxy's bound address ("" when disabled).
+func (s *Server) ProxyAddr() string {
+	if s.proxy == nil {
+		return ""
+	}
+	return s.proxy.Addr()
 }
 
 // Addr is the bound listen address.
@@ -208,6 +230,13 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
+	if s.proxy != nil {
+		go func() {
+			if err := s.proxy.Serve(); err != nil {
+				errc <- fmt.Errorf("preview proxy: %w", err)
+			}
+		}()
+	}
 	go s.svc.WakeMarked(ctx)
 	select {
 	case <-ctx.Done():
@@ -222,6 +251,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.ssh.Close()
 		s.ssh = nil
 	}
+	if s.proxy != nil {
+		s.proxy.Close()
+		s.proxy = nil
+	}
 	if !s.cfg.KeepRunning {
 		actx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		s.svc.SuspendAll(actx)
@@ -234,6 +267,9 @@ func (s *Server) Serve(ctx context.Context) error {
 func (s *Server) closeResources() {
 	if s.ssh != nil {
 		s.ssh.Close()
+	}
+	if s.proxy != nil {
+		s.proxy.Close()
 	}
 	if s.svc != nil {
 		s.svc.Close()

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"strings"
 	"context"
 	"errors"
 	"fmt"
@@ -362,4 +363,27 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)
 	s.logEvent(v.ID, "daemon restarted: reattached to qemu pid %d", v.PID)
 	return nil
+}
+
+// DialPort connects to a TCP port inside a VM, waking it first: through
+// its virtual network to the guest's address, or, when nothing listens
+// there (a server bound to the guest's loopback, as dev servers often are),
+// through the guest agent from inside the guest.
+func (s *Service) DialPort(ctx context.Context, idOrName string, port int) (net.Conn, error) {
+	c, err := s.DialGuest(ctx, idOrName, port)
+	if err == nil {
+		return c, nil
+	}
+	if !strings.Contains(err.Error(), "refused") {
+		return nil, err
+	}
+	_, gc, gerr := s.Guest(ctx, idOrName)
+	if gerr != nil {
+		return nil, err
+	}
+	c, lerr := gc.DialTCP(ctx, "127.0.0.1", port)
+	if lerr != nil {
+		return nil, fmt.Errorf("%w: connect to port %d: connection refused (nothing listens on it, on the guest address or its loopback)", ErrUnavailable, port)
+	}
+	return c, nil
 }

@@ -1,0 +1,313 @@
+// Package proxy is the preview URL router: http://<port>-<vm>.<domain>/
+// (and custom domains mapped through the API) reach that port inside the
+// VM, with HTTP/1.1, h2c, WebSocket upgrades and streaming responses passed
+// through unbuffered. It also runs the raw TCP exposures (tcp.go).
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// VMs is what the proxy needs from the VM service.
+type VMs interface {
+	Get(ctx context.Context, idOrName string) (*store.VM, error)
+	// DialPort connects to a TCP port inside a VM, waking it first.
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+}
+
+// Config configures a Proxy.
+type Config struct {
+	Listen string // e.g. 127.0.0.1:7080
+	Domain string // preview host suffix, e.g. localhost
+	Auth   *auth.Service
+	Store  *store.Store
+	VMs    VMs
+	Log    *slog.Logger
+}
+
+// Proxy is the preview router.
+type Proxy struct {
+	cfg  Config
+	ln   net.Listener
+	srv  *http.Server
+	rp   *httputil.ReverseProxy
+	log  *slog.Logger
+	port string // the listener's port, for URLs
+
+	tcpMu sync.Mutex
+	tcp   map[tcpKey]*tcpListener
+}
+
+// TokenParam is the query parameter that carries a token once; the proxy
+// moves it into a cookie and redirects to the same URL without it.
+const TokenParam = "agentvm_token"
+
+const cookieName = "agentvm_preview"
+
+type ctxKey struct{}
+
+type target struct {
+	vm   *store.VM
+	port int
+}
+
+// New binds the listener.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	cfg.Domain = strings.Trim(strings.ToLower(cfg.Domain), ".")
+	if cfg.Domain == "" {
+		cfg.Domain = "localhost"
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("preview proxy: listen %s: %w", cfg.Listen, err)
+	}
+	p := &Proxy{cfg: cfg, ln: ln, log: cfg.Log, tcp: map[tcpKey]*tcpListener{}}
+	_, p.port, _ = net.SplitHostPort(ln.Addr().String())
+	tr := &http.Transport{
+		DialContext:           p.dial,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0, // long polls and slow builds are fine
+		DisableCompression:    true,
+		WriteBufferSize:       64 << 10,
+		ReadBufferSize:        64 << 10,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(ctxKey{}).(target)
+			pr.SetURL(&url.URL{Scheme: "http", Host: t.vm.ID + ".vm:" + strconv.Itoa(t.port)})
+			pr.Out.Host = pr.In.Host // the app sees the preview host it was called by
+			pr.SetXForwarded()
+			stripToken(pr.Out)
+		},
+		Transport:     tr,
+		FlushInterval: 0, // streaming (no Content-Length, SSE) is flushed at once anyway
+		BufferPool:    bufPool{},
+		ErrorHandler:  p.proxyError,
+		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
+	}
+	prot := new(http.Protocols)
+	prot.SetHTTP1(true)
+	prot.SetUnencryptedHTTP2(true) // h2c with prior knowledge
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 30 * time.Second, Protocols: prot}
+	return p, nil
+}
+
+// Addr is the bound address.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// URL is the preview URL of a VM port.
+func (p *Proxy) URL(vmName string, port int) string {
+	return fmt.Sprintf("http://%d-%s.%s:%s/", port, vmName, p.cfg.Domain, p.port)
+}
+
+// Domain is the preview host suffix.
+func (p *Proxy) Domain() string { return p.cfg.Domain }
+
+// Serve serves until Close.
+func (p *Proxy) Serve() error {
+	err := p.srv.Serve(p.ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops the proxy and every TCP exposure listener.
+func (p *Proxy) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := p.srv.Shutdown(ctx)
+	p.srv.Close()
+	p.tcpMu.Lock()
+	for k, l := range p.tcp {
+		l.close()
+		delete(p.tcp, k)
+	}
+	p.tcpMu.Unlock()
+	return err
+}
+
+func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, _ := strconv.Atoi(portStr)
+	return p.cfg.VMs.DialPort(ctx, strings.TrimSuffix(host, ".vm"), port)
+}
+
+// route finds the VM and port a request is for.
+func (p *Proxy) route(r *http.Request) (*store.VM, int, int, string) {
+	host := strings.ToLower(r.Host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(host, ".")
+	if label, ok := strings.CutSuffix(host, "."+p.cfg.Domain); ok && !strings.Contains(label, ".") {
+		portStr, ref, ok := strings.Cut(label, "-")
+		port, err := strconv.Atoi(portStr)
+		if !ok || err != nil || port < 1 || port > 65535 || ref == "" {
+			return nil, 0, http.StatusNotFound, fmt.Sprintf("%q is not a preview host: use <port>-<vm>.%s", host, p.cfg.Domain)
+		}
+		v, err := p.cfg.VMs.Get(r.Context(), ref)
+		if err != nil {
+			return nil, 0, http.StatusNotFound, fmt.Sprintf("no VM %q", ref)
+		}
+		return v, port, 0, ""
+	}
+	d, err := p.cfg.Store.GetDomain(r.Context(), host)
+	if err != nil {
+		return nil, 0, http.StatusNotFound, fmt.Sprintf("%q is not a preview host: use <port>-<vm>.%s or map a domain through the API", host, p.cfg.Domain)
+	}
+	v, err := p.cfg.VMs.Get(r.Context(), d.VMID)
+	if err != nil {
+		return nil, 0, http.StatusNotFound, fmt.Sprintf("the VM of %s is gone", host)
+	}
+	return v, d.Port, 0, ""
+}
+
+func (p *Proxy) public(ctx context.Context, vmID string, port int) bool {
+	ports, err := p.cfg.Store.ListPorts(ctx, vmID)
+	if err != nil {
+		return false
+	}
+	for _, pt := range ports {
+		if pt.Kind == "http" && pt.Port == port && pt.Public {
+			return true
+		}
+	}
+	return false
+}
+
+// secret is the token a preview request carries: Authorization, the
+// cookie, or (once) the query parameter.
+func secret(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		if t := strings.TrimSpace(h[7:]); strings.HasPrefix(t, auth.TokenPrefix) || strings.HasPrefix(t, "avm_") {
+			return t
+		}
+	}
+	if c, err := r.Cookie(cookieName); err == nil {
+		return c.Value
+	}
+	return ""
+}
+
+// stripToken removes agentvm's credentials before the request reaches the app.
+func stripToken(r *http.Request) {
+	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		if t := strings.TrimSpace(h[7:]); strings.HasPrefix(t, auth.TokenPrefix) || strings.HasPrefix(t, "avm_") {
+			r.Header.Del("Authorization")
+		}
+	}
+	if cs := r.Cookies(); len(cs) > 0 {
+		r.Header.Del("Cookie")
+		for _, c := range cs {
+			if c.Name != cookieName {
+				r.AddCookie(c)
+			}
+		}
+	}
+}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	v, port, status, msg := p.route(r)
+	if v == nil {
+		page(w, status, "Not found", msg)
+		return
+	}
+	if q := r.URL.Query(); q.Has(TokenParam) {
+		// Move the token into a cookie for this host and drop it from the URL.
+		tok := q.Get(TokenParam)
+		if pr, err := p.cfg.Auth.Authenticate(r.Context(), tok); err != nil || pr.Can(v.ID, "preview") != nil {
+			page(w, http.StatusUnauthorized, "Unauthorized", "this token does not open previews of "+v.Name)
+			return
+		}
+		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
+		q.Del(TokenParam)
+		u := *r.URL
+		u.RawQuery = q.Encode()
+		http.Redirect(w, r, u.RequestURI(), http.StatusFound)
+		return
+	}
+	if !p.public(r.Context(), v.ID, port) {
+		pr, err := p.cfg.Auth.Authenticate(r.Context(), secret(r))
+		if err != nil {
+			page(w, http.StatusUnauthorized, "Unauthorized", fmt.Sprintf("port %d of %s is private: send Authorization: Bearer <token> (a token with the preview permission), or open the URL once with ?%s=<token>; `agentvm expose %s %d --public` makes it public", port, v.Name, TokenParam, v.Name, port))
+			return
+		}
+		if err := pr.Can(v.ID, "preview"); err != nil {
+			page(w, http.StatusForbidden, "Forbidden", strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
+			return
+		}
+	}
+	switch v.State {
+	case "stopped", "crashed", "error", "creating", "deleting":
+		page(w, http.StatusServiceUnavailable, "VM not running", fmt.Sprintf("%s is %s", v.Name, v.State))
+		return
+	}
+	ctx := context.WithValue(r.Context(), ctxKey{}, target{vm: v, port: port})
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	t, _ := r.Context().Value(ctxKey{}).(target)
+	name := ""
+	if t.vm != nil {
+		name = t.vm.Name
+	}
+	if r.Context().Err() != nil {
+		return // the client went away
+	}
+	switch {
+	case errors.Is(err, vm.ErrConflict), errors.Is(err, vm.ErrUnavailable) && !strings.Contains(err.Error(), "connect to port"):
+		page(w, http.StatusServiceUnavailable, "VM not running", err.Error())
+	case isRefused(err):
+		page(w, http.StatusBadGateway, "Nothing is listening", fmt.Sprintf("nothing is listening on port %d in %s (start your server on 0.0.0.0:%d or 127.0.0.1:%d)", t.port, name, t.port, t.port))
+	default:
+		p.log.Info("preview proxy error", "vm", name, "port", t.port, "err", err)
+		page(w, http.StatusBadGateway, "Bad gateway", fmt.Sprintf("port %d in %s: %v", t.port, name, err))
+	}
+}
+
+func isRefused(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "connection refused") || strings.Contains(s, "unreachable")
+}
+
+// page writes a small HTML error page (plain text for non-browsers is the
+// same words).
+func page(w http.ResponseWriter, status int, title, msg string) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, "<!doctype html><title>%d %s</title><h1>%d %s</h1><p>%s</p>\n<!-- agentvm preview proxy -->\n",
+		status, html.EscapeString(title), status, html.EscapeString(title), html.EscapeString(msg))
+}
+
+type bufPool struct{}
+
+var pool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+func (bufPool) Get() []byte  { return *(pool.Get().(*[]byte)) }
+func (bufPool) Put(b []byte) { pool.Put(&b) }
