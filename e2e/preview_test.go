@@ -41,7 +41,7 @@ func startWebServer(t *testing.T, s *testenv.Server, vm string) {
 	if _, err := s.Client.WriteFile(ctx, vm, "/usr/local/bin/websrv", f, fi.Size(), client.WriteOptions{Mode: 0o755}); err != nil {
 		t.Fatal(err)
 	}
-	r := s.Exec(ctx, vm, "nohup /usr/local/bin/websrv :8000 >/tmp/websrv.log 2>&1 & for i in $(seq 100); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
+	r := s.Exec(ctx, vm, "nohup /usr/local/bin/websrv :8000 >/tmp/websrv.log 2>&1 & for i in $(seq 200); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; cat /tmp/websrv.log; exit 1")
 	if r.ExitCode != 0 {
 		t.Fatalf("websrv did not start: %+v", r)
 	}
