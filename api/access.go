@@ -183,3 +183,41 @@ type Domain struct {
 type ListDomainsResponse struct {
 	Domains []Domain `json:"domains"`
 }
+
+// Egress is a VM's or a private network's egress policy.
+type Egress struct {
+	// Mode: public (default: the internet; loopback, link-local, private
+	// ranges and the host stay blocked), deny (nothing) or allow (only Allow).
+	Mode string `json:"mode,omitempty"`
+	// Allow lists CIDRs ("203.0.113.0/24", a bare IP) and domain names
+	// ("deb.debian.org" also admits its subdomains), for mode allow.
+	Allow []string `json:"allow,omitempty"`
+	// AllowHost lists host ports the VM may reach on the host's loopback
+	// through its host gateway address (host.agentvm.internal, .254 of its
+	// subnet). agentvm's own ports are always refused.
+	AllowHost []int `json:"allow_host,omitempty"`
+}
+
+// NetworkInfo is a private network.
+type NetworkInfo struct {
+	Name      string    `json:"name"`
+	Egress    *Egress   `json:"egress,omitempty"`
+	VMs       []string  `json:"vms"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// CreateNetworkRequest is the body of POST /v1/networks.
+type CreateNetworkRequest struct {
+	Name   string  `json:"name"`
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// ListNetworksResponse is the body of GET /v1/networks.
+type ListNetworksResponse struct {
+	Networks []NetworkInfo `json:"networks"`
+}
+
+// AttachNetworkRequest is the body of POST /v1/vms/{id}/network ("" detaches).
+type AttachNetworkRequest struct {
+	Network string `json:"network"`
+}

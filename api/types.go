@@ -43,6 +43,10 @@ type VM struct {
 	// Op reports the timing of the operation that returned this VM (pause, resume,
 	// suspend, wake).
 	Op *OpStats `json:"op,omitempty"`
+	// Network is the private network the VM is on ("" = its own only);
+	// Egress its own egress policy (nil: the network's, else public).
+	Network string  `json:"network,omitempty"`
+	Egress  *Egress `json:"egress,omitempty"`
 	// Ports are the VM's exposed ports (preview URLs and TCP mappings).
 	Ports []Port `json:"ports,omitempty"`
 	// CreateMs is how long the create took on the server: restore plus identity, and
@@ -60,6 +64,10 @@ type CreateVMRequest struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	// Network puts the VM on a private network (see /v1/networks).
+	Network string `json:"network,omitempty"`
+	// Egress is the VM's egress policy (default: its network's, else public).
+	Egress *Egress `json:"egress,omitempty"`
 	// From creates the VM from a snapshot (id or name) instead of the image.
 	From string `json:"from,omitempty"`
 }

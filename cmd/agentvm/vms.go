@@ -35,6 +35,7 @@ func createCmd() *cobra.Command {
 		memory, disk string
 		labels, env  []string
 		asJSON       bool
+		eg           egressFlags
 	)
 	c := &cobra.Command{
 		Use:   "create",
@@ -69,6 +70,7 @@ func createCmd() *cobra.Command {
 			if req.Env, err = parseKV(env, "env"); err != nil {
 				return err
 			}
+			req.Egress = eg.policy()
 			v, err := client.FromEnv().CreateVM(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -90,6 +92,8 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retried create with the same key returns the same VM")
 	f.StringVar(&req.From, "from", "", "create from a snapshot (its processes and files, a fresh identity)")
 	f.BoolVar(&asJSON, "json", false, "print the VM as JSON")
+	f.StringVar(&req.Network, "network", "", "put the VM on this private network")
+	eg.add(c)
 	return c
 }
 

@@ -28,8 +28,17 @@ type Config struct {
 	MTU int
 	// SearchDomains are announced over DHCP (optional).
 	SearchDomains []string
-	// Policy is the egress policy.
+	// Policy is the host-protection policy (always applied).
 	Policy Policy
+	// Egress is the initial operator egress policy (see SetEgress).
+	Egress Egress
+	// Peer, when set, returns the network of another VM on the same
+	// private network whose subnet holds addr (nil otherwise): the guest's
+	// connections to that VM's address are routed to it.
+	Peer func(addr netip.Addr) *Network
+	// Names, when set, returns the extra names the network's DNS answers
+	// (the VMs of the same private network).
+	Names func() map[string]netip.Addr
 }
 
 // Gateway returns the gateway address (.1 of Subnet).

@@ -39,10 +39,10 @@ func (n *Network) denied(dst netip.Addr) bool {
 	return IsForbidden(dst, n.cfg.Policy)
 }
 
-// dialer returns the dialer used for all egress. Its Control hook re-checks
-// the address the socket is actually connecting to, so nothing can reach a
-// forbidden address even if the destination were rewritten on the way.
-func (n *Network) dialer(timeout time.Duration) *net.Dialer {
+// dialerTo returns a dialer that connects only to want: its Control hook
+// re-checks the address the socket actually connects to, so nothing but
+// the destination the policy admitted can be reached.
+func (n *Network) dialerTo(want netip.Addr, timeout time.Duration) *net.Dialer {
 	return &net.Dialer{
 		Timeout: timeout,
 		Control: func(_, address string, _ syscall.RawConn) error {
@@ -50,7 +50,7 @@ func (n *Network) dialer(timeout time.Duration) *net.Dialer {
 			if err != nil {
 				return err
 			}
-			if n.denied(ap.Addr()) {
+			if ap.Addr().Unmap() != want.Unmap() {
 				return errForbidden
 			}
 			return nil
@@ -59,8 +59,9 @@ func (n *Network) dialer(timeout time.Duration) *net.Dialer {
 }
 
 // forwardTCP handles a guest SYN to a non-local destination: it dials the
-// destination from the host (if the policy allows it) and only then
-// completes the guest's handshake; otherwise the guest gets a RST.
+// destination from the host (if the policy allows it), or the peer VM on a
+// private network, and only then completes the guest's handshake;
+// otherwise the guest gets a RST.
 func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst := netip.AddrPortFrom(netipAddr(id.LocalAddress), id.LocalPort)
@@ -71,13 +72,20 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 	}
 	defer n.wg.Done()
 
-	if n.denied(dst.Addr()) {
-		n.log.Info("egress denied", "proto", "tcp", "dst", dst.String(), "src", src.String())
+	rt, ok := n.decide(dst, "tcp")
+	if !ok {
+		n.log.Info("egress denied", "proto", "tcp", "dst", dst.String(), "src", src.String(), "why", rt.why)
 		r.Complete(true)
 		return
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, tcpDialTimeout)
-	c, err := n.dialer(tcpDialTimeout).DialContext(ctx, "tcp", dst.String())
+	var out net.Conn
+	var err error
+	if rt.peer != nil {
+		out, err = rt.peer.DialGuest(ctx, int(dst.Port()))
+	} else {
+		out, err = n.dialerTo(rt.dial.Addr(), tcpDialTimeout).DialContext(ctx, "tcp", rt.dial.String())
+	}
 	cancel()
 	if err != nil {
 		if errors.Is(err, errForbidden) {
@@ -88,7 +96,6 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
-	out := c.(*net.TCPConn)
 
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
@@ -111,7 +118,7 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 
 // proxyTCP copies both ways, propagating half-closes; an error in either
 // direction tears down both connections.
-func (n *Network) proxyTCP(in *gonet.TCPConn, out *net.TCPConn) {
+func (n *Network) proxyTCP(in *gonet.TCPConn, out net.Conn) {
 	var once sync.Once
 	closeBoth := func() {
 		once.Do(func() {
@@ -128,7 +135,9 @@ func (n *Network) proxyTCP(in *gonet.TCPConn, out *net.TCPConn) {
 			closeBoth()
 			return
 		}
-		_ = out.CloseWrite()
+		if cw, ok := out.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
 	}()
 	if _, err := io.Copy(in, out); err != nil {
 		closeBoth()
@@ -145,7 +154,11 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 	id := r.ID()
 	dst := netip.AddrPortFrom(netipAddr(id.LocalAddress), id.LocalPort)
 	src := netip.AddrPortFrom(netipAddr(id.RemoteAddress), id.RemotePort)
-	if n.denied(dst.Addr()) {
+	rt, ok := n.decide(dst, "udp")
+	if ok && rt.peer != nil {
+		ok, rt.why = false, "UDP between VMs of a private network is not routed"
+	}
+	if !ok {
 		// Multicast/broadcast chatter (mDNS, SSDP...) and datagrams to the
 		// virtual subnet itself are routine: keep them out of the info log.
 		if a := dst.Addr(); a.IsMulticast() || reservedPrefix.Contains(a) || n.cfg.Subnet.Contains(a) {
@@ -165,7 +178,7 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 		n.log.Debug("udp endpoint failed", "dst", dst.String(), "err", terr.String())
 		return
 	}
-	go n.udpFlow(gonet.NewUDPConn(&wq, ep), dst, src)
+	go n.udpFlow(gonet.NewUDPConn(&wq, ep), rt.dial, src)
 }
 
 // udpFlow relays one UDP flow until it has been idle for udpIdleTimeout.
@@ -173,7 +186,7 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 func (n *Network) udpFlow(in *gonet.UDPConn, dst, src netip.AddrPort) {
 	defer n.wg.Done()
 	ctx, cancel := context.WithTimeout(n.ctx, udpDialTimeout)
-	out, err := n.dialer(udpDialTimeout).DialContext(ctx, "udp", dst.String())
+	out, err := n.dialerTo(dst.Addr(), udpDialTimeout).DialContext(ctx, "udp", dst.String())
 	cancel()
 	if err != nil {
 		_ = in.Close()

@@ -29,7 +29,6 @@ import (
 
 	"github.com/agentvm/agentvm/internal/network/dhcp"
 	"github.com/agentvm/agentvm/internal/network/tap"
-	"github.com/containers/gvisor-tap-vsock/pkg/services/dns"
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -64,6 +63,9 @@ type Network struct {
 
 	connected atomic.Bool
 
+	egress   atomic.Pointer[Egress]
+	resolved resolvedSet
+
 	closers   []io.Closer // service sockets (DNS, DHCP)
 	closeOnce sync.Once
 }
@@ -88,8 +90,13 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 		tracked: make(map[io.Closer]struct{}),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	eg := cfg.Egress
+	if err := eg.Validate(); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	n.egress.Store(&eg)
 
-	ep, err := tap.NewLinkEndpoint(false, uint32(cfg.mtu()), GatewayMAC, cfg.Gateway().String(), nil)
+	ep, err := tap.NewLinkEndpoint(false, uint32(cfg.mtu()), GatewayMAC, cfg.Gateway().String(), []string{cfg.HostAddr().String()})
 	if err != nil {
 		return nil, fmt.Errorf("network: link endpoint: %w", err)
 	}
@@ -158,6 +165,14 @@ func (n *Network) createStack(ep stack.LinkEndpoint) error {
 	}, stack.AddressProperties{}); err != nil {
 		return fmt.Errorf("network: add gateway address: %s", err)
 	}
+	// The host gateway address (.254) answers ARP like the gateway; its
+	// connections reach the forwarder, which admits only AllowHost ports.
+	if err := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpipAddr(n.cfg.HostAddr()).WithPrefix(),
+	}, stack.AddressProperties{}); err != nil {
+		return fmt.Errorf("network: add host gateway address: %s", err)
+	}
 	// Spoofing + promiscuous: the gateway terminates connections to any
 	// destination address; the forwarders then decide whether to dial out.
 	if err := s.SetSpoofing(nicID, true); err != nil {
@@ -191,14 +206,7 @@ func (n *Network) startServices() error {
 		return fmt.Errorf("network: dns tcp: %w", err)
 	}
 	n.closers = append(n.closers, dnsTCP)
-	// Names are resolved with the host's resolver (/etc/hosts and
-	// /etc/resolv.conf), in-process; the answers are only addresses, and
-	// any connection to them still goes through the egress policy.
-	dnsSrv, err := dns.New(dnsUDP, dnsTCP, nil)
-	if err != nil {
-		return fmt.Errorf("network: dns: %w", err)
-	}
-
+	dnsSrv := newDNSServer(n)
 	_, ipnet, err := net.ParseCIDR(n.cfg.Subnet.String())
 	if err != nil {
 		return err
@@ -217,8 +225,8 @@ func (n *Network) startServices() error {
 	}
 	n.closers = append(n.closers, dhcpSrv.Underlying)
 
-	n.goService("dns-udp", dnsSrv.Serve)
-	n.goService("dns-tcp", dnsSrv.ServeTCP)
+	n.goService("dns-udp", func() error { return dnsSrv.serveUDP(dnsUDP) })
+	n.goService("dns-tcp", func() error { return dnsSrv.serveTCP(dnsTCP) })
 	n.goService("dhcp", dhcpSrv.Serve)
 	return nil
 }

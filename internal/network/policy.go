@@ -20,6 +20,9 @@ type Policy struct {
 	// ExtraDenied is always denied, even with AllowPrivate (for example the
 	// daemon's own listen addresses when they are routable).
 	ExtraDenied []netip.Prefix
+	// DeniedPorts are host ports a guest never reaches through HostAddr,
+	// whatever Egress.AllowHost says (the daemon's API, SSH and proxy).
+	DeniedPorts []int
 }
 
 var (

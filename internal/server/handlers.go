@@ -55,6 +55,7 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("GET /v1/ssh", s.sshInfo)
 	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.agentProfile))
 	s.portRoutes(authed)
+	s.networkRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -72,6 +73,7 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	cfg := network.Config{Subnet: sub}
 	out.Subnet, out.Gateway, out.IP = sub.String(), cfg.Gateway().String(), cfg.GuestIP().String()
 	out.Ports = s.vmPorts(context.Background(), v)
+	out.Network, out.Egress = v.Network, v.Egress
 	return out
 }
 
@@ -97,7 +99,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := vm.CreateOptions{
 		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
-		Labels: req.Labels, Env: req.Env, IdempotencyKey: key,
+		Labels: req.Labels, Env: req.Env, IdempotencyKey: key, Network: req.Network, Egress: req.Egress,
 	}
 	create := s.svc.Create
 	if req.From != "" {

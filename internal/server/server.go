@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -166,9 +167,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.svc.Reconcile(ctx); err != nil {
-		return nil, err
-	}
 	if cfg.SSHListen != "" {
 		s.ssh, err = sshgw.New(sshgw.Config{Listen: cfg.SSHListen, HostKeyPath: filepath.Join(cfg.DataDir, "ssh_host_ed25519_key"),
 			Auth: s.tokens, VMs: s.svc, Log: cfg.Log})
@@ -182,8 +180,23 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.restoreTCPExposures(ctx)
 		cfg.Log.Info("preview proxy ready", "listen", s.proxy.Addr(), "domain", s.proxy.Domain())
+	}
+	// A VM's --allow-host never opens agentvm's own ports.
+	var own []int
+	for _, a := range []string{s.Addr(), s.SSHAddr(), s.ProxyAddr()} {
+		if _, p, err := net.SplitHostPort(a); err == nil {
+			if n, err := strconv.Atoi(p); err == nil {
+				own = append(own, n)
+			}
+		}
+	}
+	s.svc.SetDeniedHostPorts(own)
+	if err := s.svc.Reconcile(ctx); err != nil {
+		return nil, err
+	}
+	if s.proxy != nil {
+		s.restoreTCPExposures(ctx)
 	}
 	cfg.Log.Info("agentvm ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "accel", accel, "accel_reason", why, "qemu", qv)
 	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	_ "modernc.org/sqlite"
 )
 
@@ -53,6 +54,10 @@ type VM struct {
 	NextMemoryMiB int64 `json:"next_memory_mib,omitempty"`
 	// ResumeOnStart marks a VM the server suspended at its own shutdown.
 	ResumeOnStart bool `json:"resume_on_start,omitempty"`
+	// Network is the private network the VM is on ("" = none).
+	Network string `json:"network,omitempty"`
+	// Egress is the VM's own egress policy (nil = its network's, else public).
+	Egress *api.Egress `json:"egress,omitempty"`
 }
 
 // Snapshot is a saved VM: memory and device state plus a frozen disk chain.
@@ -100,7 +105,7 @@ func Open(path string) (*Store, error) {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema + tokenSchema + portSchema); err != nil {
+	if _, err := db.Exec(schema + tokenSchema + portSchema + networkSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init schema: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"os"
 	"regexp"
 	"strings"
@@ -25,6 +26,8 @@ type CreateOptions struct {
 	Labels         map[string]string
 	Env            map[string]string
 	IdempotencyKey string
+	Network        string      // private network name ("" = none)
+	Egress         *api.Egress // nil: the network's policy, else public
 
 	pool bool // a warm-pool VM: hidden from the API until claimed
 }
@@ -61,6 +64,9 @@ func ValidEnv(k, v string) bool { return envRe.MatchString(k) && !strings.Contai
 
 // Validate fills defaults and checks every field.
 func (o *CreateOptions) Validate() error {
+	if err := checkEgress(o.Egress); err != nil {
+		return err
+	}
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
 	}
@@ -101,6 +107,9 @@ func (o *CreateOptions) Validate() error {
 // overlay and giving it its own identity. On any failure nothing is left behind.
 func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool, error) {
 	if err := o.Validate(); err != nil {
+		return nil, false, err
+	}
+	if err := s.checkNetwork(ctx, o.Network); err != nil {
 		return nil, false, err
 	}
 	if o.IdempotencyKey != "" {
@@ -157,7 +166,8 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 		o.Name = id
 	}
 	v = &store.VM{ID: id, Name: o.Name, State: state, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
-		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC()}
+		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC(),
+		Network: o.Network, Egress: o.Egress}
 	// The row goes in first so the name and idempotency key are claimed; a retry
 	// racing with us sees a conflict instead of making a second VM.
 	for attempt := 0; ; attempt++ {
@@ -368,4 +378,15 @@ func memAvailableMiB() (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+}
+
+// checkNetwork reports a missing private network as a 404.
+func (s *Service) checkNetwork(ctx context.Context, name string) error {
+	if name == "" {
+		return nil
+	}
+	if _, err := s.store.GetNetwork(ctx, name); err != nil {
+		return fmt.Errorf("%w: no network %q (create it with: agentvm network create %s)", ErrNotFound, name, name)
+	}
+	return nil
 }

@@ -71,6 +71,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		name = v.ID
 	}
 	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
+	v.Network, v.Egress = o.Network, o.Egress
 	v.State = "creating"
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		// the name or key was taken meanwhile: the pool VM is still good
@@ -90,6 +91,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		s.destroy(context.Background(), v)
 		return nil, false, err
 	}
+	s.applyEgress(v)
 	resize := o.DiskBytes > imgSize
 	if resize {
 		if err := in.machine.BlockResize(ctx, o.DiskBytes); err != nil {

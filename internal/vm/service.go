@@ -266,7 +266,7 @@ func (s *Service) Close() {
 }
 
 func (s *Service) newNetwork(v *store.VM) (*network.Network, error) {
-	return network.New(s.networkConfig(v.NetIndex), s.log.With("vm", v.ID))
+	return network.New(s.vmNetConfig(v), s.log.With("vm", v.ID))
 }
 
 // logEvent appends a lifecycle line to the VM's log, beside the serial console

@@ -162,6 +162,9 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 	if err := probe.Validate(); err != nil {
 		return nil, false, err
 	}
+	if err := s.checkNetwork(ctx, o.Network); err != nil {
+		return nil, false, err
+	}
 	sn, err := s.GetSnapshot(ctx, snap)
 	if err != nil {
 		return nil, false, err
@@ -275,7 +278,8 @@ func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkRe
 		go func() {
 			defer wg.Done()
 			o := CreateOptions{Name: fmt.Sprintf("%s-fork-%s", truncate(parent.Name, 40), randHex(3)), CPUs: parent.CPUs,
-				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env}
+				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env,
+				Network: parent.Network, Egress: parent.Egress}
 			v, _, err := s.insertRow(ctx, o)
 			if err != nil {
 				errs[i] = err
