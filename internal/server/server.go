@@ -57,7 +57,7 @@ type Config struct {
 	// is the preview host suffix (<port>-<vm>.<domain>).
 	ProxyListen string
 	Domain      string
-	Log       *slog.Logger
+	Log         *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.

@@ -274,7 +274,6 @@ func (s *Service) SetNetworkEgress(ctx context.Context, name string, e *api.Egre
 	return n, nil
 }
 
-
 // SetDeniedHostPorts sets the host ports no VM may reach through its host
 // gateway address, whatever its policy (the daemon's own listeners). Call
 // it before Reconcile.
