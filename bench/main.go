@@ -38,6 +38,7 @@ type options struct {
 	verbose      bool
 	lifecycle    bool
 	access       bool
+	net          bool
 }
 
 func main() {
@@ -53,9 +54,10 @@ func main() {
 	flag.BoolVar(&o.verbose, "v", false, "print progress details")
 	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on one -lc-memory VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.access, "access", false, "run only the interactive-access benchmark (100 MiB through the files API and scp via the gateway vs scp to sshd in the VM, keystroke echo); implies -keep-template unless it is given")
+	flag.BoolVar(&o.net, "net", false, "run only the networking benchmark (preview proxy vs plain TCP exposure, VM -> host loopback throughput); implies -keep-template unless it is given")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
-	if o.lifecycle || o.access {
+	if o.lifecycle || o.access || o.net {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -138,6 +140,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.access {
 		phases = b.runAccess
 	}
+	if o.net {
+		phases = b.runNet
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -154,7 +159,16 @@ func run(ctx context.Context, o options) (code int) {
 	}
 	r.FinishedAt = time.Now().UTC()
 	var out any = r
-	if o.access {
+	if o.net {
+		r.PrintNet(os.Stdout)
+		out = struct {
+			StartedAt  time.Time  `json:"started_at"`
+			FinishedAt time.Time  `json:"finished_at"`
+			Host       Host       `json:"host"`
+			Net        *NetReport `json:"net"`
+			Errors     []string   `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.Net, r.Errors}
+	} else if o.access {
 		r.PrintAccess(os.Stdout)
 		out = struct {
 			StartedAt  time.Time     `json:"started_at"`

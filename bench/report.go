@@ -127,6 +127,7 @@ type Report struct {
 	// Lifecycle is set only by -lifecycle (then the other results are empty).
 	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
+	Net       *NetReport       `json:"net,omitempty"`
 	Notes     []string         `json:"notes"`
 	Errors    []string         `json:"errors,omitempty"`
 }

@@ -96,7 +96,7 @@ func startServer(ctx context.Context, bin, tmp string, keepTemplate bool, warmPo
 	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
 		return nil, err
 	}
-	args := []string{"serve", "--data-dir", s.dataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", fmt.Sprint(warmPool), "--ssh-listen", "127.0.0.1:0"}
+	args := []string{"serve", "--data-dir", s.dataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", fmt.Sprint(warmPool), "--ssh-listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0"}
 	if keepTemplate {
 		s.templateDir = defaultTemplateDir()
 	} else {
