@@ -43,6 +43,10 @@ type VM struct {
 	// Op reports the timing of the operation that returned this VM (pause, resume,
 	// suspend, wake).
 	Op *OpStats `json:"op,omitempty"`
+	// IdleTimeoutSec, DeleteAfterSec and Restart are the VM's policies.
+	IdleTimeoutSec int64  `json:"idle_timeout_s,omitempty"`
+	DeleteAfterSec int64  `json:"delete_after_s,omitempty"`
+	Restart        string `json:"restart,omitempty"`
 	// Network is the private network the VM is on ("" = its own only);
 	// Egress its own egress policy (nil: the network's, else public).
 	Network string  `json:"network,omitempty"`
@@ -70,6 +74,38 @@ type CreateVMRequest struct {
 	Egress *Egress `json:"egress,omitempty"`
 	// From creates the VM from a snapshot (id or name) instead of the image.
 	From string `json:"from,omitempty"`
+	// IdleTimeout suspends the VM after that long without activity (API,
+	// exec, terminals, SSH, preview traffic); DeleteAfter deletes it that
+	// long after its creation. "15m", "24h"; default never.
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	DeleteAfter Duration `json:"delete_after,omitempty"`
+	// Restart: never (default), on-failure or always, applied when its QEMU
+	// process dies; repeated crashes back off.
+	Restart string `json:"restart,omitempty"`
+}
+
+// PolicyRequest is the body of POST /v1/vms/{id}/policy (absent fields
+// stay as they are; 0 turns a timeout off).
+type PolicyRequest struct {
+	IdleTimeout *Duration `json:"idle_timeout,omitempty"`
+	DeleteAfter *Duration `json:"delete_after,omitempty"`
+	Restart     *string   `json:"restart,omitempty"`
+}
+
+// Event is one entry of a VM's event log.
+type Event struct {
+	Seq     int64             `json:"seq"`
+	VM      string            `json:"vm"`
+	Time    time.Time         `json:"time"`
+	Type    string            `json:"type"`
+	Actor   string            `json:"actor"`
+	Message string            `json:"message"`
+	Data    map[string]string `json:"data,omitempty"`
+}
+
+// ListEventsResponse is the body of GET /v1/vms/{id}/events.
+type ListEventsResponse struct {
+	Events []Event `json:"events"`
 }
 
 // OpStats is the timing of one lifecycle operation.

@@ -203,3 +203,5 @@ func TestTerminals(t *testing.T) {
 		}
 	})
 }
+
+func clientAttachNoScrollback() client.AttachOptions { return client.AttachOptions{NoScrollback: true} }

@@ -36,6 +36,7 @@ func createCmd() *cobra.Command {
 		labels, env  []string
 		asJSON       bool
 		eg           egressFlags
+		idle, del    time.Duration
 	)
 	c := &cobra.Command{
 		Use:   "create",
@@ -71,6 +72,7 @@ func createCmd() *cobra.Command {
 				return err
 			}
 			req.Egress = eg.policy()
+			req.IdleTimeout, req.DeleteAfter = api.Duration(idle), api.Duration(del)
 			v, err := client.FromEnv().CreateVM(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -93,6 +95,9 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.From, "from", "", "create from a snapshot (its processes and files, a fresh identity)")
 	f.BoolVar(&asJSON, "json", false, "print the VM as JSON")
 	f.StringVar(&req.Network, "network", "", "put the VM on this private network")
+	f.DurationVar(&idle, "idle-timeout", 0, "suspend after this long without activity (API, exec, terminals, SSH, preview); 0 = never")
+	f.DurationVar(&del, "delete-after", 0, "delete this long after creation; 0 = never")
+	f.StringVar(&req.Restart, "restart", "", "restart policy when QEMU dies: never (default), on-failure, always")
 	eg.add(c)
 	return c
 }

@@ -172,6 +172,9 @@ func (c *Client) ApplyIdentity(ctx context.Context, id Identity) (*IdentityResul
 // read with Next (one reader at a time); Write, CloseStdin and Signal may be
 // called concurrently with Next.
 type ExecStream struct {
+	// OnExit, when set, is called with the exit status as it arrives.
+	OnExit func(ExitStatus)
+
 	rwc       io.ReadWriteCloser
 	wmu       sync.Mutex
 	closeOnce sync.Once
@@ -245,7 +248,16 @@ func (s *ExecStream) Signal(sig syscall.Signal) error {
 
 // Next returns the next frame from the guest (FrameStdout, FrameStderr,
 // FrameError, FrameExit). FrameExit is the last frame.
-func (s *ExecStream) Next() (Frame, error) { return ReadFrame(s.rwc) }
+func (s *ExecStream) Next() (Frame, error) {
+	f, err := ReadFrame(s.rwc)
+	if err == nil && f.Type == FrameExit && s.OnExit != nil {
+		var st ExitStatus
+		if json.Unmarshal(f.Data, &st) == nil {
+			s.OnExit(st)
+		}
+	}
+	return f, err
+}
 
 // Close closes the stream; if the command is still running the guest kills
 // its process group.

@@ -29,6 +29,8 @@ type VMs interface {
 	Get(ctx context.Context, idOrName string) (*store.VM, error)
 	// DialPort connects to a TCP port inside a VM, waking it first.
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+	// Hold marks the VM in use until the returned func is called (idle policy).
+	Hold(id string) func()
 }
 
 // Config configures a Proxy.
@@ -266,6 +268,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		page(w, http.StatusServiceUnavailable, "VM not running", fmt.Sprintf("%s is %s", v.Name, v.State))
 		return
 	}
+	defer p.cfg.VMs.Hold(v.ID)() // preview traffic keeps the VM awake
 	ctx := context.WithValue(r.Context(), ctxKey{}, target{vm: v, port: port})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }

@@ -83,6 +83,7 @@ func (l *tcpListener) serve(p *Proxy, vmID string, port int) {
 		l.mu.Unlock()
 		go func() {
 			defer l.wg.Done()
+			defer p.cfg.VMs.Hold(vmID)()
 			defer func() {
 				l.mu.Lock()
 				delete(l.conns, c)

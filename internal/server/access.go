@@ -67,6 +67,11 @@ func (s *Server) scoped(perm string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p := principal(r)
 		if p.Admin {
+			// Any use of a VM counts as activity for its idle policy; a
+			// long request (an exec, a terminal, a download) for its whole length.
+			if v, err := s.svc.Get(r.Context(), r.PathValue("id")); err == nil {
+				defer s.svc.Hold(v.ID)()
+			}
 			h(w, r)
 			return
 		}
@@ -85,6 +90,7 @@ func (s *Server) scoped(perm string, h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		r.SetPathValue("id", v.ID)
+		defer s.svc.Hold(v.ID)()
 		h(w, r)
 	}
 }

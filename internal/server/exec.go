@@ -76,7 +76,7 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 	}
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.ExecUpgrade)
 	greq.Stdin = upgrade || req.Stdin != ""
-	_, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+	vmRec, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -94,6 +94,16 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer stream.Close()
+	vmID, who, cmdline := vmRec.ID, actor(r), describeCmd(&req)
+	start := time.Now()
+	stream.OnExit = func(st guest.ExitStatus) {
+		data := map[string]string{"cmd": cmdline, "exit_code": strconv.Itoa(st.ExitCode), "ms": strconv.FormatInt(time.Since(start).Milliseconds(), 10)}
+		if st.Signal != "" {
+			data["signal"] = st.Signal
+		}
+		s.svc.EventData(vmID, "exec", who, data, "%s -> exit %d in %s", cmdline, st.ExitCode, time.Since(start).Round(time.Millisecond))
+		s.metrics.observe("exec", time.Since(start))
+	}
 	switch {
 	case upgrade:
 		s.execUpgraded(w, stream)
@@ -228,4 +238,19 @@ func execBuffered(w http.ResponseWriter, r *http.Request, st *guest.ExecStream) 
 	}
 	writeJSON(w, 200, api.ExecResult{Stdout: out.String(), Stderr: errb.String(), ExitCode: es.ExitCode, Signal: es.Signal,
 		TimedOut: es.TimedOut, DurationMs: es.DurationMS})
+}
+
+// describeCmd is the command of an exec request as one line (bounded).
+func describeCmd(req *api.ExecRequest) string {
+	c := req.Shell
+	if c == "" {
+		c = strings.Join(req.Cmd, " ")
+	}
+	if req.User != "" {
+		c = "[" + req.User + "] " + c
+	}
+	if len(c) > 200 {
+		c = c[:200] + "..."
+	}
+	return c
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/network"
@@ -31,20 +32,20 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, 200, h)
 	})
 	authed := http.NewServeMux()
-	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
+	authed.HandleFunc("POST /v1/vms", admin(s.recorded("create", s.createVM)))
 	authed.HandleFunc("GET /v1/vms", admin(s.listVMs))
 	authed.HandleFunc("GET /v1/vms/{id}", s.scoped("", s.getVM))
-	authed.HandleFunc("DELETE /v1/vms/{id}", admin(s.deleteVM))
-	authed.HandleFunc("POST /v1/vms/{id}/start", admin(s.startVM))
-	authed.HandleFunc("POST /v1/vms/{id}/stop", admin(s.stopVM))
+	authed.HandleFunc("DELETE /v1/vms/{id}", admin(s.recorded("delete", s.deleteVM)))
+	authed.HandleFunc("POST /v1/vms/{id}/start", admin(s.recorded("start", s.startVM)))
+	authed.HandleFunc("POST /v1/vms/{id}/stop", admin(s.recorded("stop", s.stopVM)))
 	authed.HandleFunc("POST /v1/vms/{id}/exec", s.scoped(api.PermExec, s.execVM))
 	authed.HandleFunc("GET /v1/vms/{id}/logs", admin(s.logsVM))
-	authed.HandleFunc("POST /v1/vms/{id}/pause", admin(s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Pause(r.Context(), id) }, "pause")))
-	authed.HandleFunc("POST /v1/vms/{id}/resume", admin(s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Resume(r.Context(), id) }, "resume")))
-	authed.HandleFunc("POST /v1/vms/{id}/suspend", admin(s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Suspend(r.Context(), id) }, "suspend")))
-	authed.HandleFunc("POST /v1/vms/{id}/snapshot", admin(s.snapshotVM))
-	authed.HandleFunc("POST /v1/vms/{id}/fork", admin(s.forkVM))
-	authed.HandleFunc("POST /v1/vms/{id}/resize", admin(s.resizeVM))
+	authed.HandleFunc("POST /v1/vms/{id}/pause", admin(s.recorded("pause", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Pause(r.Context(), id) }, "pause"))))
+	authed.HandleFunc("POST /v1/vms/{id}/resume", admin(s.recorded("resume", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Resume(r.Context(), id) }, "resume"))))
+	authed.HandleFunc("POST /v1/vms/{id}/suspend", admin(s.recorded("suspend", s.opVM(func(r *http.Request, id string) (*vm.OpResult, error) { return s.svc.Suspend(r.Context(), id) }, "suspend"))))
+	authed.HandleFunc("POST /v1/vms/{id}/snapshot", admin(s.recorded("snapshot", s.snapshotVM)))
+	authed.HandleFunc("POST /v1/vms/{id}/fork", admin(s.recorded("fork", s.forkVM)))
+	authed.HandleFunc("POST /v1/vms/{id}/resize", admin(s.recorded("resize", s.resizeVM)))
 	authed.HandleFunc("GET /v1/snapshots", admin(s.listSnapshots))
 	authed.HandleFunc("GET /v1/snapshots/{id}", admin(s.getSnapshot))
 	authed.HandleFunc("DELETE /v1/snapshots/{id}", admin(s.deleteSnapshot))
@@ -53,6 +54,9 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("GET /v1/tokens", admin(s.listTokens))
 	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))
 	authed.HandleFunc("GET /v1/ssh", s.sshInfo)
+	authed.HandleFunc("GET /v1/vms/{id}/events", s.scoped("", s.listEvents))
+	authed.HandleFunc("POST /v1/vms/{id}/policy", admin(s.setPolicy))
+	authed.HandleFunc("GET /metrics", admin(s.serveMetrics))
 	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.agentProfile))
 	s.portRoutes(authed)
 	s.networkRoutes(authed)
@@ -74,6 +78,7 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	out.Subnet, out.Gateway, out.IP = sub.String(), cfg.Gateway().String(), cfg.GuestIP().String()
 	out.Ports = s.vmPorts(context.Background(), v)
 	out.Network, out.Egress = v.Network, v.Egress
+	out.IdleTimeoutSec, out.DeleteAfterSec, out.Restart = v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart
 	return out
 }
 
@@ -100,6 +105,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	opts := vm.CreateOptions{
 		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
 		Labels: req.Labels, Env: req.Env, IdempotencyKey: key, Network: req.Network, Egress: req.Egress,
+		IdleTimeout: time.Duration(req.IdleTimeout), DeleteAfter: time.Duration(req.DeleteAfter), Restart: req.Restart,
 	}
 	create := s.svc.Create
 	if req.From != "" {

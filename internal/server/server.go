@@ -71,18 +71,19 @@ func DefaultDataDir() string {
 
 // Server is a running daemon.
 type Server struct {
-	cfg    Config
-	svc    *vm.Service
-	store  *store.Store
-	token  string
-	tokens *auth.Service
-	ssh    *sshgw.Gateway
-	proxy  *proxy.Proxy
-	lock   *os.File
-	http   *http.Server
-	ln     net.Listener
-	log    *slog.Logger
-	accel  string
+	cfg     Config
+	svc     *vm.Service
+	store   *store.Store
+	token   string
+	tokens  *auth.Service
+	ssh     *sshgw.Gateway
+	proxy   *proxy.Proxy
+	metrics metrics
+	lock    *os.File
+	http    *http.Server
+	ln      net.Listener
+	log     *slog.Logger
+	accel   string
 }
 
 // New validates cfg, takes the data-dir lock, opens the store, reconciles VMs and
@@ -251,6 +252,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}()
 	}
 	go s.svc.WakeMarked(ctx)
+	go s.svc.RunPolicies(ctx, 5*time.Second)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:

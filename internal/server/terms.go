@@ -109,6 +109,9 @@ func (s *Server) createTerm(w http.ResponseWriter, r *http.Request) {
 		writeGuestErr(w, err)
 		return
 	}
+	if v, err := s.svc.Get(r.Context(), r.PathValue("id")); err == nil {
+		s.svc.Event(v.ID, "terminal", actor(r), "opened terminal %s (user %s, %s)", t.Name, t.User, strings.Join(t.Argv, " "))
+	}
 	writeJSON(w, http.StatusCreated, termToAPI(*t))
 }
 
@@ -173,7 +176,13 @@ func (s *Server) getOrAttachTerm(w http.ResponseWriter, r *http.Request) {
 	}
 	defer ws.CloseNow()
 	ws.SetReadLimit(4 << 20)
+	vmID, who, start := r.PathValue("id"), actor(r), time.Now()
+	if v, err := s.svc.Get(r.Context(), vmID); err == nil {
+		vmID = v.ID
+	}
+	s.svc.Event(vmID, "terminal", who, "attached to terminal %s (user %s)", t.Name, t.User)
 	bridgeTerm(ctx, ws, st)
+	s.svc.Event(vmID, "terminal", who, "detached from terminal %s after %s", t.Name, time.Since(start).Round(time.Second))
 }
 
 // bridgeTerm relays a terminal stream to a WebSocket: binary messages are

@@ -29,6 +29,10 @@ import (
 type VMs interface {
 	Get(ctx context.Context, idOrName string) (*store.VM, error)
 	Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error)
+	// Hold marks the VM in use until the returned func is called (idle policy).
+	Hold(id string) func()
+	// Event records an event in the VM's log.
+	Event(vmID, typ, actor, format string, args ...any)
 }
 
 // Config configures a Gateway.
@@ -232,7 +236,17 @@ func (g *Gateway) handleConn(nc net.Conn) {
 	nc.SetDeadline(time.Time{})
 	defer sc.Close()
 	vmID, user := sc.Permissions.Extensions[extVM], sc.Permissions.Extensions[extUser]
+	who := "admin"
+	if t := sc.Permissions.Extensions[extToken]; t != "" {
+		who = "token:" + t
+	}
 	g.log.Info("ssh login", "vm", vmID, "user", user, "token", sc.Permissions.Extensions[extToken], "remote", nc.RemoteAddr().String())
+	defer g.cfg.VMs.Hold(vmID)()
+	start := time.Now()
+	g.cfg.VMs.Event(vmID, "ssh", who, "ssh session opened as %s from %s (%s)", user, nc.RemoteAddr(), sc.ClientVersion())
+	defer func() {
+		g.cfg.VMs.Event(vmID, "ssh", who, "ssh session as %s closed after %s", user, time.Since(start).Round(time.Second))
+	}()
 	go ssh.DiscardRequests(reqs)
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -54,6 +54,12 @@ type VM struct {
 	NextMemoryMiB int64 `json:"next_memory_mib,omitempty"`
 	// ResumeOnStart marks a VM the server suspended at its own shutdown.
 	ResumeOnStart bool `json:"resume_on_start,omitempty"`
+	// IdleTimeoutSec suspends the VM after that long without activity, and
+	// DeleteAfterSec deletes it that long after its creation (0 = never).
+	IdleTimeoutSec int64 `json:"idle_timeout_s,omitempty"`
+	DeleteAfterSec int64 `json:"delete_after_s,omitempty"`
+	// Restart is the restart policy: never (default), on-failure, always.
+	Restart string `json:"restart,omitempty"`
 	// Network is the private network the VM is on ("" = none).
 	Network string `json:"network,omitempty"`
 	// Egress is the VM's own egress policy (nil = its network's, else public).
@@ -105,7 +111,7 @@ func Open(path string) (*Store, error) {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema + tokenSchema + portSchema + networkSchema); err != nil {
+	if _, err := db.Exec(schema + tokenSchema + portSchema + networkSchema + eventSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init schema: %w", err)
 	}

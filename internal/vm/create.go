@@ -28,6 +28,9 @@ type CreateOptions struct {
 	IdempotencyKey string
 	Network        string      // private network name ("" = none)
 	Egress         *api.Egress // nil: the network's policy, else public
+	IdleTimeout    time.Duration
+	DeleteAfter    time.Duration
+	Restart        string
 
 	pool bool // a warm-pool VM: hidden from the API until claimed
 }
@@ -66,6 +69,9 @@ func ValidEnv(k, v string) bool { return envRe.MatchString(k) && !strings.Contai
 func (o *CreateOptions) Validate() error {
 	if err := checkEgress(o.Egress); err != nil {
 		return err
+	}
+	if !ValidRestart(o.Restart) {
+		return fmt.Errorf("%w: restart policy must be never, on-failure or always, got %q", ErrInvalid, o.Restart)
 	}
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
@@ -167,7 +173,8 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 	}
 	v = &store.VM{ID: id, Name: o.Name, State: state, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
 		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC(),
-		Network: o.Network, Egress: o.Egress}
+		Network: o.Network, Egress: o.Egress, IdleTimeoutSec: int64(o.IdleTimeout.Seconds()), DeleteAfterSec: int64(o.DeleteAfter.Seconds()),
+		Restart: o.Restart}
 	// The row goes in first so the name and idempotency key are claimed; a retry
 	// racing with us sees a conflict instead of making a second VM.
 	for attempt := 0; ; attempt++ {

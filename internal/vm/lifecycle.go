@@ -197,8 +197,16 @@ func (s *Service) monitor(id string, in *instance) {
 	}
 	s.store.UpdateVM(context.Background(), v)
 	os.RemoveAll(s.paths(id).Run)
-	s.logEvent(id, "QEMU exited: state %s (shutdown reason %q)", v.State, reason)
-	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", reason)
+	why := reason
+	if why == "" {
+		why = "QEMU died"
+		if st := in.machine.ExitStatus(); st != "" {
+			why = "QEMU " + st
+		}
+	}
+	s.Event(id, "lifecycle", ActorSystem, "QEMU exited: %s (%s)", v.State, why)
+	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", why)
+	s.maybeRestart(v, v.State == "crashed", why)
 }
 
 // Guest returns the agent session of a running VM, resuming a paused VM and waking

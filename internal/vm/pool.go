@@ -72,6 +72,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	}
 	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
 	v.Network, v.Egress = o.Network, o.Egress
+	v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart = int64(o.IdleTimeout.Seconds()), int64(o.DeleteAfter.Seconds()), o.Restart
 	v.State = "creating"
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		// the name or key was taken meanwhile: the pool VM is still good

@@ -58,6 +58,9 @@ type Service struct {
 
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id
+	events    eventHub
+	activity  activity
+	started   time.Time
 	locks     map[string]*sync.Mutex
 	busy      map[string]string // VM id -> the operation holding its lock, for 409 messages
 	snapLocks map[string]*sync.RWMutex
@@ -92,7 +95,7 @@ func New(cfg Config, st *store.Store) (*Service, error) {
 			return nil, err
 		}
 	}
-	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, locks: map[string]*sync.Mutex{}, busy: map[string]string{},
+	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
 		pool: map[poolKey][]string{}, poolFilling: map[poolKey]bool{}}, nil
 }
 

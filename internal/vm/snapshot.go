@@ -279,7 +279,8 @@ func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkRe
 			defer wg.Done()
 			o := CreateOptions{Name: fmt.Sprintf("%s-fork-%s", truncate(parent.Name, 40), randHex(3)), CPUs: parent.CPUs,
 				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env,
-				Network: parent.Network, Egress: parent.Egress}
+				Network: parent.Network, Egress: parent.Egress, Restart: parent.Restart,
+				IdleTimeout: time.Duration(parent.IdleTimeoutSec) * time.Second}
 			v, _, err := s.insertRow(ctx, o)
 			if err != nil {
 				errs[i] = err

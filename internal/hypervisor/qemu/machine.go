@@ -104,6 +104,7 @@ type Machine struct {
 	mu           sync.Mutex
 	shutdownSeen bool   // QEMU reported SHUTDOWN (clean power-off or quit)
 	reason       string // SHUTDOWN reason
+	exitStatus   string // e.g. "signal: killed" (only for a QEMU this process started)
 	events       []func(Event)
 }
 
@@ -128,6 +129,9 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	go func() {
 		cmd.Wait()
 		if ps := cmd.ProcessState; ps != nil {
+			m.mu.Lock()
+			m.exitStatus = ps.String()
+			m.mu.Unlock()
 			if f, err := os.OpenFile(cfg.LogPath, os.O_WRONLY|os.O_APPEND, 0); err == nil {
 				fmt.Fprintf(f, "[agentvm] qemu pid %d exited: %s\n", m.pid, ps.String())
 				f.Close()
@@ -233,6 +237,14 @@ func (m *Machine) CleanExit() (bool, string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.shutdownSeen, m.reason
+}
+
+// ExitStatus describes how a QEMU this process started exited ("" if
+// unknown, e.g. for an attached one).
+func (m *Machine) ExitStatus() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.exitStatus
 }
 
 // QMP returns the persistent QMP connection.

@@ -1,0 +1,181 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// actor names the caller of r in events.
+func actor(r *http.Request) string {
+	p := principal(r)
+	if p.Admin {
+		return "admin"
+	}
+	if p.TokenID != "" {
+		return "token:" + p.TokenID
+	}
+	return "anonymous"
+}
+
+func eventToAPI(e *store.Event) api.Event {
+	return api.Event{Seq: e.Seq, VM: e.VMID, Time: e.Time, Type: e.Type, Actor: e.Actor, Message: e.Message, Data: e.Data}
+}
+
+// listEvents serves GET /v1/vms/{id}/events[?after=SEQ][&limit=N][&follow=1]:
+// a JSON list, or with follow an NDJSON stream that stays open.
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	q := r.URL.Query()
+	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
+	if q.Get("after") != "" && (err != nil || after < 0) {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "after must be an event sequence number")
+		return
+	}
+	limit := 1000
+	if q.Get("limit") != "" {
+		if limit, err = strconv.Atoi(q.Get("limit")); err != nil || limit < 1 || limit > 10000 {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "limit must be between 1 and 10000")
+			return
+		}
+	}
+	if f := q.Get("follow"); f == "1" || f == "true" {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(200)
+		rc := http.NewResponseController(w)
+		rc.Flush()
+		enc := json.NewEncoder(w)
+		s.svc.FollowEvents(r.Context(), id, after, func(e *store.Event) error {
+			if err := enc.Encode(eventToAPI(e)); err != nil {
+				return err
+			}
+			return rc.Flush()
+		})
+		return
+	}
+	es, err := s.svc.Events(r.Context(), id, after, limit)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := api.ListEventsResponse{Events: []api.Event{}}
+	for _, e := range es {
+		out.Events = append(out.Events, eventToAPI(e))
+	}
+	writeJSON(w, 200, out)
+}
+
+func (s *Server) setPolicy(w http.ResponseWriter, r *http.Request) {
+	var req api.PolicyRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	var idle, del *time.Duration
+	if req.IdleTimeout != nil {
+		d := time.Duration(*req.IdleTimeout)
+		idle = &d
+	}
+	if req.DeleteAfter != nil {
+		d := time.Duration(*req.DeleteAfter)
+		del = &d
+	}
+	v, err := s.svc.SetPolicy(r.Context(), r.PathValue("id"), idle, del, req.Restart)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var parts []string
+	if idle != nil {
+		parts = append(parts, "idle timeout "+idle.String())
+	}
+	if del != nil {
+		parts = append(parts, "delete after "+del.String())
+	}
+	if req.Restart != nil {
+		parts = append(parts, "restart "+*req.Restart)
+	}
+	s.svc.Event(v.ID, "policy", actor(r), "policy set: %s", strings.Join(parts, ", "))
+	writeJSON(w, 200, s.toAPI(v))
+}
+
+// recordOp records a lifecycle event after a successful API operation.
+func (s *Server) recordOp(r *http.Request, vmID, op string, took time.Duration, extra string) {
+	msg := fmt.Sprintf("%s (%s)", op, took.Round(time.Millisecond))
+	if extra != "" {
+		msg += ": " + extra
+	}
+	s.svc.EventData(vmID, "lifecycle", actor(r), map[string]string{"op": op, "ms": strconv.FormatInt(took.Milliseconds(), 10)}, "%s", msg)
+	s.metrics.observe(op, took)
+}
+
+// opRecorder captures the status and (small) body of a lifecycle answer.
+type opRecorder struct {
+	http.ResponseWriter
+	status int
+	body   []byte
+}
+
+func (o *opRecorder) WriteHeader(code int) {
+	o.status = code
+	o.ResponseWriter.WriteHeader(code)
+}
+
+func (o *opRecorder) Write(b []byte) (int, error) {
+	if o.status == 0 {
+		o.status = 200
+	}
+	if len(o.body) < 64<<10 {
+		o.body = append(o.body, b...)
+	}
+	return o.ResponseWriter.Write(b)
+}
+
+// recorded wraps a lifecycle handler: a successful call becomes an event
+// (with who asked) and a latency sample.
+func (s *Server) recorded(op string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		vmID := ""
+		if ref := r.PathValue("id"); ref != "" {
+			if v, err := s.svc.Get(r.Context(), ref); err == nil {
+				vmID = v.ID
+			}
+		}
+		rec := &opRecorder{ResponseWriter: w}
+		start := time.Now()
+		h(rec, r)
+		took := time.Since(start)
+		if rec.status < 200 || rec.status >= 300 {
+			return
+		}
+		extra := ""
+		var out struct {
+			ID       string `json:"id"`
+			Name     string `json:"name"`
+			Children []struct {
+				Name string `json:"name"`
+			} `json:"children"`
+		}
+		json.Unmarshal(rec.body, &out)
+		switch op {
+		case "create":
+			vmID, extra = out.ID, "as "+out.Name
+		case "snapshot":
+			extra = "snapshot " + out.Name
+		case "fork":
+			names := make([]string, 0, len(out.Children))
+			for _, c := range out.Children {
+				names = append(names, c.Name)
+			}
+			extra = "children " + strings.Join(names, ", ")
+		}
+		if vmID != "" {
+			s.recordOp(r, vmID, op, took, extra)
+		}
+	}
+}

@@ -1,0 +1,139 @@
+package server
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// metrics holds operation latency histograms for the Prometheus endpoint.
+type metrics struct {
+	mu  sync.Mutex
+	ops map[string]*histogram
+}
+
+var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+
+type histogram struct {
+	counts []uint64 // per bucket, cumulative at export
+	count  uint64
+	sum    float64
+}
+
+func (m *metrics) observe(op string, d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ops == nil {
+		m.ops = map[string]*histogram{}
+	}
+	h := m.ops[op]
+	if h == nil {
+		h = &histogram{counts: make([]uint64, len(latencyBuckets))}
+		m.ops[op] = h
+	}
+	sec := d.Seconds()
+	for i, b := range latencyBuckets {
+		if sec <= b {
+			h.counts[i]++
+		}
+	}
+	h.count++
+	h.sum += sec
+}
+
+// serveMetrics writes the Prometheus text exposition (admin token; point
+// Prometheus's bearer_token at it).
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	vms, err := s.svc.List(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), 500)
+		return
+	}
+	byState := map[string]int{}
+	for _, st := range []string{"creating", "running", "paused", "suspended", "stopped", "crashed", "deleting", "error"} {
+		byState[st] = 0
+	}
+	var committed int64
+	for _, v := range vms {
+		byState[v.State]++
+		if v.State == "running" || v.State == "paused" || v.State == "creating" {
+			committed += v.MemoryMiB << 20
+		}
+	}
+	fmt.Fprintln(bw, "# HELP agentvm_vms VMs by state.")
+	fmt.Fprintln(bw, "# TYPE agentvm_vms gauge")
+	states := make([]string, 0, len(byState))
+	for st := range byState {
+		states = append(states, st)
+	}
+	sort.Strings(states)
+	for _, st := range states {
+		fmt.Fprintf(bw, "agentvm_vms{state=%q} %d\n", st, byState[st])
+	}
+	fmt.Fprintln(bw, "# HELP agentvm_host_memory_committed_bytes Memory of the VMs holding RAM (running, paused, creating).")
+	fmt.Fprintln(bw, "# TYPE agentvm_host_memory_committed_bytes gauge")
+	fmt.Fprintf(bw, "agentvm_host_memory_committed_bytes %d\n", committed)
+	if total, avail, ok := meminfo(); ok {
+		fmt.Fprintln(bw, "# HELP agentvm_host_memory_total_bytes Host memory.")
+		fmt.Fprintln(bw, "# TYPE agentvm_host_memory_total_bytes gauge")
+		fmt.Fprintf(bw, "agentvm_host_memory_total_bytes %d\n", total)
+		fmt.Fprintln(bw, "# HELP agentvm_host_memory_available_bytes Host MemAvailable.")
+		fmt.Fprintln(bw, "# TYPE agentvm_host_memory_available_bytes gauge")
+		fmt.Fprintf(bw, "agentvm_host_memory_available_bytes %d\n", avail)
+	}
+	fmt.Fprintln(bw, "# HELP agentvm_warm_pool_ready Ready warm-pool VMs.")
+	fmt.Fprintln(bw, "# TYPE agentvm_warm_pool_ready gauge")
+	ready := 0
+	for _, n := range s.svc.PoolReady() {
+		ready += n
+	}
+	fmt.Fprintf(bw, "agentvm_warm_pool_ready %d\n", ready)
+
+	s.metrics.mu.Lock()
+	ops := make([]string, 0, len(s.metrics.ops))
+	for op := range s.metrics.ops {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
+	fmt.Fprintln(bw, "# HELP agentvm_operation_duration_seconds Duration of API operations (create, start, stop, pause, resume, suspend, snapshot, fork, resize, delete, exec).")
+	fmt.Fprintln(bw, "# TYPE agentvm_operation_duration_seconds histogram")
+	for _, op := range ops {
+		h := s.metrics.ops[op]
+		for i, b := range latencyBuckets {
+			fmt.Fprintf(bw, "agentvm_operation_duration_seconds_bucket{op=%q,le=%q} %d\n", op, strconv.FormatFloat(b, 'g', -1, 64), h.counts[i])
+		}
+		fmt.Fprintf(bw, "agentvm_operation_duration_seconds_bucket{op=%q,le=\"+Inf\"} %d\n", op, h.count)
+		fmt.Fprintf(bw, "agentvm_operation_duration_seconds_sum{op=%q} %g\n", op, h.sum)
+		fmt.Fprintf(bw, "agentvm_operation_duration_seconds_count{op=%q} %d\n", op, h.count)
+	}
+	s.metrics.mu.Unlock()
+}
+
+func meminfo() (total, avail int64, ok bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "MemTotal":
+			total = n << 10
+		case "MemAvailable":
+			avail = n << 10
+		}
+	}
+	return total, avail, total > 0
+}

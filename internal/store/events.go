@@ -1,0 +1,76 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Event is one entry of a VM's event log.
+type Event struct {
+	Seq     int64             `json:"seq"`
+	VMID    string            `json:"vm_id"`
+	Time    time.Time         `json:"time"`
+	Type    string            `json:"type"`  // lifecycle, exec, terminal, ssh, service, policy, ...
+	Actor   string            `json:"actor"` // admin, token:<id>, system, idle-policy, restart-policy...
+	Message string            `json:"message"`
+	Data    map[string]string `json:"data,omitempty"`
+}
+
+// MaxEventsPerVM bounds the event log of one VM; older events are pruned.
+const MaxEventsPerVM = 5000
+
+const eventSchema = `
+CREATE TABLE IF NOT EXISTS events (
+	seq INTEGER PRIMARY KEY AUTOINCREMENT,
+	vm_id TEXT NOT NULL,
+	time INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_vm ON events (vm_id, seq);`
+
+// AddEvent appends an event (setting its Seq) and prunes the VM's oldest
+// events beyond MaxEventsPerVM now and then.
+func (s *Store) AddEvent(ctx context.Context, e *Event) error {
+	data, _ := json.Marshal(e)
+	r, err := s.db.ExecContext(ctx, `INSERT INTO events (vm_id, time, data) VALUES (?,?,?)`, e.VMID, e.Time.UnixNano(), string(data))
+	if err != nil {
+		return err
+	}
+	e.Seq, _ = r.LastInsertId()
+	if e.Seq%100 == 0 {
+		s.db.ExecContext(ctx, `DELETE FROM events WHERE vm_id=? AND seq <= (SELECT seq FROM events WHERE vm_id=? ORDER BY seq DESC LIMIT 1 OFFSET ?)`,
+			e.VMID, e.VMID, MaxEventsPerVM)
+	}
+	return nil
+}
+
+// ListEvents returns a VM's events with seq > after, oldest first (at most limit).
+func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit int) ([]*Event, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, data FROM events WHERE vm_id=? AND seq>? ORDER BY seq LIMIT ?`, vmID, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Event
+	for rows.Next() {
+		var seq int64
+		var data string
+		if err := rows.Scan(&seq, &data); err != nil {
+			return nil, err
+		}
+		var e Event
+		if err := json.Unmarshal([]byte(data), &e); err != nil {
+			return nil, err
+		}
+		e.Seq = seq
+		out = append(out, &e)
+	}
+	return out, rows.Err()
+}
+
+// DeleteEvents removes a VM's events.
+func (s *Store) DeleteEvents(ctx context.Context, vmID string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM events WHERE vm_id=?`, vmID)
+	return err
+}

@@ -1,0 +1,208 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// Restart policies.
+const (
+	RestartNever     = "never"
+	RestartOnFailure = "on-failure"
+	RestartAlways    = "always"
+)
+
+// ValidRestart reports whether r is a restart policy ("" = never).
+func ValidRestart(r string) bool {
+	return r == "" || r == RestartNever || r == RestartOnFailure || r == RestartAlways
+}
+
+// activity tracks, per VM, the last time anyone used it and how many
+// long-lived uses (terminals, streams, SSH sessions, proxied requests) are
+// open right now: an open one counts as activity all along.
+type activity struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+	open map[string]int
+	// restarts: recent policy restarts per VM, for the back-off.
+	restarts map[string][]time.Time
+}
+
+// Touch records activity on a VM now.
+func (s *Service) Touch(id string) {
+	a := &s.activity
+	a.mu.Lock()
+	if a.last == nil {
+		a.last = map[string]time.Time{}
+	}
+	a.last[id] = time.Now()
+	a.mu.Unlock()
+}
+
+// Hold marks a long-lived use of a VM until the returned func is called.
+func (s *Service) Hold(id string) func() {
+	a := &s.activity
+	a.mu.Lock()
+	if a.open == nil {
+		a.open = map[string]int{}
+	}
+	a.open[id]++
+	a.mu.Unlock()
+	s.Touch(id)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			a.open[id]--
+			if a.open[id] <= 0 {
+				delete(a.open, id)
+			}
+			a.mu.Unlock()
+			s.Touch(id)
+		})
+	}
+}
+
+// idleFor is how long a VM has had no activity (0 while something is open).
+func (s *Service) idleFor(v *store.VM) time.Duration {
+	a := &s.activity
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.open[v.ID] > 0 {
+		return 0
+	}
+	last, ok := a.last[v.ID]
+	if !ok {
+		// nothing since the daemon started: count from its start or the VM's
+		last = s.started
+		if v.StartedAt != nil && v.StartedAt.After(last) {
+			last = *v.StartedAt
+		}
+	}
+	return time.Since(last)
+}
+
+// RunPolicies applies idle timeouts and delete-after deadlines until ctx
+// ends, checking every interval.
+func (s *Service) RunPolicies(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		vms, err := s.store.ListVMs(ctx)
+		if err != nil {
+			continue
+		}
+		for _, v := range vms {
+			if v.State == statePool {
+				continue
+			}
+			if v.DeleteAfterSec > 0 && time.Since(v.CreatedAt) > time.Duration(v.DeleteAfterSec)*time.Second {
+				s.Event(v.ID, "policy", ActorSystem, "delete-after %s reached: deleting", time.Duration(v.DeleteAfterSec)*time.Second)
+				if err := s.Delete(ctx, v.ID); err != nil {
+					s.log.Warn("delete-after", "vm", v.ID, "err", err)
+				}
+				continue
+			}
+			if v.IdleTimeoutSec > 0 && (v.State == "running" || v.State == "paused") {
+				idle := s.idleFor(v)
+				if idle > time.Duration(v.IdleTimeoutSec)*time.Second {
+					if _, err := s.Suspend(ctx, v.ID); err != nil {
+						s.log.Info("idle suspend skipped", "vm", v.ID, "err", err)
+						continue
+					}
+					s.Event(v.ID, "lifecycle", ActorIdlePolicy, "suspended after %s without activity", idle.Round(time.Second))
+				}
+			}
+		}
+	}
+}
+
+// SetPolicy changes a VM's idle timeout, delete-after and restart policy
+// (nil leaves one unchanged).
+func (s *Service) SetPolicy(ctx context.Context, idOrName string, idle, deleteAfter *time.Duration, restart *string) (*store.VM, error) {
+	if restart != nil && !ValidRestart(*restart) {
+		return nil, fmt.Errorf("%w: restart policy must be never, on-failure or always, got %q", ErrInvalid, *restart)
+	}
+	for _, d := range []*time.Duration{idle, deleteAfter} {
+		if d != nil && *d < 0 {
+			return nil, fmt.Errorf("%w: durations must not be negative", ErrInvalid)
+		}
+	}
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	unlock := s.lock(v.ID, "policy")
+	defer unlock()
+	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
+		return nil, err
+	}
+	if idle != nil {
+		v.IdleTimeoutSec = int64(idle.Seconds())
+	}
+	if deleteAfter != nil {
+		v.DeleteAfterSec = int64(deleteAfter.Seconds())
+	}
+	if restart != nil {
+		v.Restart = *restart
+	}
+	return v, s.store.UpdateVM(ctx, v)
+}
+
+// restartBackoff is how long to wait before the next policy restart of a
+// VM that restarted n times in the last 10 minutes: 0, 2 s, 4 s ... 5 min.
+func restartBackoff(n int) time.Duration {
+	if n == 0 {
+		return 0
+	}
+	d := time.Second << min(n, 9)
+	return min(d, 5*time.Minute)
+}
+
+// maybeRestart restarts a VM whose QEMU died, per its restart policy.
+func (s *Service) maybeRestart(v *store.VM, crashed bool, reason string) {
+	switch {
+	case v.Restart == RestartAlways:
+	case v.Restart == RestartOnFailure && crashed:
+	default:
+		return
+	}
+	a := &s.activity
+	a.mu.Lock()
+	if a.restarts == nil {
+		a.restarts = map[string][]time.Time{}
+	}
+	var recent []time.Time
+	for _, t := range a.restarts[v.ID] {
+		if time.Since(t) < 10*time.Minute {
+			recent = append(recent, t)
+		}
+	}
+	wait := restartBackoff(len(recent))
+	a.restarts[v.ID] = append(recent, time.Now().Add(wait))
+	a.mu.Unlock()
+	s.Event(v.ID, "lifecycle", ActorRestartPolicy, "restart policy %s: restarting in %s (%s; %d restarts in the last 10 min)", v.Restart, wait, reason, len(recent))
+	go func() {
+		time.Sleep(wait)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cur, err := s.store.GetVM(ctx, v.ID)
+		if err != nil || (cur.State != "crashed" && cur.State != "stopped") {
+			return // deleted or started by someone meanwhile
+		}
+		if _, err := s.Start(ctx, v.ID); err != nil {
+			s.Event(v.ID, "lifecycle", ActorRestartPolicy, "restart failed: %v", err)
+			return
+		}
+		s.Event(v.ID, "lifecycle", ActorRestartPolicy, "restarted from its disk")
+	}()
+}
