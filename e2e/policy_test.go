@@ -102,7 +102,12 @@ func TestIdleSuspendAndEvents(t *testing.T) {
 	fctx, fcancel := context.WithTimeout(ctx, time.Minute)
 	defer fcancel()
 	got := make(chan api.Event, 16)
-	go s.Client.FollowEvents(fctx, v.ID, 1<<40, func(e api.Event) error { got <- e; return nil })
+	seen, _ := s.Client.Events(ctx, v.ID, 0)
+	var lastSeq int64
+	if len(seen) > 0 {
+		lastSeq = seen[len(seen)-1].Seq
+	}
+	go s.Client.FollowEvents(fctx, v.ID, lastSeq, func(e api.Event) error { got <- e; return nil })
 	time.Sleep(500 * time.Millisecond)
 	s.Exec(ctx, v.ID, "echo followed")
 	select {

@@ -29,7 +29,7 @@ func main() {
 	root.AddCommand(serveCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
 		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
 		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
-		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd())
+		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	cancel()

@@ -230,6 +230,7 @@ func execCmd() *cobra.Command {
 		timeout     time.Duration
 		interactive bool
 		shell       bool
+		detach      bool
 	)
 	c := &cobra.Command{
 		Use:   "exec VM [flags] -- CMD [ARGS...]",
@@ -245,6 +246,15 @@ func execCmd() *cobra.Command {
 				req.Shell = strings.Join(args[1:], " ")
 			} else {
 				req.Cmd = args[1:]
+			}
+			if detach {
+				j, err := client.FromEnv().StartJob(cmd.Context(), args[0], req)
+				if err != nil {
+					return err
+				}
+				fmt.Println(j.ID)
+				fmt.Fprintf(os.Stderr, "job %s started (pid %d): agentvm job logs %s %s [-f] | job wait | job kill\n", j.ID, j.PID, args[0], j.ID)
+				return nil
 			}
 			var stdin io.Reader
 			if interactive || !term.IsTerminal(int(os.Stdin.Fd())) {
@@ -273,6 +283,7 @@ func execCmd() *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 0, "kill the command's process group after this long (default: no timeout)")
 	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin even when it is a terminal")
 	f.BoolVar(&shell, "sh", false, "run the arguments as one shell string with /bin/sh -c")
+	f.BoolVarP(&detach, "detach", "d", false, "start it as a job in the VM and print its id (output kept in the VM; see agentvm job)")
 	return c
 }
 

@@ -60,6 +60,7 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.agentProfile))
 	s.portRoutes(authed)
 	s.networkRoutes(authed)
+	s.serviceRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

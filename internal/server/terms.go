@@ -192,6 +192,7 @@ func bridgeTerm(ctx context.Context, ws *websocket.Conn, st *guest.TermStream) {
 	defer cancel()
 	go func() {
 		defer cancel()
+		defer st.Close() // the client left: detach from the guest terminal (unblocks Next)
 		for {
 			typ, b, err := ws.Read(ctx)
 			if err != nil {

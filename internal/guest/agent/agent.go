@@ -87,6 +87,7 @@ func New(opts Options) (*Agent, error) {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	a.registerFiles(mux)
 	a.registerTerms(mux)
+	a.registerServices(mux)
 	a.srv = &http.Server{
 		Handler:     mux,
 		IdleTimeout: 10 * time.Minute,
