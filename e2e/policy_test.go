@@ -138,6 +138,13 @@ func TestIdleSuspendAndEvents(t *testing.T) {
 	if resp.StatusCode != 401 {
 		t.Fatalf("metrics without a token: %d", resp.StatusCode)
 	}
+
+	// delete-after
+	short := s.CreateVM(ctx, api.CreateVMRequest{Name: "shortlived", DeleteAfter: api.Duration(3 * time.Second)})
+	waitListState(t, s, short.ID, "gone", time.Minute)
+	if log := eventLog(t, s, short.ID); !strings.Contains(log, "delete-after 3s reached") {
+		t.Fatalf("delete-after event missing:\n%s", log)
+	}
 }
 
 func TestRestartPolicy(t *testing.T) {
