@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,7 +33,7 @@ func TestQEMUStreamReconnect(t *testing.T) {
 	}
 	dir := t.TempDir()
 	sock, mon := filepath.Join(dir, "net.sock"), filepath.Join(dir, "mon.sock")
-	var out bytes.Buffer
+	var out lockedBuffer
 	cmd := exec.Command(qemu, "-machine", "pc-q35-7.2,accel=tcg", "-nodefaults", "-display", "none",
 		"-monitor", "unix:"+mon+",server=on,wait=off",
 		"-netdev", "stream,id=n0,server=on,addr.type=unix,addr.path="+sock,
@@ -70,7 +71,8 @@ func TestQEMUStreamReconnect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// iPXE under TCG is slow to get to DHCP when the machine is busy
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		if err := n.Attach(ctx, sock); err != nil {
 			cancel()
 			t.Fatalf("round %d: Attach: %v\n%s", round, err, out.String())
@@ -119,4 +121,22 @@ func guestAnswersARP(ctx context.Context, n *Network) bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return false
+}
+
+// lockedBuffer is a bytes.Buffer safe for QEMU's output copier and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
