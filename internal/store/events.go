@@ -17,8 +17,9 @@ type Event struct {
 	Data    map[string]string `json:"data,omitempty"`
 }
 
-// MaxEventsPerVM bounds the event log of one VM; older events are pruned.
-const MaxEventsPerVM = 5000
+// MaxEventsPerVM bounds the event log of one VM; older events are pruned
+// (every 100 inserts). A variable so tests can use a small bound.
+var MaxEventsPerVM = 5000
 
 const eventSchema = `
 CREATE TABLE IF NOT EXISTS events (

@@ -23,6 +23,9 @@ func openTest(t *testing.T) *Store {
 func TestEventsRetention(t *testing.T) {
 	s := openTest(t)
 	ctx := context.Background()
+	saved := MaxEventsPerVM
+	MaxEventsPerVM = 150
+	defer func() { MaxEventsPerVM = saved }()
 	for i := 0; i < MaxEventsPerVM+250; i++ {
 		if err := s.AddEvent(ctx, &Event{VMID: "a", Time: time.Now(), Type: "exec", Message: "m"}); err != nil {
 			t.Fatal(err)
