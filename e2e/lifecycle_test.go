@@ -111,7 +111,7 @@ func TestGuestPoweroffAndQEMUCrash(t *testing.T) {
 		t.Fatalf("crash reason: %q", v.Error)
 	}
 	out, _, _ := s.CLI("", "logs", "crash")
-	if !strings.Contains(out, "QEMU exited: state crashed") {
+	if !strings.Contains(out, "QEMU exited: crashed (QEMU signal: killed)") {
 		t.Fatalf("log does not record the crash:\n%s", out)
 	}
 	// Both can be deleted; a crashed VM can also be started again from its disk.
