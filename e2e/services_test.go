@@ -135,6 +135,23 @@ func TestServicesProcessesJobs(t *testing.T) {
 		if err != nil || !j.Exited || j.Signal == "" || j.User != "agent" {
 			t.Fatalf("killed job: %v %+v", err, j)
 		}
+		// a job outlives the daemon: kill -9 it, restart it, the job is still there
+		later, err := s.Client.StartJob(ctx, v.ID, api.ExecRequest{Shell: "sleep 4; echo after-restart"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Kill9()
+		s.Restart()
+		j, err = s.Client.WaitJob(ctx, v.ID, later.ID, 2*time.Minute)
+		if err != nil || !j.Exited || j.ExitCode != 0 {
+			t.Fatalf("job across a daemon restart: %v %+v", err, j)
+		}
+		rc, _ = s.Client.JobLogs(ctx, v.ID, later.ID, "stdout", 0, false)
+		b, _ = io.ReadAll(rc)
+		rc.Close()
+		if string(b) != "after-restart\n" {
+			t.Fatalf("output across a daemon restart: %q", b)
+		}
 		if err := s.Client.DeleteJob(ctx, v.ID, id); err != nil {
 			t.Fatal(err)
 		}
