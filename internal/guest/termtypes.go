@@ -1,6 +1,14 @@
 package guest
 
-import "time"
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
 
 // Terminal endpoints served by the guest agent. A terminal is a named PTY
 // session owned by the agent: it runs whether or not any client is
@@ -90,4 +98,25 @@ type TermAttach struct {
 // "INT", "SIGTERM" or a number.
 type TermSignal struct {
 	Signal string `json:"signal"`
+}
+
+// ParseSignal accepts "INT", "SIGINT", "sigint" or a number 1..64 (the
+// signal names of the terminal, process and job endpoints and of the
+// terminal WebSocket's control messages).
+func ParseSignal(s string) (syscall.Signal, error) {
+	s = strings.TrimSpace(s)
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 1 || n > 64 {
+			return 0, errors.New("signal number out of range: " + s)
+		}
+		return syscall.Signal(n), nil
+	}
+	u := strings.ToUpper(s)
+	if !strings.HasPrefix(u, "SIG") {
+		u = "SIG" + u
+	}
+	if sig := unix.SignalNum(u); sig != 0 {
+		return sig, nil
+	}
+	return 0, errors.New("unknown signal " + strconv.Quote(s))
 }

@@ -92,8 +92,9 @@ func (d *dnsServer) local(name string) (netip.Addr, bool) {
 	if name == HostName {
 		return d.n.cfg.HostAddr(), true
 	}
-	if d.n.cfg.Names != nil {
-		short, _ := strings.CutSuffix(name, ".agentvm.internal")
+	// VM names are single DNS labels: other names (the usual internet
+	// lookups) skip the peer list, a database read.
+	if short, _ := strings.CutSuffix(name, ".agentvm.internal"); d.n.cfg.Names != nil && !strings.Contains(short, ".") {
 		if a, ok := d.n.cfg.Names()[short]; ok {
 			return a, true
 		}

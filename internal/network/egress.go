@@ -156,7 +156,9 @@ func (n *Network) decide(dst netip.AddrPort, proto string) (route, bool) {
 		}
 		return route{why: "host port not allowed (--allow-host)"}, false
 	}
-	if n.cfg.Peer != nil {
+	// Only VM subnets can hold a peer: the lookup (a database read) stays
+	// off the path of ordinary internet connections.
+	if n.cfg.Peer != nil && SubnetBase.Contains(a) {
 		if peer := n.cfg.Peer(a); peer != nil {
 			if a == peer.GuestIP() {
 				return route{peer: peer}, true

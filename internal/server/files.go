@@ -142,21 +142,15 @@ func (s *Server) relayFiles(w http.ResponseWriter, r *http.Request, guestPath st
 // keeping its status and message.
 func relayGuestError(w http.ResponseWriter, resp *http.Response) {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	ae := &guest.APIError{Status: resp.StatusCode, Message: strings.TrimSpace(string(b))}
 	var env guest.ErrorEnvelope
-	code, msg := "", strings.TrimSpace(string(b))
 	if json.Unmarshal(b, &env) == nil && env.Error != nil {
-		code, msg = env.Error.Code, env.Error.Message
+		ae.Code, ae.Message = env.Error.Code, env.Error.Message
 	}
-	switch code {
-	case guest.CodeInvalid, "":
-		code = api.CodeInvalid
-	case "internal":
-		code = api.CodeInternal
+	if ae.Message == "" {
+		ae.Message = "guest agent answered " + strconv.Itoa(resp.StatusCode)
 	}
-	if msg == "" {
-		msg = "guest agent answered " + strconv.Itoa(resp.StatusCode)
-	}
-	writeError(w, resp.StatusCode, code, msg)
+	writeGuestErr(w, ae)
 }
 
 // flushWriter flushes after every write so streamed downloads do not stall
@@ -169,28 +163,4 @@ func (f flushWriter) Write(p []byte) (int, error) {
 		fl.Flush()
 	}
 	return n, err
-}
-
-// agentProfile relays the guest agent's pprof endpoints (admin only), e.g.
-// GET /v1/vms/{id}/debug/pprof/profile?seconds=10 or .../goroutine?debug=2.
-func (s *Server) agentProfile(w http.ResponseWriter, r *http.Request) {
-	_, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	greq, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://agentvm/debug/pprof/"+r.PathValue("name")+"?"+r.URL.RawQuery, nil)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
-		return
-	}
-	resp, err := gc.HTTPClient().Do(greq)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, "guest agent: "+err.Error())
-		return
-	}
-	defer resp.Body.Close()
-	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
-	w.WriteHeader(resp.StatusCode)
-	io.Copy(w, resp.Body)
 }

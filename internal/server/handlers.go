@@ -57,7 +57,8 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("GET /v1/vms/{id}/events", s.scoped("", s.listEvents))
 	authed.HandleFunc("POST /v1/vms/{id}/policy", admin(s.setPolicy))
 	authed.HandleFunc("GET /metrics", admin(s.serveMetrics))
-	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.agentProfile))
+	// the guest agent's own profiles, e.g. .../debug/pprof/profile?seconds=10
+	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.relayGuest("/debug/pprof/{name}", "")))
 	s.portRoutes(authed)
 	s.networkRoutes(authed)
 	s.serviceRoutes(authed)

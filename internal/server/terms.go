@@ -8,13 +8,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/coder/websocket"
-	"golang.org/x/sys/unix"
 )
 
 func (s *Server) termRoutes(mux *http.ServeMux) {
@@ -214,7 +212,7 @@ func bridgeTerm(ctx context.Context, ws *websocket.Conn, st *guest.TermStream) {
 					st.Resize(c.Cols, c.Rows)
 				}
 			case "signal":
-				if n := signalNumber(c.Signal); n > 0 {
+				if n, err := guest.ParseSignal(c.Signal); err == nil {
 					st.Signal(n)
 				}
 			}
@@ -243,16 +241,4 @@ func bridgeTerm(ctx context.Context, ws *websocket.Conn, st *guest.TermStream) {
 			return
 		}
 	}
-}
-
-// signalNumber parses "INT", "SIGINT" or "2".
-func signalNumber(s string) syscall.Signal {
-	if n, err := strconv.Atoi(s); err == nil && n > 0 && n < 65 {
-		return syscall.Signal(n)
-	}
-	s = strings.ToUpper(s)
-	if !strings.HasPrefix(s, "SIG") {
-		s = "SIG" + s
-	}
-	return unix.SignalNum(s)
 }

@@ -310,14 +310,8 @@ func (m *jobManager) handleSignal(w http.ResponseWriter, r *http.Request) {
 	if meta == nil {
 		return
 	}
-	var req guest.TermSignal
-	if err := decodeBody(w, r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", "bad signal JSON: "+err.Error())
-		return
-	}
-	sig, err := parseSignal(req.Signal)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	sig, ok := readSignal(w, r)
+	if !ok {
 		return
 	}
 	ji, err := m.info(r.Context(), meta)

@@ -366,7 +366,7 @@ func TestJobs(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := c.SignalJob(ctx, running.ID, "SIGRTMIN+1"); err == nil {
-			t.Fatal("SIGRTMIN+1 accepted") // parseSignal takes names and numbers
+			t.Fatal("SIGRTMIN+1 accepted") // guest.ParseSignal takes names and numbers
 		}
 		if err := c.SignalJob(ctx, running.ID, "40"); err != nil {
 			t.Fatal(err)

@@ -151,11 +151,6 @@ func (a *Agent) handleProcSignal(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid", "invalid pid "+strconv.Quote(r.PathValue("pid")))
 		return
 	}
-	var req guest.TermSignal
-	if err := decodeBody(w, r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", "bad signal JSON: "+err.Error())
-		return
-	}
 	if pid == 1 {
 		writeError(w, http.StatusBadRequest, "invalid", "refusing to signal pid 1 (init)")
 		return
@@ -164,9 +159,8 @@ func (a *Agent) handleProcSignal(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid", "refusing to signal the guest agent itself")
 		return
 	}
-	sig, err := parseSignal(req.Signal)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	sig, ok := readSignal(w, r)
+	if !ok {
 		return
 	}
 	if err := syscall.Kill(pid, sig); err != nil {

@@ -14,7 +14,6 @@ import (
 	"syscall"
 
 	"github.com/agentvm/agentvm/internal/guest"
-	"golang.org/x/sys/unix"
 )
 
 const (
@@ -248,37 +247,28 @@ func (m *termManager) handleSignal(w http.ResponseWriter, r *http.Request) {
 	if t == nil {
 		return
 	}
-	var req guest.TermSignal
-	if err := decodeBody(w, r, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", "bad signal JSON: "+err.Error())
-		return
-	}
-	sig, err := parseSignal(req.Signal)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	sig, ok := readSignal(w, r)
+	if !ok {
 		return
 	}
 	t.signal(sig)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// parseSignal accepts "INT", "SIGINT", "sigint" or a number 1..64.
-func parseSignal(s string) (syscall.Signal, error) {
-	s = strings.TrimSpace(s)
-	if n, err := strconv.Atoi(s); err == nil {
-		if n < 1 || n > 64 {
-			return 0, errors.New("signal number out of range: " + s)
-		}
-		return syscall.Signal(n), nil
+// readSignal decodes a guest.TermSignal body and parses its signal
+// (guest.ParseSignal), answering 400 itself when either is bad.
+func readSignal(w http.ResponseWriter, r *http.Request) (syscall.Signal, bool) {
+	var req guest.TermSignal
+	if err := decodeBody(w, r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", "bad signal JSON: "+err.Error())
+		return 0, false
 	}
-	u := strings.ToUpper(s)
-	if !strings.HasPrefix(u, "SIG") {
-		u = "SIG" + u
+	sig, err := guest.ParseSignal(req.Signal)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return 0, false
 	}
-	if sig := unix.SignalNum(u); sig != 0 {
-		return sig, nil
-	}
-	return 0, errors.New("unknown signal " + strconv.Quote(s))
+	return sig, true
 }
 
 func (m *termManager) handleAttach(w http.ResponseWriter, r *http.Request) {

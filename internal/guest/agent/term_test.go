@@ -51,13 +51,13 @@ func TestRing(t *testing.T) {
 
 func TestParseSignal(t *testing.T) {
 	for in, want := range map[string]syscall.Signal{"INT": syscall.SIGINT, "SIGTERM": syscall.SIGTERM, "sigkill": syscall.SIGKILL, "9": syscall.SIGKILL, " hup ": syscall.SIGHUP, "64": 64} {
-		if got, err := parseSignal(in); err != nil || got != want {
-			t.Errorf("parseSignal(%q) = %v, %v", in, got, err)
+		if got, err := guest.ParseSignal(in); err != nil || got != want {
+			t.Errorf("guest.ParseSignal(%q) = %v, %v", in, got, err)
 		}
 	}
 	for _, in := range []string{"", "0", "65", "-1", "NOPE", "SIG"} {
-		if _, err := parseSignal(in); err == nil {
-			t.Errorf("parseSignal(%q) accepted", in)
+		if _, err := guest.ParseSignal(in); err == nil {
+			t.Errorf("guest.ParseSignal(%q) accepted", in)
 		}
 	}
 }
