@@ -91,6 +91,30 @@ func (q *fakeQEMU) accept(timeout time.Duration) {
 	if err != nil {
 		q.t.Fatalf("fake qemu: accept: %v", err)
 	}
+	q.serve(c)
+}
+
+// connect dials a "-netdev stream,server=on" socket of a real QEMU (retrying
+// until it exists) and exchanges frames over it, so that the guest netstack
+// sits behind that QEMU netdev instead of behind our own listener.
+func (q *fakeQEMU) connect(path string, timeout time.Duration) {
+	q.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			q.serve(c)
+			return
+		}
+		if time.Now().After(deadline) {
+			q.t.Fatalf("guest peer: dial %s: %v", path, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// serve exchanges frames between c and the guest netstack until disconnect.
+func (q *fakeQEMU) serve(c net.Conn) {
 	ctx, cancel := context.WithCancel(context.Background())
 	q.mu.Lock()
 	q.conn, q.cancel = c, cancel
