@@ -255,6 +255,46 @@ func TestAgent(t *testing.T) {
 		syscall.Kill(pid, syscall.SIGKILL)
 		t.Logf("background exec took %v", r.elapsed)
 	})
+	t.Run("slow-reader-gets-everything", func(t *testing.T) {
+		// The process writes 3 MiB and exits while a background child keeps
+		// the pipe open (so no EOF marks the end) and the host does not read
+		// for longer than drainMax: all 3 MiB must still arrive.
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		s, err := e.c.Exec(ctx, guest.ExecRequest{Shell: "sleep 60 & echo $! > " + pidFile + "; head -c 3145728 /dev/zero"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		time.Sleep(drainMax + 500*time.Millisecond)
+		got := 0
+		for {
+			f, err := s.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == guest.FrameStdout {
+				got += len(f.Data)
+			}
+			if f.Type == guest.FrameExit {
+				break
+			}
+		}
+		syscall.Kill(readPid(t, pidFile), syscall.SIGKILL)
+		if got != 3<<20 {
+			t.Fatalf("%d bytes of stdout, want %d", got, 3<<20)
+		}
+	})
+	t.Run("background-writer-cut-off", func(t *testing.T) {
+		// A background child that never stops writing to the pipe does not
+		// keep the exec open: it ends drainMax after the exit.
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		r := e.mustRun(guest.ExecRequest{Shell: "yes & echo $! > " + pidFile}, nil)
+		syscall.Kill(readPid(t, pidFile), syscall.SIGKILL)
+		if r.st.ExitCode != 0 || !strings.HasPrefix(r.stdout, "y\n") {
+			t.Fatalf("got %+v, %d bytes", r.st, len(r.stdout))
+		}
+		t.Logf("returned after %v with %d bytes of background output", r.elapsed, len(r.stdout))
+	})
 	t.Run("signal", func(t *testing.T) {
 		s, err := e.c.Exec(ctx, guest.ExecRequest{Shell: "echo ready; sleep 100"})
 		if err != nil {

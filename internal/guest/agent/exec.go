@@ -24,8 +24,9 @@ const (
 	rootPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	userPath = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
 	// After the process exits its pipes are drained until they have been
-	// quiet for drainWindow (background children may keep them open), but
-	// for at most drainMax while data keeps coming.
+	// seen empty for drainWindow (background children may keep them open),
+	// and everything the process wrote before it exited is always forwarded;
+	// beyond that, background output is forwarded for at most drainMax.
 	drainWindow = 30 * time.Millisecond
 	drainMax    = 2 * time.Second
 	pipeChunk   = 256 << 10
@@ -169,6 +170,7 @@ type execRun struct {
 	wmu  sync.Mutex
 
 	exitedAt atomic.Int64 // unix nanos when the process exited
+	out, err outPipe
 
 	mu       sync.Mutex
 	pid      int
@@ -269,8 +271,9 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 
 	var drained sync.WaitGroup
 	drained.Add(2)
-	go e.pump(outR, guest.FrameStdout, &drained)
-	go e.pump(errR, guest.FrameStderr, &drained)
+	e.out.f, e.err.f = outR, errR
+	go e.pump(&e.out, guest.FrameStdout, &drained)
+	go e.pump(&e.err, guest.FrameStderr, &drained)
 	go e.readHost(br)
 
 	var timer *time.Timer
@@ -305,6 +308,8 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	// Forward what is already buffered, but do not wait for background
 	// children that keep the pipes open.
 	now := time.Now()
+	e.out.markExit()
+	e.err.markExit()
 	e.exitedAt.Store(now.UnixNano())
 	dl := now.Add(drainWindow)
 	outR.SetReadDeadline(dl)
@@ -333,31 +338,54 @@ func unwrapExecErr(err error) string {
 	return err.Error()
 }
 
-// pump forwards a pipe chunk by chunk until EOF or until the post-exit
-// deadline; after that it keeps reading and discarding until EOF so that
-// background writers do not get SIGPIPE.
-func (e *execRun) pump(f *os.File, typ byte, drained *sync.WaitGroup) {
+// outPipe is the read end of the process's stdout or stderr, with what the
+// pump has read from it and what was owed at exit.
+type outPipe struct {
+	f    *os.File
+	read atomic.Int64 // bytes read so far
+	owed atomic.Int64 // bytes written before the exit (an upper bound), set at the exit
+}
+
+// markExit records how much the process had written when it exited: what
+// was read, what still sits in the pipe (TIOCINQ, alias FIONREAD), and one
+// chunk for a read in flight that the counter does not show yet. It is an
+// upper bound, so the drainMax cut-off can never drop pre-exit output.
+func (p *outPipe) markExit() {
+	pending := 0
+	if rc, err := p.f.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			if n, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
+				pending = n
+			}
+		})
+	}
+	p.owed.Store(p.read.Load() + int64(pending) + pipeChunk)
+}
+
+// pump forwards a pipe chunk by chunk until EOF or, once the process has
+// exited, until drainMore says to stop; after that it keeps reading and
+// discarding until EOF so that background writers do not get SIGPIPE.
+func (e *execRun) pump(p *outPipe, typ byte, drained *sync.WaitGroup) {
+	f := p.f
 	defer f.Close()
 	buf := make([]byte, guest.FrameHeaderLen+pipeChunk)
 	forwarding := true
-	var lastData time.Time
+	var dl time.Time // the read deadline the pump set itself, if any
 	for {
+		readStart := time.Now()
 		n, err := readMore(f, buf[guest.FrameHeaderLen:])
-		if n > 0 && forwarding {
-			lastData = time.Now()
-			guest.PutFrameHeader(buf, typ, n)
-			e.write(buf[:guest.FrameHeaderLen+n])
+		if n > 0 {
+			p.read.Add(int64(n))
+			if forwarding {
+				guest.PutFrameHeader(buf, typ, n)
+				e.write(buf[:guest.FrameHeaderLen+n])
+			}
 		}
 		if err == nil {
 			continue
 		}
-		if forwarding && errors.Is(err, os.ErrDeadlineExceeded) {
-			// Still flowing (the host was slow to take it): keep draining.
-			exited := time.Unix(0, e.exitedAt.Load())
-			if time.Since(lastData) < drainWindow && time.Since(exited) < drainMax {
-				f.SetReadDeadline(time.Now().Add(drainWindow))
-				continue
-			}
+		if forwarding && errors.Is(err, os.ErrDeadlineExceeded) && e.drainMore(p, n, readStart, &dl) {
+			continue
 		}
 		if forwarding {
 			forwarding = false
@@ -369,6 +397,32 @@ func (e *execRun) pump(f *os.File, typ byte, drained *sync.WaitGroup) {
 		}
 		return
 	}
+}
+
+// drainMore decides, after the process exited and a read of p hit its
+// deadline, whether to keep forwarding (and sets a new deadline if so).
+//
+// A read that started well before the deadline and got nothing saw an
+// empty pipe: everything written before the exit is out, and nothing came
+// for the window. A read that started at or after the deadline never looked
+// (the pump was blocked writing to a slow host): look again. Background
+// writers that keep the pipe busy are cut off after drainMax, but only once
+// everything the process wrote before exiting is out.
+func (e *execRun) drainMore(p *outPipe, n int, readStart time.Time, dl *time.Time) bool {
+	exited := time.Unix(0, e.exitedAt.Load())
+	deadline := *dl
+	if deadline.IsZero() {
+		deadline = exited.Add(drainWindow)
+	}
+	if n == 0 && deadline.Sub(readStart) >= drainWindow/3 {
+		return false
+	}
+	if time.Since(exited) >= drainMax && p.read.Load() >= p.owed.Load() {
+		return false
+	}
+	*dl = time.Now().Add(drainWindow)
+	p.f.SetReadDeadline(*dl)
+	return true
 }
 
 // readHost applies frames from the host; when the stream ends before the
