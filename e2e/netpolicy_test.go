@@ -155,6 +155,27 @@ func TestPrivateNetworks(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "still has VMs") {
 		t.Fatalf("network rm with members: %d %q", code, errOut)
 	}
+	// a network-level policy: its members lose the internet but keep each
+	// other; a VM outside the network is unaffected
+	mirror := "-sI -o /dev/null -w %{http_code} http://deb.debian.org/debian/"
+	if _, errOut, code := s.CLI("", "network", "egress", "proj", "--egress", "deny"); code != 0 {
+		t.Fatalf("network egress deny: %q", errOut)
+	}
+	if out, code := curl(t, s, a2.ID, mirror); code == 0 {
+		t.Fatalf("a2 reaches the internet under its network's deny: %q", out)
+	}
+	if out, code := curl(t, s, "a1", "http://a2:8000/"); code != 0 || out != "from-a2\n" {
+		t.Fatalf("a1 -> a2 under the network's deny: %d %q", code, out)
+	}
+	if out, code := curl(t, s, c1.ID, mirror); code != 0 {
+		t.Fatalf("c1 (no network) lost the internet: %d %q", code, out)
+	}
+	if _, errOut, code := s.CLI("", "network", "egress", "proj", "--egress", "public"); code != 0 {
+		t.Fatalf("network egress public: %q", errOut)
+	}
+	if out, code := curl(t, s, a2.ID, mirror); code != 0 {
+		t.Fatalf("a2 after the network went public again: %d %q", code, out)
+	}
 	// detach: no more route
 	if _, _, code := s.CLI("", "network", "detach", "a1"); code != 0 {
 		t.Fatal("detach failed")

@@ -139,9 +139,25 @@ func TestIdleSuspendAndEvents(t *testing.T) {
 		t.Fatalf("metrics without a token: %d", resp.StatusCode)
 	}
 
-	// delete-after
+	// policies change on an existing VM
+	if out, errOut, code := s.CLI("", "policy", "idle1", "--idle-timeout", "0", "--restart", "on-failure"); code != 0 {
+		t.Fatalf("policy: %d %q %q", code, out, errOut)
+	}
+	if v, err := s.Client.GetVM(ctx, "idle1"); err != nil || v.IdleTimeoutSec != 0 || v.Restart != "on-failure" {
+		t.Fatalf("policy not applied: %v %+v", err, v)
+	}
+	if _, errOut, code := s.CLI("", "policy", "idle1", "--idle-timeout", "soon"); code == 0 || !strings.Contains(errOut, "want a duration") {
+		t.Fatalf("bad policy: %d %q", code, errOut)
+	}
+
+	// delete-after, set at create and on an existing VM
 	short := s.CreateVM(ctx, api.CreateVMRequest{Name: "shortlived", DeleteAfter: api.Duration(3 * time.Second)})
+	later := s.CreateVM(ctx, api.CreateVMRequest{Name: "later"})
+	if _, errOut, code := s.CLI("", "policy", "later", "--delete-after", "2s"); code != 0 {
+		t.Fatalf("policy --delete-after: %q", errOut)
+	}
 	waitListState(t, s, short.ID, "gone", time.Minute)
+	waitListState(t, s, later.ID, "gone", time.Minute)
 	if log := eventLog(t, s, short.ID); !strings.Contains(log, "delete-after 3s reached") {
 		t.Fatalf("delete-after event missing:\n%s", log)
 	}

@@ -73,6 +73,48 @@ func TestServicesProcessesJobs(t *testing.T) {
 		}
 	})
 
+	t.Run("logs follow", func(t *testing.T) {
+		// New lines arrive on an open follow stream, and through the CLI.
+		fctx, fcancel := context.WithTimeout(ctx, 60*time.Second)
+		defer fcancel()
+		rc, err := s.Client.ServiceLogs(fctx, v.ID, "ticker", 1, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		since := time.Now().Unix()
+		buf := make([]byte, 4096)
+		var got strings.Builder
+		for {
+			n, err := rc.Read(buf)
+			got.Write(buf[:n])
+			if fresh := ticksAfter(got.String(), since); fresh >= 2 {
+				break
+			}
+			if err != nil {
+				t.Fatalf("follow ended: %v after %q", err, got.String())
+			}
+		}
+		cmd := s.CLICmd("", "service", "logs", "svc1", "ticker", "-f", "-n", "1")
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }() // only the CLI this test started
+		since = time.Now().Unix()
+		got.Reset()
+		for ticksAfter(got.String(), since) < 2 {
+			n, err := stdout.Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				t.Fatalf("agentvm service logs -f ended: %v after %q", err, got.String())
+			}
+		}
+	})
+
 	t.Run("processes", func(t *testing.T) {
 		ps, err := s.Client.ListProcesses(ctx, v.ID)
 		if err != nil {
@@ -211,4 +253,17 @@ func lastN(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// ticksAfter counts "tick-UNIXTIME" lines in a log with a time after since.
+func ticksAfter(log string, since int64) int {
+	n := 0
+	for _, f := range strings.Fields(log) {
+		if i := strings.Index(f, "tick-"); i >= 0 {
+			if ts, err := strconv.ParseInt(f[i+5:], 10, 64); err == nil && ts > since {
+				n++
+			}
+		}
+	}
+	return n
 }

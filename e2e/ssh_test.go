@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/e2e/testenv"
+	"golang.org/x/crypto/ssh"
 )
 
 // sshEnv runs the real OpenSSH tools against the gateway with a token as
@@ -203,6 +205,90 @@ func TestSSHGateway(t *testing.T) {
 		if body != "forwarded-ok\n" {
 			t.Fatalf("through -L: %q", body)
 		}
+	})
+
+	t.Run("window-change and signals", func(t *testing.T) {
+		// OpenSSH sends window-change only from a real terminal and never
+		// sends signals, so this drives the protocol with x/crypto/ssh.
+		host, port := s.SSHHostPort()
+		info, _ := s.Client.SSHInfo(ctx)
+		hk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(info.HostKey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := ssh.Dial("tcp", net.JoinHostPort(host, port), &ssh.ClientConfig{
+			User: "ssh1", Auth: []ssh.AuthMethod{ssh.Password(tok.Secret)},
+			HostKeyCallback: ssh.FixedHostKey(hk), Timeout: 30 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		sess, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close()
+		if err := sess.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+			t.Fatal(err)
+		}
+		pr, pw := io.Pipe()
+		sess.Stdout = pw
+		lines := make(chan string, 64)
+		go func() {
+			buf := make([]byte, 4096)
+			var acc string
+			for {
+				n, err := pr.Read(buf)
+				acc += strings.ReplaceAll(string(buf[:n]), "\r", "")
+				for {
+					i := strings.IndexByte(acc, '\n')
+					if i < 0 {
+						break
+					}
+					lines <- acc[:i]
+					acc = acc[i+1:]
+				}
+				if err != nil {
+					close(lines)
+					return
+				}
+			}
+		}()
+		waitLine := func(want string) {
+			t.Helper()
+			timeout := time.After(30 * time.Second)
+			for {
+				select {
+				case l, ok := <-lines:
+					if !ok {
+						t.Fatalf("session output ended before %q", want)
+					}
+					if l == want {
+						return
+					}
+				case <-timeout:
+					t.Fatalf("no %q from the session", want)
+				}
+			}
+		}
+		if err := sess.Start(`trap 'echo size-$(stty size | tr " " x)' WINCH; trap 'echo got-int; exit 9' INT; echo ready; while :; do sleep 0.1; done`); err != nil {
+			t.Fatal(err)
+		}
+		waitLine("ready")
+		if err := sess.WindowChange(40, 132); err != nil {
+			t.Fatal(err)
+		}
+		waitLine("size-40x132")
+		if err := sess.Signal(ssh.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		waitLine("got-int")
+		var ee *ssh.ExitError
+		if err := sess.Wait(); !errors.As(err, &ee) || ee.ExitStatus() != 9 {
+			t.Fatalf("exit after INT: %v", err)
+		}
+		pw.Close()
 	})
 
 	t.Run("agentvm ssh with a throwaway key", func(t *testing.T) {

@@ -238,12 +238,19 @@ func tailString(s string, n int) string {
 	return s
 }
 
-// CLI runs the agentvm CLI against this server and returns stdout, stderr and the exit code.
-func (s *Server) CLI(stdin string, args ...string) (string, string, int) {
-	s.t.Helper()
+// CLICmd prepares the agentvm CLI against this server as the admin, for a
+// test that drives the process itself (streams, signals).
+func (s *Server) CLICmd(stdin string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
 	cmd.Env = append(os.Environ(), "AGENTVM_URL="+s.URL, "AGENTVM_DATA_DIR="+s.DataDir, "AGENTVM_TOKEN=")
 	cmd.Stdin = strings.NewReader(stdin)
+	return cmd
+}
+
+// CLI runs the agentvm CLI against this server and returns stdout, stderr and the exit code.
+func (s *Server) CLI(stdin string, args ...string) (string, string, int) {
+	s.t.Helper()
+	cmd := s.CLICmd(stdin, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
