@@ -207,6 +207,34 @@ func TestSSHGateway(t *testing.T) {
 		}
 	})
 
+	t.Run("remote forwarding", func(t *testing.T) {
+		// ssh -R: a port inside the VM reaches a server on the client's side
+		hostPort := hostServer(t)
+		cmd := exec.Command("ssh", e.ssh("ssh1", "-N", "-o", "ExitOnForwardFailure=yes", "-R", fmt.Sprintf("127.0.0.1:9100:127.0.0.1:%d", hostPort))...)
+		cmd.Env = e.env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cmd.Process.Kill(); cmd.Wait() }() // only the ssh this test started
+		r := s.Exec(ctx, v.ID, "for i in $(seq 100); do curl -s -m 5 http://127.0.0.1:9100/ && exit 0; sleep 0.2; done; exit 1")
+		if r.ExitCode != 0 || r.Stdout != "host-ok" {
+			t.Fatalf("through -R: %+v", r)
+		}
+		// the forward ends with the ssh connection
+		cmd.Process.Kill()
+		cmd.Wait()
+		r = s.Exec(ctx, v.ID, "for i in $(seq 100); do curl -s -m 5 http://127.0.0.1:9100/ || exit 0; sleep 0.2; done; exit 1")
+		if r.ExitCode != 0 {
+			t.Fatalf("port 9100 still forwarded after ssh exited: %+v", r)
+		}
+		// a user other than root cannot take a privileged port
+		_, errOut, code := e.run("", "ssh", e.ssh("ssh1+agent", "-N", "-o", "ExitOnForwardFailure=yes", "-R", fmt.Sprintf("80:127.0.0.1:%d", hostPort))...)
+		if code == 0 || !strings.Contains(errOut, "forwarding failed") {
+			t.Fatalf("-R 80 as agent: %d %q", code, errOut)
+		}
+	})
+
 	t.Run("window-change and signals", func(t *testing.T) {
 		// OpenSSH sends window-change only from a real terminal and never
 		// sends signals, so this drives the protocol with x/crypto/ssh.

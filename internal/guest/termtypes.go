@@ -29,7 +29,33 @@ const (
 	// turns the stream into that raw TCP connection.
 	PathTCP    = "/v1/tcp"
 	TCPUpgrade = "agentvm-tcp"
+
+	// PathTCPListen: POST /v1/tcp/listen?host=H&port=P with Upgrade:
+	// agentvm-tcp-listen makes the agent listen on H:P inside the guest
+	// (default host 127.0.0.1, port 0 picks one) for as long as the stream
+	// stays open. The agent first writes one JSON TCPListening line, then
+	// one JSON TCPAccepted line per accepted connection; the host claims
+	// each with POST /v1/tcp/accept?listener=L&conn=C (Upgrade: agentvm-tcp),
+	// which turns that stream into the connection. Unclaimed connections
+	// are closed after TCPClaimTimeout; closing the listen stream closes the
+	// listener and its unclaimed connections.
+	PathTCPListen    = "/v1/tcp/listen"
+	PathTCPAccept    = "/v1/tcp/accept"
+	TCPListenUpgrade = "agentvm-tcp-listen"
+	TCPClaimTimeout  = 30 * time.Second
 )
+
+// TCPListening is the first line on a listen stream.
+type TCPListening struct {
+	Listener string `json:"listener"`
+	Port     int    `json:"port"`
+}
+
+// TCPAccepted announces a connection waiting to be claimed.
+type TCPAccepted struct {
+	Conn   string `json:"conn"`
+	Remote string `json:"remote"` // the peer's address inside the guest
+}
 
 // FrameResize is a host->guest frame on a terminal stream carrying JSON
 // TermSize. On terminal streams FrameStdin carries input, FrameSignal a

@@ -247,7 +247,9 @@ func (g *Gateway) handleConn(nc net.Conn) {
 	defer func() {
 		g.cfg.VMs.Event(vmID, "ssh", who, "ssh session as %s closed after %s", user, time.Since(start).Round(time.Second))
 	}()
-	go ssh.DiscardRequests(reqs)
+	fw := &forwards{g: g, sc: sc, vmID: vmID, user: user, who: who, ls: map[string]*guest.TCPListener{}}
+	defer fw.closeAll()
+	go fw.serve(reqs)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for nch := range chans {
@@ -273,55 +275,4 @@ func (g *Gateway) handleConn(nc net.Conn) {
 			nch.Reject(ssh.UnknownChannelType, "unsupported channel type "+nch.ChannelType())
 		}
 	}
-}
-
-// directTCPIP serves ssh -L: the guest agent dials the target from inside the VM.
-func (g *Gateway) directTCPIP(vmID string, nch ssh.NewChannel) {
-	var req struct {
-		Host     string
-		Port     uint32
-		OrigHost string
-		OrigPort uint32
-	}
-	if err := ssh.Unmarshal(nch.ExtraData(), &req); err != nil {
-		nch.Reject(ssh.ConnectionFailed, "bad direct-tcpip request")
-		return
-	}
-	if req.Port == 0 || req.Port > 65535 {
-		nch.Reject(ssh.ConnectionFailed, "bad port")
-		return
-	}
-	host := req.Host
-	if host == "localhost" || host == "" {
-		host = "127.0.0.1"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	_, gc, err := g.cfg.VMs.Guest(ctx, vmID)
-	var conn net.Conn
-	if err == nil {
-		conn, err = gc.DialTCP(ctx, host, int(req.Port))
-	}
-	cancel()
-	if err != nil {
-		nch.Reject(ssh.ConnectionFailed, err.Error())
-		return
-	}
-	defer conn.Close()
-	ch, reqs, err := nch.Accept()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
-	go ssh.DiscardRequests(reqs)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		copyBuf(conn, ch)
-		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
-	}()
-	copyBuf(ch, conn)
-	ch.CloseWrite()
-	<-done
 }

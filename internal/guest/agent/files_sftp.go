@@ -178,8 +178,49 @@ func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	cmd.Stdin, cmd.Stdout = brw.Reader, conn
-	if err := cmd.Run(); err != nil {
+	// Big pipes and big copies: with exec's default 64 KiB pipes and 32 KiB
+	// copies, the wake-ups between the agent and the helper dominate under TCG.
+	inR, inW, err := bigPipe()
+	if err != nil {
+		a.logf("sftp-server as %s: %v", u.Name, err)
+		return
+	}
+	outR, outW, err := bigPipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		a.logf("sftp-server as %s: %v", u.Name, err)
+		return
+	}
+	cmd.Stdin, cmd.Stdout = inR, outW
+	err = cmd.Start()
+	inR.Close()
+	outW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
+		a.logf("sftp-server as %s: %v", u.Name, err)
+		return
+	}
+	go func() { // client -> helper; the client's EOF ends the helper
+		buf := make([]byte, pipeChunk)
+		io.CopyBuffer(inW, struct{ io.Reader }{brw.Reader}, buf)
+		inW.Close()
+	}()
+	buf := make([]byte, pipeChunk)
+	for { // helper -> client, batching what the pipe holds
+		n, err := readMore(outR, buf)
+		if n > 0 {
+			if _, werr := conn.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	outR.Close()
+	if err := cmd.Wait(); err != nil {
 		a.logf("sftp-server as %s: %v", u.Name, err)
 	}
 }

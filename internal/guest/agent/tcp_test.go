@@ -192,5 +192,63 @@ func TestTCP(t *testing.T) {
 		}
 	})
 
+	t.Run("listen-accept", func(t *testing.T) {
+		l, err := e.c.ListenTCP(ctx, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if l.Port() == 0 {
+			t.Fatal("no port")
+		}
+		// two connections in the guest, claimed in order, each both ways
+		for i := 0; i < 2; i++ {
+			c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(l.Port())))
+			if err != nil {
+				t.Fatal(err)
+			}
+			gc, remote, err := l.Accept(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if remote != c.LocalAddr().String() {
+				t.Errorf("remote %q, want %q", remote, c.LocalAddr())
+			}
+			c.Write([]byte("ping"))
+			c.(*net.TCPConn).CloseWrite()
+			got, _ := io.ReadAll(gc)
+			gc.Write([]byte("pong"))
+			gc.Close()
+			back, _ := io.ReadAll(c)
+			c.Close()
+			if string(got) != "ping" || string(back) != "pong" {
+				t.Fatalf("conn %d: %q / %q", i, got, back)
+			}
+		}
+		// the same port twice is a conflict
+		_, err = e.c.ListenTCP(ctx, "127.0.0.1", l.Port())
+		termWantErr(t, err, 409, "conflict")
+		_, err = e.c.ListenTCP(ctx, "127.0.0.1", 70000)
+		termWantErr(t, err, 400, "invalid")
+		// closing the listen stream stops listening in the guest
+		port := l.Port()
+		l.Close()
+		if _, _, err := l.Accept(ctx); err == nil {
+			t.Fatal("accept after close")
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if err != nil {
+				break
+			}
+			c.Close()
+			if time.Now().After(deadline) {
+				t.Fatal("still listening after Close")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+
 	checkNoTermGoroutines(t)
 }

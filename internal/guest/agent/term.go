@@ -52,6 +52,7 @@ func (a *Agent) registerTerms(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+guest.PathTerms+"/{name}/resize", m.handleResize)
 	mux.HandleFunc("POST "+guest.PathTerms+"/{name}/signal", m.handleSignal)
 	mux.HandleFunc("POST "+guest.PathTCP, a.handleTCP)
+	a.registerTCPListen(mux)
 }
 
 // get returns the terminal called name, or nil.
