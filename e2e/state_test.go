@@ -153,9 +153,25 @@ func TestPauseSuspendWake(t *testing.T) {
 	if _, err := s.Client.ResizeVM(ctx, "life", api.ResizeRequest{Disk: 9 << 30}); !isStatus(err, 400) || !strings.Contains(err.Error(), "shrinking") {
 		t.Fatalf("shrink: %v", err)
 	}
+	// vCPUs are hot-added to the running VM and come online at once
 	r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 2})
-	if err != nil || r.NextCPUs != 2 || !strings.Contains(r.Op.Message, "next start") {
+	if err != nil || r.CPUs != 2 || r.NextCPUs != 0 || !strings.Contains(r.Op.Message, "hot-added") {
 		t.Fatalf("resize cpus: %v %+v", err, r)
+	}
+	if got := strings.TrimSpace(s.Exec(ctx, "life", "nproc").Stdout); got != "2" {
+		t.Fatalf("nproc after hot-adding a vCPU: %q", got)
+	}
+	// beyond the hotplug room, fewer vCPUs, and memory: at the next start
+	r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 40, Memory: 1 << 30})
+	if err != nil || r.CPUs != 2 || r.NextCPUs != 40 || !strings.Contains(r.Op.Message, "next start") {
+		t.Fatalf("resize beyond the hotplug room: %v %+v", err, r)
+	}
+	r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 1, Memory: 512 << 20})
+	if err != nil || r.CPUs != 2 || r.NextCPUs != 1 || !strings.Contains(r.Op.Message, "never removed live") {
+		t.Fatalf("resize to fewer vCPUs: %v %+v", err, r)
+	}
+	if r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 2}); err != nil || r.NextCPUs != 0 || r.NextMemoryMiB != 0 || !strings.Contains(r.Op.Message, "cancelled") {
+		t.Fatalf("back to the current count: %v %+v", err, r)
 	}
 
 	// graceful server shutdown suspends the VM; the next start wakes it
@@ -166,6 +182,10 @@ func TestPauseSuspendWake(t *testing.T) {
 	s.Restart()
 	waitState(t, s, "life", "running", 2*time.Minute)
 	verifyState(t, s, ctx, "life", last)
+	// the hot-added vCPU came back with the saved state
+	if got := strings.TrimSpace(s.Exec(ctx, "life", "nproc").Stdout); got != "2" {
+		t.Fatalf("nproc after suspend and wake: %q", got)
+	}
 }
 
 func TestSnapshotAndFork(t *testing.T) {
@@ -223,6 +243,10 @@ func TestSnapshotAndFork(t *testing.T) {
 	}
 
 	// live fork: the parent keeps running; children get their own identity and disk
+	// (and the parent's hot-added vCPU)
+	if r, err := s.Client.ResizeVM(ctx, "restored", api.ResizeRequest{CPUs: 2}); err != nil || r.CPUs != 2 {
+		t.Fatalf("hot-add before the fork: %v %+v", err, r)
+	}
 	before := counter(t, s, ctx, "restored")
 	res, err := s.Client.Fork(ctx, "restored", 2)
 	if err != nil {
@@ -235,6 +259,9 @@ func TestSnapshotAndFork(t *testing.T) {
 	a, b := res.Children[0].Name, res.Children[1].Name
 	for _, ch := range []string{a, b} {
 		verifyState(t, s, ctx, ch, before)
+		if got := strings.TrimSpace(s.Exec(ctx, ch, "nproc").Stdout); got != "2" || res.Children[0].CPUs != 2 {
+			t.Fatalf("fork child %s: nproc %q, cpus %d", ch, got, res.Children[0].CPUs)
+		}
 	}
 	verifyState(t, s, ctx, "restored", before)
 	s.Exec(ctx, a, "echo only-a > /data/f1; sync")

@@ -366,6 +366,13 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		s.store.UpdateVM(ctx, v)
 		s.log.Info("recorded the disk top of an interrupted snapshot", "vm", v.ID, "top", top)
 	}
+	// A CPU hot-add interrupted before it was recorded: the restore command
+	// line must name the vCPUs QEMU really has.
+	if n, err := m.PresentCPUs(actx); err == nil && n != v.CPUs {
+		s.log.Info("recorded the vCPU count of an interrupted resize", "vm", v.ID, "was", v.CPUs, "cpus", n)
+		v.CPUs = n
+		s.store.UpdateVM(ctx, v)
+	}
 	s.setInstance(v.ID, in)
 	go s.monitor(v.ID, in)
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)

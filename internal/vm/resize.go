@@ -2,11 +2,14 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"strings"
 
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -24,8 +27,9 @@ type ResizeResult struct {
 }
 
 // Resize grows a VM. The disk grows online (block_resize, then the guest grows its
-// filesystem). CPU and memory changes of a running VM apply at its next start
-// (no hotplug in the pinned machine yet); shrinking is refused.
+// filesystem), vCPUs are hot-added to a running VM up to qemu.MaxCPUs; other CPU
+// changes and memory changes of a running VM apply at its next start. Shrinking
+// the disk is refused.
 func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) (*ResizeResult, error) {
 	if o.CPUs == 0 && o.MemoryMiB == 0 && o.DiskBytes == 0 {
 		return nil, fmt.Errorf("%w: nothing to resize: give cpus, memory or disk", ErrInvalid)
@@ -82,6 +86,15 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 		}
 		v.DiskBytes = o.DiskBytes
 	}
+	// Asking for the current size cancels a change pending for the next start.
+	if o.CPUs != 0 && o.CPUs == v.CPUs && v.NextCPUs != 0 {
+		v.NextCPUs = 0
+		msgs = append(msgs, "the pending CPU change is cancelled")
+	}
+	if o.MemoryMiB != 0 && o.MemoryMiB == v.MemoryMiB && v.NextMemoryMiB != 0 {
+		v.NextMemoryMiB = 0
+		msgs = append(msgs, "the pending memory change is cancelled")
+	}
 	if (o.CPUs != 0 && o.CPUs != v.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != v.MemoryMiB) {
 		if o.MemoryMiB != 0 {
 			if err := s.admit(o.MemoryMiB-v.MemoryMiB, 0); err != nil && o.MemoryMiB > v.MemoryMiB {
@@ -89,13 +102,26 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 			}
 		}
 		if live {
-			if o.CPUs != 0 {
+			if o.CPUs > v.CPUs && v.State == "running" && o.CPUs <= qemu.MaxCPUs(v.CPUs) {
+				if err := s.growCPUs(ctx, v, o.CPUs); err != nil {
+					return nil, err
+				}
+				if v.NextCPUs != 0 && v.NextCPUs <= v.CPUs {
+					v.NextCPUs = 0
+				}
+				msgs = append(msgs, fmt.Sprintf("%d vCPUs online now (hot-added)", v.CPUs))
+			} else if o.CPUs != 0 && o.CPUs != v.CPUs {
 				v.NextCPUs = o.CPUs
+				why := fmt.Sprintf("vCPUs are added live only to a running VM, up to %d", qemu.MaxCPUs(v.CPUs))
+				if o.CPUs < v.CPUs {
+					why = "vCPUs are never removed live"
+				}
+				msgs = append(msgs, "the CPU count applies at the next start (stop and start the VM): "+why)
 			}
-			if o.MemoryMiB != 0 {
+			if o.MemoryMiB != 0 && o.MemoryMiB != v.MemoryMiB {
 				v.NextMemoryMiB = o.MemoryMiB
+				msgs = append(msgs, "memory changes apply at the next start (stop and start the VM)")
 			}
-			msgs = append(msgs, "CPU and memory changes apply at the next start (stop and start the VM)")
 		} else {
 			if o.CPUs != 0 {
 				v.CPUs = o.CPUs
@@ -111,4 +137,47 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	}
 	s.logEvent(v.ID, "resize: %s", strings.Join(msgs, "; "))
 	return &ResizeResult{VM: v, Message: strings.Join(msgs, "; ")}, s.store.UpdateVM(ctx, v)
+}
+
+// growCPUs hot-adds vCPUs to a running VM and brings them online in the
+// guest. The record follows QEMU after every added vCPU: a later restore
+// starts QEMU with exactly the vCPUs it had (see qemu.AddCPUs).
+func (s *Service) growCPUs(ctx context.Context, v *store.VM, want int) error {
+	in, err := s.attached(v)
+	if err != nil {
+		return err
+	}
+	for v.CPUs < want {
+		n, err := in.machine.AddCPUs(ctx, v.CPUs+1)
+		if n > v.CPUs {
+			v.CPUs = n
+			if uerr := s.store.UpdateVM(ctx, v); uerr != nil && err == nil {
+				err = uerr
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("add vCPUs: %w", err)
+		}
+	}
+	c, err := in.guestClient(ctx)
+	if err != nil {
+		return fmt.Errorf("bring the new vCPUs online: %w", err)
+	}
+	// The kernel registers a hot-added CPU asynchronously and leaves it
+	// offline (Debian has no auto-online rule): online each one as it shows up.
+	script := fmt.Sprintf(`for i in $(seq 300); do
+  for f in /sys/devices/system/cpu/cpu[0-9]*/online; do [ "$(cat $f)" = 0 ] && echo 1 > $f 2>/dev/null; done
+  [ "$(getconf _NPROCESSORS_ONLN)" -ge %d ] && exit 0
+  sleep 0.1
+done
+echo "only $(getconf _NPROCESSORS_ONLN) of %d vCPUs came online" >&2; exit 1`, want, want)
+	var errb strings.Builder
+	st, err := c.Run(ctx, guest.ExecRequest{Shell: script, TimeoutMS: 60_000}, nil, io.Discard, &errb)
+	if err == nil && st.ExitCode != 0 {
+		err = errors.New(strings.TrimSpace(errb.String()))
+	}
+	if err != nil {
+		return fmt.Errorf("bring the new vCPUs online: %w", err)
+	}
+	return nil
 }

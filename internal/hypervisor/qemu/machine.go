@@ -22,7 +22,10 @@ const MachineType = "pc-q35-7.2"
 
 // DeviceSet names the device layout baked into every template and snapshot; bump it
 // whenever Args changes the guest-visible hardware.
-const DeviceSet = "ds1:virtio-blk,virtio-net-stream,virtio-serial-agent,vmgenid,serial"
+const DeviceSet = "ds2:virtio-blk-4q,virtio-net-stream,virtio-serial-agent,vmgenid,serial,cpu-hotplug16"
+
+// blkQueues is the virtio-blk queue count of every machine.
+const blkQueues = 4
 
 // Config is everything needed to start one QEMU process.
 type Config struct {
@@ -71,13 +74,15 @@ func (c Config) Args() []string {
 		"-machine", MachineType + ",memory-backend=mem",
 		"-accel", accel,
 		"-cpu", c.CPUModel,
-		"-smp", strconv.Itoa(c.CPUs),
+		"-smp", fmt.Sprintf("%d,maxcpus=%d", c.CPUs, MaxCPUs(c.CPUs)),
 		"-m", fmt.Sprintf("%dM", c.MemoryMiB),
 		"-object", mem,
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-kernel", c.Kernel, "-initrd", c.Initrd, "-append", c.Append,
 		"-drive", "file=" + c.Disk + ",if=none,id=disk0,format=qcow2,discard=unmap",
-		"-device", "virtio-blk-pci,drive=disk0,id=vda",
+		// num-queues is fixed: by default it follows -smp, and a VM whose
+		// vCPUs were hot-added would restore with a different PCI layout.
+		"-device", "virtio-blk-pci,drive=disk0,id=vda,num-queues=" + strconv.Itoa(blkQueues),
 		"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=" + c.NetSock,
 		"-device", "virtio-net-pci,netdev=net0,id=nic0,mac=" + c.MAC,
 		"-device", "virtio-serial-pci,id=vser0",
