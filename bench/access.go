@@ -30,8 +30,8 @@ type AccessReport struct {
 	GatewaySCPUpMiBs   float64 `json:"gateway_scp_upload_mib_s"`
 	GatewaySCPDownMiBs float64 `json:"gateway_scp_download_mib_s"`
 	// As the agent user, SFTP runs in a helper process in the guest.
-	AgentSCPUpMiBs   float64 `json:"gateway_scp_agent_upload_mib_s"`
-	AgentSCPDownMiBs float64 `json:"gateway_scp_agent_download_mib_s"`
+	AgentSCPUpMiBs     float64 `json:"gateway_scp_agent_upload_mib_s"`
+	AgentSCPDownMiBs   float64 `json:"gateway_scp_agent_download_mib_s"`
 	SSHDSCPUpMiBs      float64 `json:"sshd_scp_upload_mib_s"`
 	SSHDSCPDownMiBs    float64 `json:"sshd_scp_download_mib_s"`
 	FilesVsSSHDUp      float64 `json:"files_vs_sshd_upload"`
