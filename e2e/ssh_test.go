@@ -174,6 +174,17 @@ func TestSSHGateway(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "Number of regular files transferred: 0") {
 			t.Fatalf("rsync again: %d %q", code, out)
 		}
+		// scp and sftp as agent: files are agent's, root's are out of reach
+		os.WriteFile(filepath.Join(dir, "mine.txt"), []byte("agent's\n"), 0o640)
+		if out, errOut, code := e.run("", "scp", append(append(e.opts(), "-P", e.port, "-p"), filepath.Join(dir, "mine.txt"), "ssh1+agent@"+e.host+":")...); code != 0 {
+			t.Fatalf("scp as agent: %d %q %q", code, out, errOut)
+		}
+		if r := s.Exec(ctx, v.ID, "stat -c '%U %a' /home/agent/mine.txt; cat /home/agent/mine.txt"); r.Stdout != "agent 640\nagent's\n" {
+			t.Fatalf("after scp as agent: %q %q", r.Stdout, r.Stderr)
+		}
+		if _, errOut, code := e.run("", "scp", append(append(e.opts(), "-P", e.port), filepath.Join(dir, "mine.txt"), "ssh1+agent@"+e.host+":/root/")...); code == 0 || !strings.Contains(errOut, "ermission denied") {
+			t.Fatalf("scp as agent into /root: %d %q", code, errOut)
+		}
 	})
 
 	t.Run("local forwarding", func(t *testing.T) {

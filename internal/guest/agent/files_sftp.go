@@ -5,11 +5,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
-	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
 
@@ -129,9 +126,11 @@ func (a *asyncWriter) Close() error {
 	return a.closeErr
 }
 
-// handleSFTP serves POST /v1/sftp (see guest.PathSFTP). Root's sessions run
-// in the agent itself: no process, no pipes, so the data is copied once
-// less on each side (every guest-kernel copy is emulated under TCG).
+// handleSFTP serves POST /v1/sftp (see guest.PathSFTP) inside the agent:
+// no process, no pipes, so the data is copied once less on each side
+// (every guest-kernel copy is emulated under TCG). Root's sessions use
+// pkg/sftp's file server directly; other users' sessions run every path
+// operation with their file-system credentials (ServeSFTPAs).
 func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), guest.SFTPUpgrade) {
 		writeError(w, http.StatusBadRequest, guest.CodeInvalid, "sftp needs Upgrade: "+guest.SFTPUpgrade)
@@ -143,25 +142,15 @@ func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	home := "/"
-	if fi, err := os.Stat(u.Home); err == nil && fi.IsDir() {
-		home = u.Home
-	}
-	var cmd *exec.Cmd
-	if u.UID != 0 {
-		sp, err := a.prepareExec(&guest.ExecRequest{Argv: []string{"/proc/self/exe"}, User: u.Name})
-		if err != nil {
-			writeError(w, http.StatusBadRequest, guest.CodeInvalid, err.Error())
-			return
+	if err := asUser(u, func() error {
+		fi, err := os.Stat(u.Home)
+		if err == nil && fi.IsDir() {
+			home = u.Home
 		}
-		exe, err := os.Executable()
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, "internal", err.Error())
-			return
-		}
-		cmd = exec.Command(exe, "sftp-server")
-		cmd.Dir, cmd.Env = sp.dir, sp.env
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: sp.cred}
-		cmd.WaitDelay = time.Second
+		return nil
+	}); err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		return
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
@@ -172,55 +161,12 @@ func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
 	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.SFTPUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
 		return
 	}
-	if cmd == nil {
-		if err := ServeSFTP(brw.Reader, conn, home); err != nil && err != io.EOF {
-			a.logf("sftp: %v", err)
-		}
-		return
+	if u.UID == 0 {
+		err = ServeSFTP(brw.Reader, conn, home)
+	} else {
+		err = ServeSFTPAs(brw.Reader, conn, home, u)
 	}
-	// Big pipes and big copies: with exec's default 64 KiB pipes and 32 KiB
-	// copies, the wake-ups between the agent and the helper dominate under TCG.
-	inR, inW, err := bigPipe()
-	if err != nil {
-		a.logf("sftp-server as %s: %v", u.Name, err)
-		return
-	}
-	outR, outW, err := bigPipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		a.logf("sftp-server as %s: %v", u.Name, err)
-		return
-	}
-	cmd.Stdin, cmd.Stdout = inR, outW
-	err = cmd.Start()
-	inR.Close()
-	outW.Close()
-	if err != nil {
-		inW.Close()
-		outR.Close()
-		a.logf("sftp-server as %s: %v", u.Name, err)
-		return
-	}
-	go func() { // client -> helper; the client's EOF ends the helper
-		buf := make([]byte, pipeChunk)
-		io.CopyBuffer(inW, struct{ io.Reader }{brw.Reader}, buf)
-		inW.Close()
-	}()
-	buf := make([]byte, pipeChunk)
-	for { // helper -> client, batching what the pipe holds
-		n, err := readMore(outR, buf)
-		if n > 0 {
-			if _, werr := conn.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	outR.Close()
-	if err := cmd.Wait(); err != nil {
-		a.logf("sftp-server as %s: %v", u.Name, err)
+	if err != nil && err != io.EOF {
+		a.logf("sftp as %s: %v", u.Name, err)
 	}
 }
