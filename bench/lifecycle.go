@@ -78,6 +78,7 @@ func (b *bench) runLifecycle(ctx context.Context) (err error) {
 		{"suspend/wake", b.lcSuspend},
 		{"snapshot", b.lcSnapshot},
 		{"fork", b.lcFork},
+		{"resize", b.lcResize},
 	}
 	var errs []error
 	for _, p := range phases {
@@ -412,5 +413,51 @@ func (b *bench) forkOnce(ctx context.Context, vm string, fr *ForkRun) error {
 		fr.Error = err.Error()
 		return err
 	}
+	return nil
+}
+
+// lcResize hot-adds vCPUs to the running VM (1 -> 2 -> 4), each call until
+// the guest sees them online, against the way without hotplug: stop, start
+// with the new count, first exec.
+func (b *bench) lcResize(ctx context.Context, vm string, lc *LifecycleReport) error {
+	nproc := func() (string, error) {
+		res, err := b.c.Exec(ctx, vm, api.ExecRequest{Cmd: []string{"nproc"}})
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(res.Stdout), nil
+	}
+	for _, n := range []int{2, 4} {
+		t0 := time.Now()
+		v, err := b.c.ResizeVM(ctx, vm, api.ResizeRequest{CPUs: n})
+		if err != nil {
+			return fmt.Errorf("hot-add to %d vCPUs: %w", n, err)
+		}
+		d := ms(time.Since(t0))
+		if got, err := nproc(); err != nil || got != strconv.Itoa(n) || v.CPUs != n {
+			return fmt.Errorf("after hot-adding to %d vCPUs: nproc %q, cpus %d, %v", n, got, v.CPUs, err)
+		}
+		lc.HotAdd = append(lc.HotAdd, HotAddRun{To: n, WallMs: d})
+		logf("hot-add to %d vCPUs: %d ms", n, d)
+	}
+	logf("baseline: stop, start with 8 vCPUs, first exec")
+	t0 := time.Now()
+	if _, err := b.c.StopVM(ctx, vm); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	if _, err := b.c.ResizeVM(ctx, vm, api.ResizeRequest{CPUs: 8}); err != nil {
+		return fmt.Errorf("resize a stopped VM: %w", err)
+	}
+	if _, err := b.c.StartVM(ctx, vm); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	if _, err := b.firstExec(ctx, vm); err != nil {
+		return err
+	}
+	lc.RestartResizeMs = ms(time.Since(t0))
+	if got, err := nproc(); err != nil || got != "8" {
+		return fmt.Errorf("after a restart with 8 vCPUs: nproc %q, %v", got, err)
+	}
+	logf("stop + start with 8 vCPUs + first exec: %d ms", lc.RestartResizeMs)
 	return nil
 }

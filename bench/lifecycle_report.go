@@ -35,6 +35,9 @@ type LifecycleReport struct {
 
 	Forks []ForkRun `json:"forks"`
 
+	HotAdd          []HotAddRun `json:"hot_add"`
+	RestartResizeMs int64       `json:"stop_start_resize_to_exec_ms"`
+
 	ResumeTargetMs  float64 `json:"target_resume_ms"`
 	WakeTargetMs    float64 `json:"target_wake_to_exec_ms"`
 	ForkPauseTarget float64 `json:"target_fork_parent_pause_ms"`
@@ -42,6 +45,12 @@ type LifecycleReport struct {
 	Fork8Over1      float64 `json:"fork8_ready_over_fork1_ready,omitempty"`
 	Fork4Over1Ret   float64 `json:"fork4_returned_over_fork1_returned,omitempty"`
 	Fork8Over1Ret   float64 `json:"fork8_returned_over_fork1_returned,omitempty"`
+}
+
+// HotAddRun is one live vCPU hot-add, until the guest has them online.
+type HotAddRun struct {
+	To     int   `json:"to_cpus"`
+	WallMs int64 `json:"wall_ms"`
 }
 
 // ForkRun is one live fork into Count children.
@@ -179,6 +188,19 @@ func (r *Report) PrintLifecycle(w io.Writer) {
 		fmt.Fprintf(w, "  target N=4 ready <= 2x N=1: %.2fx -> %s\n", lc.Fork4Over1, verdict(lc.Fork4Over1 <= 2))
 	}
 	fmt.Fprintln(w)
+
+	if len(lc.HotAdd) > 0 {
+		fmt.Fprintln(w, "5. Resize the running VM's vCPUs (returns once the guest has them online)")
+		for _, h := range lc.HotAdd {
+			fmt.Fprintf(w, "  hot-add to %d vCPUs: %d ms\n", h.To, h.WallMs)
+		}
+		if lc.RestartResizeMs > 0 {
+			last := lc.HotAdd[len(lc.HotAdd)-1].WallMs
+			fmt.Fprintf(w, "  baseline without hotplug: stop + start with 8 vCPUs + first exec: %d ms (%.0fx the last hot-add)\n",
+				lc.RestartResizeMs, float64(lc.RestartResizeMs)/float64(max(last, 1)))
+		}
+		fmt.Fprintln(w)
+	}
 
 	fmt.Fprintln(w, "Bytes moved per save:")
 	fmt.Fprintf(w, "  suspend:  %s\n", mibList(lc.SuspendBytes))

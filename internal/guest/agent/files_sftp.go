@@ -164,7 +164,7 @@ func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
 	if u.UID == 0 {
 		err = ServeSFTP(brw.Reader, conn, home)
 	} else {
-		err = ServeSFTPAs(brw.Reader, conn, home, u)
+		err = ServeSFTPAs(brw.Reader, conn, home, u, a.users)
 	}
 	if err != nil && err != io.EOF {
 		a.logf("sftp as %s: %v", u.Name, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"syscall"
 
 	"github.com/pkg/sftp"
@@ -72,14 +73,15 @@ func (t *userThread) close() { close(t.calls) }
 // permissions and new files belong to u, while file data moves through the
 // opened files on any thread. It replaces a helper process running as u,
 // and its two pipe copies in each direction.
-func ServeSFTPAs(r io.Reader, w io.WriteCloser, workDir string, u *userInfo) error {
+// users (may be nil) names owners in long listings.
+func ServeSFTPAs(r io.Reader, w io.WriteCloser, workDir string, u *userInfo, users *userDB) error {
 	ut, err := newUserThread(u)
 	if err != nil {
 		w.Close()
 		return err
 	}
 	defer ut.close()
-	h := &userFS{t: ut}
+	h := &userFS{t: ut, users: users}
 	aw := newAsyncWriter(w, 1<<20)
 	rwc := struct {
 		io.Reader
@@ -97,7 +99,31 @@ func ServeSFTPAs(r io.Reader, w io.WriteCloser, workDir string, u *userInfo) err
 }
 
 // userFS implements pkg/sftp's request handlers on the real file system.
-type userFS struct{ t *userThread }
+type userFS struct {
+	t     *userThread
+	users *userDB
+}
+
+// LookupUserName names a uid in long listings (ls -l in sftp).
+func (h *userFS) LookupUserName(uid string) string {
+	if h.users != nil {
+		if u, err := h.users.lookup(uid); err == nil {
+			return u.Name
+		}
+	}
+	return uid
+}
+
+// LookupGroupName names a gid in long listings: the user whose private
+// group it is (uid = gid = the group's id), else the number.
+func (h *userFS) LookupGroupName(gid string) string {
+	if h.users != nil {
+		if u, err := h.users.lookup(gid); err == nil && strconv.FormatUint(uint64(u.GID), 10) == gid {
+			return u.Name
+		}
+	}
+	return gid
+}
 
 func (h *userFS) open(path string, flag int, perm os.FileMode) (*os.File, error) {
 	var f *os.File

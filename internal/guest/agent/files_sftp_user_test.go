@@ -27,7 +27,7 @@ func TestServeSFTPAs(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		defer c2sR.Close()
-		done <- ServeSFTPAs(c2sR, s2cW, home, u)
+		done <- ServeSFTPAs(c2sR, s2cW, home, u, nil)
 	}()
 	cl, err := sftp.NewClientPipe(s2cR, c2sW)
 	if err != nil {
