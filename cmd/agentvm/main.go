@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/pkg/client"
 	"github.com/spf13/cobra"
 )
@@ -20,6 +21,13 @@ type exitError struct{ code int }
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == qemu.StateCatArg { // QEMU reading a state file
+		if err := qemu.CatState(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "agentvm state-cat:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	root := &cobra.Command{
 		Use:           "agentvm",
 		Short:         "Durable, forkable Linux VMs for AI agents",

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/server"
 	"github.com/spf13/cobra"
 )
@@ -26,6 +27,9 @@ func serveCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			if exe, err := os.Executable(); err == nil {
+				qemu.StateReader = []string{exe, qemu.StateCatArg} // restores read state with splice
+			}
 			s, err := server.New(cmd.Context(), cfg)
 			if err != nil {
 				return err

@@ -335,10 +335,14 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 			return err
 		}
 	}
-	// Incoming streams go through `cat`: QEMU 7.2 reading the state from a passed
+	// Incoming streams go through a pipe (StateReader): QEMU 7.2 reading the state from a passed
 	// file descriptor segfaulted now and then when several restores of one file ran
 	// at once (forks), while the pipe has never failed.
-	uri := "exec:cat " + shellQuote(m.cfg.Incoming)
+	var cmd []string
+	for _, a := range StateReader {
+		cmd = append(cmd, shellQuote(a))
+	}
+	uri := "exec:" + strings.Join(cmd, " ") + " " + shellQuote(m.cfg.Incoming)
 	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return err
 	}
