@@ -247,6 +247,19 @@ func setstat(p string, fl sftp.FileAttrFlags, a *sftp.FileStat) error {
 	return nil
 }
 
+// StatVFS answers statvfs@openssh.com (df in sftp), as the root server does.
+func (h *userFS) StatVFS(r *sftp.Request) (*sftp.StatVFS, error) {
+	var st syscall.Statfs_t
+	if err := h.t.do(func() error { return syscall.Statfs(r.Filepath, &st) }); err != nil {
+		return nil, &os.PathError{Op: "statfs", Path: r.Filepath, Err: err}
+	}
+	return &sftp.StatVFS{
+		Bsize: uint64(st.Bsize), Frsize: uint64(st.Frsize), Blocks: st.Blocks, Bfree: st.Bfree,
+		Bavail: st.Bavail, Files: st.Files, Ffree: st.Ffree, Favail: st.Ffree,
+		Flag: uint64(st.Flags), Namemax: uint64(st.Namelen),
+	}, nil
+}
+
 func (h *userFS) Filelist(r *sftp.Request) (sftp.ListerAt, error) {
 	p := r.Filepath
 	var out fileList

@@ -121,6 +121,9 @@ func TestServeSFTPAs(t *testing.T) {
 	if _, err := cl.Stat("/nonexistent/x"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stat of a missing file: %v", err)
 	}
+	if vfs, err := cl.StatVFS("."); err != nil || vfs.Blocks == 0 || vfs.Namemax == 0 {
+		t.Fatalf("statvfs: %+v %v", vfs, err)
+	}
 	if fsuid, _ := unix.SetfsuidRetUid(-1); fsuid != 0 {
 		t.Fatalf("fsuid %d leaked to the test's thread", fsuid)
 	}
