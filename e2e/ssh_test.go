@@ -182,6 +182,14 @@ func TestSSHGateway(t *testing.T) {
 		if r := s.Exec(ctx, v.ID, "stat -c '%U %a' /home/agent/mine.txt; cat /home/agent/mine.txt"); r.Stdout != "agent 640\nagent's\n" {
 			t.Fatalf("after scp as agent: %q %q", r.Stdout, r.Stderr)
 		}
+		// without -p the mode comes from the open itself: a private file stays private
+		os.WriteFile(filepath.Join(dir, "key.txt"), []byte("private\n"), 0o600)
+		if out, errOut, code := e.run("", "scp", append(append(e.opts(), "-P", e.port), filepath.Join(dir, "key.txt"), "ssh1+agent@"+e.host+":")...); code != 0 {
+			t.Fatalf("scp of a 0600 file as agent: %d %q %q", code, out, errOut)
+		}
+		if r := s.Exec(ctx, v.ID, "stat -c '%U %a' /home/agent/key.txt"); r.Stdout != "agent 600\n" {
+			t.Fatalf("mode of an uploaded 0600 file: %q", r.Stdout)
+		}
 		if _, errOut, code := e.run("", "scp", append(append(e.opts(), "-P", e.port), filepath.Join(dir, "mine.txt"), "ssh1+agent@"+e.host+":/root/")...); code == 0 || !strings.Contains(errOut, "ermission denied") {
 			t.Fatalf("scp as agent into /root: %d %q", code, errOut)
 		}

@@ -149,13 +149,22 @@ func (f *forwards) listen(payload []byte) (int, error) {
 	f.ls[key] = l
 	f.mu.Unlock()
 	f.g.cfg.VMs.Event(f.vmID, "ssh", f.who, "ssh -R: listening on %s port %d in the VM", guestBindHost(r.Addr), l.Port())
-	go f.accept(l, r.Addr, l.Port())
+	go f.accept(l, key, r.Addr, l.Port())
 	return l.Port(), nil
 }
 
 // accept hands every connection made to l inside the guest to the client.
-func (f *forwards) accept(l *guest.TCPListener, addr string, port int) {
-	defer l.Close()
+// When the listener ends (cancelled, or the guest agent session is gone),
+// its forward is forgotten, so the client may ask for it again.
+func (f *forwards) accept(l *guest.TCPListener, key, addr string, port int) {
+	defer func() {
+		l.Close()
+		f.mu.Lock()
+		if f.ls[key] == l {
+			delete(f.ls, key)
+		}
+		f.mu.Unlock()
+	}()
 	for {
 		conn, remote, err := l.Accept(context.Background())
 		if err != nil {

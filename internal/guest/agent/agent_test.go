@@ -294,6 +294,14 @@ func TestAgent(t *testing.T) {
 			t.Fatalf("got %+v, %d bytes", r.st, len(r.stdout))
 		}
 		t.Logf("returned after %v with %d bytes of background output", r.elapsed, len(r.stdout))
+		// A slow writer that never leaves the pipe quiet for a whole window
+		// is cut off too (it once held the exit for minutes).
+		r = e.mustRun(guest.ExecRequest{Shell: "(while :; do echo x; sleep 0.005; done) & echo $! > " + pidFile}, nil)
+		syscall.Kill(readPid(t, pidFile), syscall.SIGKILL)
+		if r.st.ExitCode != 0 || r.elapsed > 20*time.Second {
+			t.Fatalf("slow background writer: %+v after %v", r.st, r.elapsed)
+		}
+		t.Logf("slow background writer: returned after %v", r.elapsed)
 	})
 	t.Run("signal", func(t *testing.T) {
 		s, err := e.c.Exec(ctx, guest.ExecRequest{Shell: "echo ready; sleep 100"})

@@ -70,5 +70,14 @@ func setThreadCreds(u *userInfo) error {
 	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(u.UID) {
 		return fmt.Errorf("setfsuid %d for user %s failed", u.UID, u.Name)
 	}
+	// A non-zero fsuid drops only the file-system capabilities: drop the rest
+	// too (CAP_SYS_RESOURCE would let the user write into ext4's reserved
+	// blocks and past quotas, CAP_SYS_ADMIN much more), as a setuid process
+	// would. Pid 0 is this thread only; it is never reused.
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var none [2]unix.CapUserData
+	if err := unix.Capset(&hdr, &none[0]); err != nil {
+		return fmt.Errorf("drop capabilities for user %s: %w", u.Name, err)
+	}
 	return nil
 }

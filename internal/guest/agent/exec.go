@@ -308,8 +308,6 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	// Forward what is already buffered, but do not wait for background
 	// children that keep the pipes open.
 	now := time.Now()
-	e.out.markExit()
-	e.err.markExit()
 	e.exitedAt.Store(now.UnixNano())
 	dl := now.Add(drainWindow)
 	outR.SetReadDeadline(dl)
@@ -339,27 +337,27 @@ func unwrapExecErr(err error) string {
 }
 
 // outPipe is the read end of the process's stdout or stderr, with what the
-// pump has read from it and what was owed at exit.
+// pump has read from it.
 type outPipe struct {
 	f    *os.File
 	read atomic.Int64 // bytes read so far
-	owed atomic.Int64 // bytes written before the exit (an upper bound), set at the exit
+	// owed bounds what was written before the process exited: set by the pump
+	// (the only reader) at its first deadline after the exit, as what it read
+	// plus what the pipe holds then. 0 until then.
+	owed int64
 }
 
-// markExit records how much the process had written when it exited: what
-// was read, what still sits in the pipe (TIOCINQ, alias FIONREAD), and one
-// chunk for a read in flight that the counter does not show yet. It is an
-// upper bound, so the drainMax cut-off can never drop pre-exit output.
-func (p *outPipe) markExit() {
-	pending := 0
+// pending is how many bytes the pipe holds now (TIOCINQ, alias FIONREAD).
+func (p *outPipe) pending() int {
+	n := 0
 	if rc, err := p.f.SyscallConn(); err == nil {
 		rc.Control(func(fd uintptr) {
-			if n, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
-				pending = n
+			if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
+				n = v
 			}
 		})
 	}
-	p.owed.Store(p.read.Load() + int64(pending) + pipeChunk)
+	return n
 }
 
 // pump forwards a pipe chunk by chunk until EOF or, once the process has
@@ -402,22 +400,31 @@ func (e *execRun) pump(p *outPipe, typ byte, drained *sync.WaitGroup) {
 // drainMore decides, after the process exited and a read of p hit its
 // deadline, whether to keep forwarding (and sets a new deadline if so).
 //
-// A read that started well before the deadline and got nothing saw an
-// empty pipe: everything written before the exit is out, and nothing came
-// for the window. A read that started at or after the deadline never looked
-// (the pump was blocked writing to a slow host): look again. Background
-// writers that keep the pipe busy are cut off after drainMax, but only once
-// everything the process wrote before exiting is out.
+// Forwarding stops when the pipe is empty and stayed so for most of a
+// window (a read that started well before the deadline got nothing):
+// everything written before the exit is out, and nothing more came. A read
+// that started at or after the deadline never looked (the pump was blocked
+// writing to a slow host): look again. Background writers that keep the
+// pipe busy are cut off drainMax after the exit, but only once everything
+// written before the exit is out.
 func (e *execRun) drainMore(p *outPipe, n int, readStart time.Time, dl *time.Time) bool {
 	exited := time.Unix(0, e.exitedAt.Load())
+	pending := p.pending()
+	if p.owed == 0 {
+		// No read is in flight (this is the only reader): exact, and at
+		// least what was written before the exit.
+		p.owed = p.read.Load() + int64(pending)
+	}
 	deadline := *dl
 	if deadline.IsZero() {
 		deadline = exited.Add(drainWindow)
 	}
-	if n == 0 && deadline.Sub(readStart) >= drainWindow/3 {
+	// The pipe must really be empty: a read can also fail at a deadline
+	// that passed while its goroutine was descheduled, without looking.
+	if n == 0 && pending == 0 && deadline.Sub(readStart) >= drainWindow/3 {
 		return false
 	}
-	if time.Since(exited) >= drainMax && p.read.Load() >= p.owed.Load() {
+	if time.Since(exited) >= drainMax && p.read.Load() >= p.owed {
 		return false
 	}
 	*dl = time.Now().Add(drainWindow)

@@ -153,9 +153,8 @@ func (h *userFS) OpenFile(r *sftp.Request) (sftp.WriterAtReaderAt, error) {
 	default:
 		flag = os.O_RDONLY
 	}
-	if pf.Append {
-		flag |= os.O_APPEND
-	}
+	// Append is not passed on: the client sends each write's offset, and
+	// WriteAt refuses a file opened with O_APPEND (as pkg/sftp's server does).
 	if pf.Creat {
 		flag |= os.O_CREATE
 	}
@@ -168,28 +167,23 @@ func (h *userFS) OpenFile(r *sftp.Request) (sftp.WriterAtReaderAt, error) {
 	return h.open(r.Filepath, flag, openPerm(r.Attrs))
 }
 
-// openPerm reads the permissions an SFTP open asks new files to have
-// (0644 when it names none).
+// openPerm is the mode a new file gets from an SFTP open's attributes.
+// pkg/sftp (v1.13) hands the request server the attributes without their
+// flags word, so the layout is inferred from the length: nothing (0644, as
+// sftp-server with umask 022), the permissions alone (4 bytes), or the
+// permissions and times (12 bytes), which are what OpenSSH's put and scp
+// send. Anything else gets 0600, so that a file is never created more
+// readable than its owner asked for.
 func openPerm(attrs []byte) os.FileMode {
-	const (
-		attrSize  = 0x1
-		attrOwner = 0x2
-		attrPerms = 0x4
-	)
-	if len(attrs) < 4 {
+	switch len(attrs) {
+	case 0:
 		return 0o644
+	case 4, 12:
+		if m := os.FileMode(binary.BigEndian.Uint32(attrs) & 0o777); m != 0 {
+			return m
+		}
 	}
-	flags, off := binary.BigEndian.Uint32(attrs), 4
-	if flags&attrSize != 0 {
-		off += 8
-	}
-	if flags&attrOwner != 0 {
-		off += 8
-	}
-	if flags&attrPerms == 0 || len(attrs) < off+4 {
-		return 0o644
-	}
-	return os.FileMode(binary.BigEndian.Uint32(attrs[off:]) & 0o777)
+	return 0o600
 }
 
 func (h *userFS) Filecmd(r *sftp.Request) error {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -138,4 +139,30 @@ func TestServeSFTPAs(t *testing.T) {
 		t.Fatal("server did not exit after the client disconnected")
 	}
 	s2cR.Close()
+}
+
+func TestOpenPerm(t *testing.T) {
+	be := func(v ...uint32) []byte {
+		var b []byte
+		for _, x := range v {
+			b = binary.BigEndian.AppendUint32(b, x)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		attrs []byte
+		want  os.FileMode
+	}{
+		{nil, 0o644},
+		{be(0o100600), 0o600},          // OpenSSH put of a private key
+		{be(0o100755), 0o755},          // an executable
+		{be(0o100640, 1, 2), 0o640},    // put -p: permissions, atime, mtime
+		{be(0, 0, 0), 0o600},           // a layout we cannot read
+		{be(0, 4096), 0o600},           // size only
+		{be(1, 2, 3, 4, 0o644), 0o600}, // everything: unknown layout
+	} {
+		if got := openPerm(c.attrs); got != c.want {
+			t.Errorf("openPerm(%x) = %o, want %o", c.attrs, got, c.want)
+		}
+	}
 }

@@ -865,6 +865,23 @@ func TestAsUser(t *testing.T) {
 	if !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("user chowned to root: %v", err)
 	}
+	// no capability is left on the user's thread; the test's thread keeps its own
+	var capEff string
+	asUser(u, func() error {
+		b, err := os.ReadFile("/proc/thread-self/status")
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "CapEff:") {
+				capEff = strings.TrimSpace(strings.TrimPrefix(l, "CapEff:"))
+			}
+		}
+		return err
+	})
+	if strings.Trim(capEff, "0") != "" || capEff == "" {
+		t.Fatalf("user thread capabilities: %q", capEff)
+	}
+	if b, _ := os.ReadFile("/proc/thread-self/status"); strings.Contains(string(b), "CapEff:\t0000000000000000") {
+		t.Fatal("the test's own thread lost its capabilities")
+	}
 	err = asUser(u, func() error { panic("boom") })
 	if err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("panic: %v", err)
