@@ -49,6 +49,9 @@ type VM struct {
 	Layers []string `json:"layers,omitempty"`
 	// Source is the snapshot or parent VM a VM was made from, if any.
 	Source string `json:"source,omitempty"`
+	// Layout is the QEMU device set of the VM's running or saved state
+	// (qemu.Config.Layout): "" is the current one.
+	Layout string `json:"layout,omitempty"`
 	// NextCPUs and NextMemoryMiB, when set, apply at the next start.
 	NextCPUs      int   `json:"next_cpus,omitempty"`
 	NextMemoryMiB int64 `json:"next_memory_mib,omitempty"`

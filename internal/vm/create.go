@@ -278,7 +278,20 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	if mc.Incoming == "" {
 		s.logEvent(v.ID, "cold boot from disk (accel %s)", s.cfg.Accel)
 	}
+	if mc.Incoming == "" {
+		mc.Layout, v.Layout = "", "" // a boot from disk gets the current device set
+	}
 	m, err := qemu.Start(ctx, mc)
+	if err != nil && mc.Incoming != "" && mc.Layout != qemu.LegacyDeviceSet && layoutMismatch(err) {
+		// A state saved by an agentvm from before vCPU hot-add (its QEMU
+		// may have run on across the upgrade) needs that device set.
+		lmc := mc
+		lmc.Layout = qemu.LegacyDeviceSet
+		if lm, lerr := qemu.Start(ctx, lmc); lerr == nil {
+			s.log.Info("restored a state saved with the previous device set", "vm", v.ID)
+			m, err, mc, v.Layout = lm, nil, lmc, qemu.LegacyDeviceSet
+		}
+	}
 	if err != nil {
 		net.Close()
 		return err
@@ -396,4 +409,13 @@ func (s *Service) checkNetwork(ctx context.Context, name string) error {
 		return fmt.Errorf("%w: no network %q (create it with: agentvm network create %s)", ErrNotFound, name, name)
 	}
 	return nil
+}
+
+// layoutMismatch reports whether a restore failed because QEMU's devices
+// differ from those of the saved state.
+func layoutMismatch(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "load of migration failed") &&
+		(strings.Contains(m, "Unknown savevm section") || strings.Contains(m, "Bad config data") ||
+			strings.Contains(m, "error while loading state") || strings.Contains(m, "Missing section footer"))
 }

@@ -366,6 +366,12 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		s.store.UpdateVM(ctx, v)
 		s.log.Info("recorded the disk top of an interrupted snapshot", "vm", v.ID, "top", top)
 	}
+	// A QEMU started by an agentvm from before vCPU hot-add keeps its device
+	// set: its saves must be restored with it.
+	if l := qemu.RunningLayout(v.PID); l != v.Layout {
+		v.Layout = l
+		s.store.UpdateVM(ctx, v)
+	}
 	// A CPU hot-add interrupted before it was recorded: the restore command
 	// line must name the vCPUs QEMU really has.
 	if n, err := m.PresentCPUs(actx); err == nil && n != v.CPUs {

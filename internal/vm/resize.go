@@ -102,7 +102,7 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 			}
 		}
 		if live {
-			if o.CPUs > v.CPUs && v.State == "running" && o.CPUs <= qemu.MaxCPUs(v.CPUs) {
+			if o.CPUs > v.CPUs && v.State == "running" && o.CPUs <= qemu.MaxCPUsFor(v.Layout, v.CPUs) {
 				if err := s.growCPUs(ctx, v, o.CPUs); err != nil {
 					return nil, err
 				}
@@ -112,7 +112,7 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 				msgs = append(msgs, fmt.Sprintf("%d vCPUs online now (hot-added)", v.CPUs))
 			} else if o.CPUs != 0 && o.CPUs != v.CPUs {
 				v.NextCPUs = o.CPUs
-				why := fmt.Sprintf("vCPUs are added live only to a running VM, up to %d", qemu.MaxCPUs(v.CPUs))
+				why := fmt.Sprintf("vCPUs are added live only to a running VM, up to %d", qemu.MaxCPUsFor(v.Layout, v.CPUs))
 				if o.CPUs < v.CPUs {
 					why = "vCPUs are never removed live"
 				}

@@ -220,7 +220,7 @@ func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Con
 		ID: v.ID, Binary: s.cfg.QEMU, Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel),
 		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
 		Disk: s.diskPath(v), QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
-		MAC: GuestMAC, VMGenID: newUUID(),
+		MAC: GuestMAC, VMGenID: newUUID(), Layout: v.Layout,
 	}
 }
 

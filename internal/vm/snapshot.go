@@ -17,7 +17,13 @@ import (
 
 // shapeKey names what a restore of saved memory needs to match.
 func (s *Service) shapeKey(cpus int, memMiB int64) string {
-	return hashStrings(s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel), qemu.DeviceSet,
+	return s.shapeKeyFor(qemu.DeviceSet, cpus, memMiB)
+}
+
+// shapeKeyFor is the shape key with a given device set (snapshots taken
+// before vCPU hot-add carry qemu.LegacyDeviceSet's).
+func (s *Service) shapeKeyFor(deviceSet string, cpus int, memMiB int64) string {
+	return hashStrings(s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel), deviceSet,
 		fmt.Sprint(cpus), fmt.Sprint(memMiB))
 }
 
@@ -76,7 +82,7 @@ func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.S
 	}
 	defer unlock()
 	sn := &store.Snapshot{ID: "snap-" + randHex(6), Name: name, VMID: v.ID, VMName: v.Name, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB,
-		DiskBytes: v.DiskBytes, Env: v.Env, Key: s.shapeKey(v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC()}
+		DiskBytes: v.DiskBytes, Env: v.Env, Key: s.shapeKeyFor(layoutOf(v), v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC()}
 	if sn.Name == "" {
 		sn.Name = sn.ID
 	}
@@ -173,7 +179,8 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 		return nil, false, fmt.Errorf("%w: snapshot %s was taken with %d vCPUs and %d MiB; a restore keeps that shape (resize after create)",
 			ErrConflict, sn.Name, sn.CPUs, sn.MemoryMiB)
 	}
-	if sn.Key != s.shapeKey(sn.CPUs, sn.MemoryMiB) {
+	legacy := sn.Key == s.shapeKeyFor(qemu.LegacyDeviceSet, sn.CPUs, sn.MemoryMiB)
+	if sn.Key != s.shapeKey(sn.CPUs, sn.MemoryMiB) && !legacy {
 		return nil, false, fmt.Errorf("%w: snapshot %s was taken with another QEMU, accelerator or machine; it cannot be restored here", ErrConflict, sn.Name)
 	}
 	o.CPUs, o.MemoryMiB = sn.CPUs, sn.MemoryMiB
@@ -205,6 +212,9 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 	defer s.lock(v.ID, "create")()
 	start := time.Now()
 	v.Source = "snapshot " + sn.Name
+	if legacy {
+		v.Layout = qemu.LegacyDeviceSet
+	}
 	if err := s.restoreState(ctx, v, sn.Disk, sn.Layers, sn.State, sn.DiskBytes); err != nil {
 		s.destroy(context.Background(), v)
 		return nil, false, err
@@ -288,7 +298,7 @@ func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkRe
 			}
 			defer s.lock(v.ID, "create")()
 			t0 := time.Now()
-			v.Source = "fork of " + parent.Name
+			v.Source, v.Layout = "fork of "+parent.Name, parent.Layout
 			if err := s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes); err != nil {
 				s.destroy(context.Background(), v)
 				errs[i] = err
@@ -411,4 +421,12 @@ func backingFile(ctx context.Context, path string) (string, error) {
 		return info.Full, nil
 	}
 	return info.B, nil
+}
+
+// layoutOf is the device set of v's machine.
+func layoutOf(v *store.VM) string {
+	if v.Layout == "" {
+		return qemu.DeviceSet
+	}
+	return v.Layout
 }

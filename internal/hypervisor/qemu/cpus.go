@@ -1,10 +1,12 @@
 package qemu
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 )
 
@@ -16,6 +18,15 @@ const HotplugCPUs = 16
 // and a running VM only grows up to it, so a VM's restore command line
 // (-smp with its current count) always matches the machine it was saved from.
 func MaxCPUs(n int) int { return max(n, HotplugCPUs) }
+
+// MaxCPUsFor is MaxCPUs for a machine of the given layout (Config.Layout):
+// a legacy machine has no room to grow.
+func MaxCPUsFor(layout string, n int) int {
+	if layout == LegacyDeviceSet {
+		return n
+	}
+	return MaxCPUs(n)
+}
 
 type hotpluggableCPU struct {
 	Type    string         `json:"type"`
@@ -84,4 +95,15 @@ func (m *Machine) PresentCPUs(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("query-cpus-fast: %w", err)
 	}
 	return len(cpus), nil
+}
+
+// RunningLayout tells the device set of a running QEMU from its command
+// line: LegacyDeviceSet when it was started without vCPU hot-add room (by
+// an earlier agentvm, before an upgrade), else "" (the current one).
+func RunningLayout(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || bytes.Contains(b, []byte("maxcpus=")) {
+		return ""
+	}
+	return LegacyDeviceSet
 }

@@ -24,6 +24,10 @@ const MachineType = "pc-q35-7.2"
 // whenever Args changes the guest-visible hardware.
 const DeviceSet = "ds2:virtio-blk-4q,virtio-net-stream,virtio-serial-agent,vmgenid,serial,cpu-hotplug16"
 
+// LegacyDeviceSet is the layout before vCPU hot-add (-smp N, virtio-blk
+// queues following -smp). VMs saved by an earlier agentvm restore with it.
+const LegacyDeviceSet = "ds1:virtio-blk,virtio-net-stream,virtio-serial-agent,vmgenid,serial"
+
 // blkQueues is the virtio-blk queue count of every machine.
 const blkQueues = 4
 
@@ -53,6 +57,9 @@ type Config struct {
 	LogPath        string
 	MAC            string
 	VMGenID        string
+	// Layout is the device set to start with: DeviceSet ("" means it) or
+	// LegacyDeviceSet for a state saved before hot-add.
+	Layout string
 }
 
 // Args returns the QEMU command line (without the binary).
@@ -65,6 +72,11 @@ func (c Config) Args() []string {
 		}
 		mem = fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", c.MemoryMiB, c.RAMPath, share)
 	}
+	smp := fmt.Sprintf("%d,maxcpus=%d", c.CPUs, MaxCPUs(c.CPUs))
+	blk := "virtio-blk-pci,drive=disk0,id=vda,num-queues=" + strconv.Itoa(blkQueues)
+	if c.Layout == LegacyDeviceSet {
+		smp, blk = strconv.Itoa(c.CPUs), "virtio-blk-pci,drive=disk0,id=vda"
+	}
 	accel := c.Accel
 	if accel == "tcg" {
 		accel = "tcg,tb-size=256"
@@ -74,7 +86,7 @@ func (c Config) Args() []string {
 		"-machine", MachineType + ",memory-backend=mem",
 		"-accel", accel,
 		"-cpu", c.CPUModel,
-		"-smp", fmt.Sprintf("%d,maxcpus=%d", c.CPUs, MaxCPUs(c.CPUs)),
+		"-smp", smp,
 		"-m", fmt.Sprintf("%dM", c.MemoryMiB),
 		"-object", mem,
 		"-nodefaults", "-no-user-config", "-display", "none",
@@ -82,7 +94,7 @@ func (c Config) Args() []string {
 		"-drive", "file=" + c.Disk + ",if=none,id=disk0,format=qcow2,discard=unmap",
 		// num-queues is fixed: by default it follows -smp, and a VM whose
 		// vCPUs were hot-added would restore with a different PCI layout.
-		"-device", "virtio-blk-pci,drive=disk0,id=vda,num-queues=" + strconv.Itoa(blkQueues),
+		"-device", blk,
 		"-netdev", "stream,id=net0,server=on,addr.type=unix,addr.path=" + c.NetSock,
 		"-device", "virtio-net-pci,netdev=net0,id=nic0,mac=" + c.MAC,
 		"-device", "virtio-serial-pci,id=vser0",
