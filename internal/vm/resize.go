@@ -113,8 +113,11 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 			} else if o.CPUs != 0 && o.CPUs != v.CPUs {
 				v.NextCPUs = o.CPUs
 				why := fmt.Sprintf("vCPUs are added live only to a running VM, up to %d", qemu.MaxCPUsFor(v.Layout, v.CPUs))
-				if o.CPUs < v.CPUs {
+				switch {
+				case o.CPUs < v.CPUs:
 					why = "vCPUs are never removed live"
+				case v.Layout == qemu.LegacyDeviceSet:
+					why = "this VM's machine was started by an earlier agentvm, without room for more vCPUs"
 				}
 				msgs = append(msgs, "the CPU count applies at the next start (stop and start the VM): "+why)
 			}
