@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -160,6 +161,22 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // writeError writes the API error envelope.
+// switchProtocols takes over the request's connection and answers 101 with
+// Upgrade: proto. When it cannot, it answers an error (or closes the
+// connection) itself and returns ok false.
+func switchProtocols(w http.ResponseWriter, proto string) (conn net.Conn, br *bufio.Reader, ok bool) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+		return nil, nil, false
+	}
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+proto+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+		conn.Close()
+		return nil, nil, false
+	}
+	return conn, brw.Reader, true
+}
+
 func writeError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -151,17 +150,13 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid", err.Error())
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+	conn, br, ok := switchProtocols(w, guest.ExecUpgrade)
+	if !ok {
 		return
 	}
 	defer conn.Close()
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.ExecUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		return
-	}
 	run := &execRun{conn: conn}
-	run.run(a, sp, brw.Reader)
+	run.run(a, sp, br)
 }
 
 // execRun is one running exec stream.

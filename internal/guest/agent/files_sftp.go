@@ -152,19 +152,15 @@ func (a *Agent) handleSFTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+	conn, br, ok := switchProtocols(w, guest.SFTPUpgrade)
+	if !ok {
 		return
 	}
 	defer conn.Close()
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.SFTPUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		return
-	}
 	if u.UID == 0 {
-		err = ServeSFTP(brw.Reader, conn, home)
+		err = ServeSFTP(br, conn, home)
 	} else {
-		err = ServeSFTPAs(brw.Reader, conn, home, u, a.users)
+		err = ServeSFTPAs(br, conn, home, u, a.users)
 	}
 	if err != nil && err != io.EOF {
 		a.logf("sftp as %s: %v", u.Name, err)

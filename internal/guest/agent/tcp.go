@@ -40,18 +40,13 @@ func (a *Agent) handleTCP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "unreachable", err.Error())
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		tc.Close()
-		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+	defer tc.Close()
+	conn, br, ok := switchProtocols(w, guest.TCPUpgrade)
+	if !ok {
 		return
 	}
 	defer conn.Close()
-	defer tc.Close()
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.TCPUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		return
-	}
-	proxyTCP(conn, brw.Reader, tc.(*net.TCPConn))
+	proxyTCP(conn, br, tc.(*net.TCPConn))
 }
 
 // proxyTCP copies both ways. The end of the host's data (stream EOF)

@@ -61,10 +61,9 @@ func (t *tcpListeners) handleListen(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, code, err.Error())
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
+	conn, br, ok := switchProtocols(w, guest.TCPListenUpgrade)
+	if !ok {
 		ln.Close()
-		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
 		return
 	}
 	defer conn.Close()
@@ -87,23 +86,18 @@ func (t *tcpListeners) handleListen(w http.ResponseWriter, r *http.Request) {
 		l.mu.Unlock()
 	}()
 
-	var wmu sync.Mutex
+	// Only this goroutine writes lines to the stream.
 	writeLine := func(v any) error {
 		b, _ := json.Marshal(v)
-		wmu.Lock()
-		defer wmu.Unlock()
 		_, err := conn.Write(append(b, '\n'))
 		return err
-	}
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.TCPListenUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		return
 	}
 	if err := writeLine(guest.TCPListening{Listener: id, Port: ln.Addr().(*net.TCPAddr).Port}); err != nil {
 		return
 	}
 	// The listener lives until the host closes the stream.
 	go func() {
-		io.Copy(io.Discard, brw.Reader)
+		io.Copy(io.Discard, br)
 		ln.Close()
 	}()
 	for {
@@ -159,18 +153,13 @@ func (t *tcpListeners) handleAccept(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no pending connection "+q.Get("conn")+" on listener "+q.Get("listener"))
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		tc.Close()
-		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+	defer tc.Close()
+	conn, br, ok := switchProtocols(w, guest.TCPUpgrade)
+	if !ok {
 		return
 	}
 	defer conn.Close()
-	defer tc.Close()
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.TCPUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		return
-	}
-	proxyTCPHalfClose(conn, brw.Reader, tc)
+	proxyTCPHalfClose(conn, br, tc)
 }
 
 // proxyTCPHalfClose copies both ways with half-closes in both directions:

@@ -296,14 +296,9 @@ func (m *termManager) handleAttach(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "terminal "+strconv.Quote(t.name)+" is closing")
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
+	conn, br, ok := switchProtocols(w, guest.TermUpgrade)
+	if !ok {
 		return
 	}
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+guest.TermUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		conn.Close()
-		return
-	}
-	t.serveClient(conn, brw.Reader, att)
+	t.serveClient(conn, br, att)
 }
