@@ -49,6 +49,12 @@ func (g *Gateway) directTCPIP(vmID string, nch ssh.NewChannel) {
 	}
 	defer ch.Close()
 	go ssh.DiscardRequests(reqs)
+	spliceChannel(ch, conn)
+}
+
+// spliceChannel copies between an SSH channel and a connection both ways,
+// passing each side's end of data on as a half-close, until both are done.
+func spliceChannel(ch ssh.Channel, conn net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -190,17 +196,7 @@ func (f *forwards) forward(conn net.Conn, remote, addr string, port int) {
 	}
 	defer ch.Close()
 	go ssh.DiscardRequests(reqs)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		copyBuf(conn, ch)
-		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
-	}()
-	copyBuf(ch, conn)
-	ch.CloseWrite()
-	<-done
+	spliceChannel(ch, conn)
 }
 
 func (f *forwards) cancel(r tcpipForward) bool {
