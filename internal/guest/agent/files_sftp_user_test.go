@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/pkg/sftp"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,17 +23,7 @@ func TestServeSFTPAs(t *testing.T) {
 	}
 	home := userDir(t)
 	u := &userInfo{Name: testUser, UID: testUID, GID: testUID, Home: home, Groups: []uint32{testUID}}
-	c2sR, c2sW, _ := os.Pipe()
-	s2cR, s2cW, _ := os.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		defer c2sR.Close()
-		done <- ServeSFTPAs(c2sR, s2cW, home, u, nil)
-	}()
-	cl, err := sftp.NewClientPipe(s2cR, c2sW)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, finish := sftpOverPipes(t, func(r io.Reader, w io.WriteCloser) error { return ServeSFTPAs(r, w, home, u, nil) })
 	if wd, err := cl.Getwd(); err != nil || wd != home {
 		t.Fatalf("getwd %q %v", wd, err)
 	}
@@ -129,16 +119,7 @@ func TestServeSFTPAs(t *testing.T) {
 		t.Fatalf("fsuid %d leaked to the test's thread", fsuid)
 	}
 	t.Logf("user sftp over pipes, 8 MiB: put %.0f MiB/s", 8/put.Seconds())
-	cl.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("server did not exit after the client disconnected")
-	}
-	s2cR.Close()
+	finish()
 }
 
 func TestOpenPerm(t *testing.T) {

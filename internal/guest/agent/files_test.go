@@ -921,23 +921,7 @@ func TestAsUser(t *testing.T) {
 
 func TestServeSFTP(t *testing.T) {
 	dir := t.TempDir()
-	c2sR, c2sW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2cR, s2cW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		defer c2sR.Close()
-		done <- ServeSFTP(c2sR, s2cW, dir)
-	}()
-	cl, err := sftp.NewClientPipe(s2cR, c2sW)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, finish := sftpOverPipes(t, func(r io.Reader, w io.WriteCloser) error { return ServeSFTP(r, w, dir) })
 	if wd, err := cl.Getwd(); err != nil || wd != dir {
 		t.Fatalf("getwd %q %v", wd, err)
 	}
@@ -978,14 +962,40 @@ func TestServeSFTP(t *testing.T) {
 		t.Fatalf("readdir: %d %v", len(fis), err)
 	}
 	t.Logf("sftp over pipes, 16 MiB: put %.0f MiB/s, get %.0f MiB/s", 16/put.Seconds(), 16/get.Seconds())
-	cl.Close()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("server did not exit after the client disconnected")
+	finish()
+}
+
+// sftpOverPipes runs serve on a pair of pipes and returns a pkg/sftp client
+// for it; finish closes the client and checks that serve then returns nil.
+func sftpOverPipes(t *testing.T, serve func(io.Reader, io.WriteCloser) error) (cl *sftp.Client, finish func()) {
+	t.Helper()
+	c2sR, c2sW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	s2cR.Close()
+	s2cR, s2cW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer c2sR.Close()
+		done <- serve(c2sR, s2cW)
+	}()
+	if cl, err = sftp.NewClientPipe(s2cR, c2sW); err != nil {
+		t.Fatal(err)
+	}
+	return cl, func() {
+		t.Helper()
+		cl.Close()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("serve: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("server did not exit after the client disconnected")
+		}
+		s2cR.Close()
+	}
 }
