@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -124,22 +123,15 @@ func feedStdin(st *guest.ExecStream, stdin string) {
 }
 
 func (s *Server) execUpgraded(w http.ResponseWriter, st *guest.ExecStream) {
-	rc := http.NewResponseController(w)
-	conn, brw, err := rc.Hijack()
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, api.CodeInternal, "cannot upgrade: "+err.Error())
+	conn, br, ok := switchProtocols(w, api.ExecUpgrade)
+	if !ok {
 		return
 	}
 	defer conn.Close()
-	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.ExecUpgrade + "\r\nConnection: Upgrade\r\n\r\n")
-	if err := brw.Flush(); err != nil {
-		return
-	}
 	// client -> guest: stdin, stdin EOF, signals
 	go func() {
-		r := bufio.NewReader(brw.Reader)
 		for {
-			f, err := guest.ReadFrame(r)
+			f, err := guest.ReadFrame(br)
 			if err != nil {
 				st.Close() // the client went away: the guest kills the process group
 				return

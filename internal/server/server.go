@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -340,6 +341,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(v)
+}
+
+// switchProtocols takes over the request's connection and answers 101 with
+// Upgrade: proto. When it cannot, it answers an error (or closes the
+// connection) itself and returns ok false; br holds what the client sent
+// after its request.
+func switchProtocols(w http.ResponseWriter, proto string) (conn net.Conn, br *bufio.Reader, ok bool) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, api.CodeInternal, "cannot upgrade: "+err.Error())
+		return nil, nil, false
+	}
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + proto + "\r\nConnection: Upgrade\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		conn.Close()
+		return nil, nil, false
+	}
+	return conn, brw.Reader, true
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

@@ -29,20 +29,16 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer gc.Close()
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
+	conn, br, ok := switchProtocols(w, api.TCPUpgrade)
+	if !ok {
 		return
 	}
 	defer conn.Close()
-	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + api.TCPUpgrade + "\r\nConnection: Upgrade\r\n\r\n")
-	if brw.Flush() != nil {
-		return
-	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		io.Copy(gc, brw.Reader)
+		io.Copy(gc, br)
 		if cw, ok := gc.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}
