@@ -35,6 +35,9 @@ type Options struct {
 	NoSystem bool
 	// Logf logs (default log.Printf).
 	Logf func(format string, args ...any)
+	// TermKillGrace is the time a deleted terminal's processes get between
+	// SIGHUP and SIGKILL (default DefaultTermKillGrace).
+	TermKillGrace time.Duration
 }
 
 // Agent is the guest agent.
@@ -57,12 +60,16 @@ func New(opts Options) (*Agent, error) {
 	if opts.Root == "" {
 		opts.Root = "/"
 	}
+	if opts.TermKillGrace <= 0 {
+		opts.TermKillGrace = DefaultTermKillGrace
+	}
 	if opts.Open == nil {
 		path := opts.DevicePath
 		opts.Open = func() (io.ReadWriteCloser, error) {
 			return os.OpenFile(path, os.O_RDWR, 0)
 		}
 	}
+	uninheritIgnoredSignals()
 	a := &Agent{opts: opts, logf: opts.Logf, start: time.Now()}
 	if a.logf == nil {
 		a.logf = log.Printf

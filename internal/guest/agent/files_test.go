@@ -354,7 +354,7 @@ func TestFiles(t *testing.T) {
 		if err == nil {
 			t.Fatal("failed upload succeeded")
 		}
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(testWait)
 		for len(tempFiles(t, wd)) > 0 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -993,7 +993,7 @@ func sftpOverPipes(t *testing.T, serve func(io.Reader, io.WriteCloser) error) (c
 			if err != nil {
 				t.Fatalf("serve: %v", err)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(testWait):
 			t.Fatal("server did not exit after the client disconnected")
 		}
 		s2cR.Close()

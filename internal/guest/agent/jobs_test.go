@@ -76,7 +76,7 @@ func finish(t *testing.T, fake *fakeSystemd, cmd *exec.Cmd, id string, kv ...str
 func checkNoJobGoroutines(t *testing.T) {
 	t.Helper()
 	var stacks string
-	for i := 0; i < 500; i++ {
+	for deadline := time.Now().Add(testWait); time.Now().Before(deadline); {
 		buf := make([]byte, 1<<20)
 		stacks = string(buf[:runtime.Stack(buf, true)])
 		if !strings.Contains(stacks, "agent.(*jobManager).followLog") && !strings.Contains(stacks, "agent.(*jobManager).handleWait") {

@@ -124,7 +124,7 @@ func TestProcesses(t *testing.T) {
 		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
 			t.Fatalf("sleep ended with %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(testWait):
 		t.Fatal("sleep did not die")
 	}
 	wantAPIError(t, c.SignalProcess(ctx, pid, "TERM"), 404, "not_found")

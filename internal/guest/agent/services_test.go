@@ -597,7 +597,7 @@ WantedBy=multi-user.target
 		rc.Close()
 		select {
 		case <-stopped:
-		case <-time.After(10 * time.Second):
+		case <-time.After(testWait):
 			t.Fatal("journalctl -f not stopped after the client went away")
 		}
 		wantCalls(t, fake, "journalctl -u agentvm-web.service -o short-iso --no-pager -a -n 10 -f")

@@ -136,7 +136,7 @@ func TestTCP(t *testing.T) {
 			if !errors.Is(err, net.ErrClosed) {
 				t.Fatalf("pending read: %v", err)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(testWait):
 			t.Fatal("pending read not ended by Close")
 		}
 		select {
@@ -144,7 +144,7 @@ func TestTCP(t *testing.T) {
 			if err != nil {
 				t.Fatalf("server: %v", err)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(testWait):
 			t.Fatal("server did not see EOF")
 		}
 	})
@@ -236,7 +236,7 @@ func TestTCP(t *testing.T) {
 		if _, _, err := l.Accept(ctx); err == nil {
 			t.Fatal("accept after close")
 		}
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(testWait)
 		for {
 			c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 			if err != nil {

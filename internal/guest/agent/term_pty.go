@@ -21,8 +21,9 @@ const (
 	// termDrainWindow bounds the wait for the remaining output after the
 	// process exited (background jobs may keep the pty open).
 	termDrainWindow = 250 * time.Millisecond
-	// termKillGrace is the time between SIGHUP and SIGKILL on delete.
-	termKillGrace = 2 * time.Second
+	// DefaultTermKillGrace is the time between SIGHUP and SIGKILL when a
+	// terminal is deleted.
+	DefaultTermKillGrace = 2 * time.Second
 	// termClientQueueMax bounds the output queued for one client (framed
 	// bytes, the scrollback replay included); a client that falls further
 	// behind is dropped and may reattach.
@@ -292,16 +293,53 @@ func (t *terminal) hangup(sig syscall.Signal) {
 	if fg > 0 && fg != t.pid {
 		syscall.Kill(-fg, sig)
 	}
-	if sig == syscall.SIGHUP {
+	switch sig {
+	case syscall.SIGHUP:
 		syscall.Kill(-t.pid, syscall.SIGCONT)
 		if fg > 0 && fg != t.pid {
 			syscall.Kill(-fg, syscall.SIGCONT)
 		}
+	case syscall.SIGKILL:
+		// A shell killed outright cannot forward the hangup to its
+		// background jobs (each in its own group), so the escalation
+		// reaches every process of the session. The leader is not reaped
+		// yet (!t.dead), so its pid, the session id, is not reused.
+		for _, pid := range sessionPIDs(t.pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }
 
+// sessionPIDs lists the processes whose session id is sid.
+func sessionPIDs(sid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command name (which may hold spaces and
+		// parentheses): state ppid pgrp session ...
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 3 && f[3] == strconv.Itoa(sid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // shutdown ends a terminal that was removed from the manager: SIGHUP, then
-// SIGKILL after termKillGrace; clients get the exit frame if the process
+// SIGKILL after the kill grace; clients get the exit frame if the process
 // exited in time, then the master is closed (which hangs up whatever still
 // has the pty open).
 func (t *terminal) shutdown() {
@@ -310,12 +348,13 @@ func (t *terminal) shutdown() {
 		t.closing = true
 		t.mu.Unlock()
 		t.hangup(syscall.SIGHUP)
-		timer := time.NewTimer(termKillGrace)
+		grace := t.m.a.opts.TermKillGrace
+		timer := time.NewTimer(grace)
 		select {
 		case <-t.finished:
 		case <-timer.C:
 			t.hangup(syscall.SIGKILL)
-			timer.Reset(termKillGrace)
+			timer.Reset(grace)
 			select {
 			case <-t.finished:
 			case <-timer.C:

@@ -177,7 +177,7 @@ func (o *termOut) waitEnd(t *testing.T) *guest.ExitStatus {
 	t.Helper()
 	select {
 	case <-o.done:
-	case <-time.After(15 * time.Second):
+	case <-time.After(testWait):
 		t.Fatalf("stream did not end; output:\n%q", o.output())
 	}
 	o.mu.Lock()
@@ -186,14 +186,20 @@ func (o *termOut) waitEnd(t *testing.T) *guest.ExitStatus {
 }
 
 func startTermEnv(t *testing.T) *env {
-	e := startAgent(t)
+	// Hangups must be enough in these tests however slow the machine, so
+	// the SIGKILL escalation is far away (TestTermDeleteEscalates tests it).
+	return startTermEnvWith(t, Options{TermKillGrace: time.Minute})
+}
+
+func startTermEnvWith(t *testing.T, opts Options) *env {
+	e := startAgentWith(t, opts)
 	e.connect(e.port.Attach(t), "")
 	t.Cleanup(func() { deleteAllTerms(t, e) }) // runs before the agent stops
 	return e
 }
 
 func deleteAllTerms(t *testing.T, e *env) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ts, err := e.c.ListTerms(ctx)
 	if err != nil {
@@ -255,7 +261,7 @@ func getTerm(t *testing.T, c *guest.Client, name string) *guest.TermInfo {
 // waitTerm polls the terminal's info until cond holds.
 func waitTerm(t *testing.T, c *guest.Client, name string, what string, cond func(*guest.TermInfo, error) bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(testWait)
 	for {
 		ti, err := c.GetTerm(context.Background(), name)
 		if cond(ti, err) {
@@ -268,27 +274,12 @@ func waitTerm(t *testing.T, c *guest.Client, name string, what string, cond func
 	}
 }
 
-// procsInSession lists the pids of processes named comm in session sid.
+// termProcsInSession lists the live processes named comm in session sid.
 func termProcsInSession(sid int, comm string) []int {
-	ents, _ := os.ReadDir("/proc")
 	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if i < 0 || j < i || s[i+1:j] != comm {
-			continue
-		}
-		f := strings.Fields(s[j+1:])
-		// after the command: state ppid pgrp session ...
-		if len(f) > 3 && f[3] == strconv.Itoa(sid) && f[0] != "Z" {
+	for _, pid := range sessionPIDs(sid) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+		if strings.TrimSpace(string(b)) == comm && alive(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -297,7 +288,7 @@ func termProcsInSession(sid int, comm string) []int {
 
 func termWaitProc(t *testing.T, sid int, comm string) int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testWait)
 	for {
 		if p := termProcsInSession(sid, comm); len(p) > 0 {
 			return p[0]
@@ -313,7 +304,7 @@ func termWaitProc(t *testing.T, sid int, comm string) int {
 func checkNoTermGoroutines(t *testing.T) {
 	t.Helper()
 	var stacks string
-	for i := 0; i < 500; i++ {
+	for deadline := time.Now().Add(testWait); time.Now().Before(deadline); {
 		buf := make([]byte, 1<<20)
 		stacks = string(buf[:runtime.Stack(buf, true)])
 		if !strings.Contains(stacks, "agent.(*terminal)") && !strings.Contains(stacks, "agent.(*termClient)") && !strings.Contains(stacks, "agent.proxyTCP") {
@@ -430,12 +421,8 @@ func TestTerm(t *testing.T) {
 		}
 		// The client count drops when the guest has closed the stream,
 		// just after the exit frame went out.
-		ti := getTerm(t, e.c, "ex")
-		for i := 0; i < 100 && ti.Clients != 0; i++ {
-			time.Sleep(20 * time.Millisecond)
-			ti = getTerm(t, e.c, "ex")
-		}
-		if !ti.Exited || ti.ExitCode != 3 || ti.Clients != 0 {
+		waitTerm(t, e.c, "ex", "no clients", func(ti *guest.TermInfo, err error) bool { return err == nil && ti.Clients == 0 })
+		if ti := getTerm(t, e.c, "ex"); !ti.Exited || ti.ExitCode != 3 || ti.Clients != 0 {
 			t.Fatalf("info %+v", ti)
 		}
 		// Attaching to an exited terminal replays and sends the exit.
@@ -461,17 +448,14 @@ func TestTerm(t *testing.T) {
 		o.write(t, "echo started-$((1+1))\r")
 		o.waitFor(t, "started-2")
 		bg := termWaitProc(t, ti.PID, "sleep")
-		start := time.Now()
 		if err := e.c.DeleteTerm(ctx, "k"); err != nil {
 			t.Fatal(err)
 		}
 		if alive(ti.PID) {
 			t.Fatalf("shell %d alive after delete", ti.PID)
 		}
-		// bash exits on SIGHUP at once, without the SIGKILL.
-		if d := time.Since(start); d > termKillGrace {
-			t.Errorf("delete took %v", d)
-		}
+		// bash exits on SIGHUP and hangs up its jobs (the SIGKILL is a
+		// minute away).
 		waitDead(t, bg)
 		st := o.waitEnd(t)
 		if st == nil || st.Signal != "SIGHUP" || st.ExitCode != 129 {
@@ -479,23 +463,6 @@ func TestTerm(t *testing.T) {
 		}
 		_, err := e.c.GetTerm(ctx, "k")
 		termWantErr(t, err, 404, "not_found")
-
-		// A process that ignores SIGHUP gets SIGKILL.
-		ti = createTerm(t, e.c, guest.TermCreate{Name: "stubborn", Argv: []string{"sh", "-c", "trap '' HUP; echo ready; sleep 100"}})
-		o = attachTerm(t, e.c, "stubborn", guest.TermAttach{})
-		o.waitFor(t, "ready")
-		sl := termWaitProc(t, ti.PID, "sleep")
-		start = time.Now()
-		if err := e.c.DeleteTerm(ctx, "stubborn"); err != nil {
-			t.Fatal(err)
-		}
-		if d := time.Since(start); d < termKillGrace || alive(ti.PID) {
-			t.Fatalf("delete took %v, alive %v", d, alive(ti.PID))
-		}
-		waitDead(t, sl)
-		if st := o.waitEnd(t); st == nil || st.Signal != "SIGKILL" {
-			t.Fatalf("exit %+v", st)
-		}
 	})
 
 	t.Run("ephemeral", func(t *testing.T) {
@@ -510,8 +477,9 @@ func TestTerm(t *testing.T) {
 		b.waitFor(t, "ready")
 		a.s.Close()
 		a.waitEnd(t)
-		time.Sleep(100 * time.Millisecond)
-		if ti := getTerm(t, e.c, ti.Name); ti.Exited || ti.Clients != 1 {
+		// The terminal stays while b is attached (a 404 never satisfies this).
+		waitTerm(t, e.c, ti.Name, "one client", func(ti *guest.TermInfo, err error) bool { return err == nil && ti.Clients == 1 })
+		if ti := getTerm(t, e.c, ti.Name); ti.Exited {
 			t.Fatalf("after first detach: %+v", ti)
 		}
 		b.s.Close()
@@ -766,4 +734,39 @@ func TestTermReconnect(t *testing.T) {
 		t.Fatalf("left: %+v %v", ts, err)
 	}
 	checkNoTermGoroutines(t)
+}
+
+// TestTermDeleteEscalates deletes a terminal whose processes ignore SIGHUP:
+// after the grace every process of the session gets SIGKILL, a background
+// job in a group of its own included.
+func TestTermDeleteEscalates(t *testing.T) {
+	const grace = 300 * time.Millisecond
+	e := startTermEnvWith(t, Options{TermKillGrace: grace})
+	ctx := context.Background()
+	ti := createTerm(t, e.c, guest.TermCreate{Name: "stubborn", Argv: []string{"sh", "-c", "set -m; trap '' HUP; sleep 101 & echo ready; sleep 100"}})
+	o := attachTerm(t, e.c, "stubborn", guest.TermAttach{})
+	o.waitFor(t, "ready")
+	fg := termWaitProc(t, ti.PID, "sleep")
+	var bg int
+	waitFor(t, "the background sleep", func() bool {
+		ps := termProcsInSession(ti.PID, "sleep")
+		for _, p := range ps {
+			if pgid, _ := syscall.Getpgid(p); pgid == p {
+				bg = p
+			}
+		}
+		return len(ps) == 2 && bg != 0
+	})
+	start := time.Now()
+	if err := e.c.DeleteTerm(ctx, "stubborn"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < grace || alive(ti.PID) {
+		t.Fatalf("delete took %v, alive %v", d, alive(ti.PID))
+	}
+	waitDead(t, fg)
+	waitDead(t, bg)
+	if st := o.waitEnd(t); st == nil || st.Signal != "SIGKILL" {
+		t.Fatalf("exit %+v", st)
+	}
 }
