@@ -229,10 +229,10 @@ func TestBuild(t *testing.T) {
 	if img.SizeBytes != diskSize {
 		t.Errorf("SizeBytes = %d", img.SizeBytes)
 	}
-	// A second call is a cache hit.
+	// A second call is a cache hit (a rebuild takes minutes).
 	start := time.Now()
 	img2, err := Ensure(ctx, Options{AgentPath: agent})
-	if err != nil || img2.Hash != img.Hash || time.Since(start) > 5*time.Second {
+	if err != nil || img2.Hash != img.Hash || time.Since(start) > time.Minute {
 		t.Fatalf("second Ensure: %v %+v (%s)", err, img2, time.Since(start))
 	}
 }
