@@ -199,6 +199,11 @@ type ExecResult struct {
 	Signal     string `json:"signal,omitempty"`
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	DurationMs int64  `json:"duration_ms"`
+	// StdoutTruncated and StderrTruncated report that the server kept only
+	// the first 16 MiB of that stream (the command still ran to its end);
+	// the streaming modes have no such cap.
+	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool `json:"stderr_truncated,omitempty"`
 }
 
 // Health is returned by GET /v1/health (no auth).
@@ -243,6 +248,8 @@ const (
 	CodeIsDirectory  = "is_directory"
 	CodeNotDirectory = "not_directory"
 	CodeNoSpace      = "no_space"
+	// CodeTooMany answers 429: a token holds too many connections at once.
+	CodeTooMany = "too_many_requests"
 )
 
 // ExecUpgrade is the Upgrade protocol for full-duplex exec (stdin streaming).

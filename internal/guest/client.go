@@ -24,6 +24,7 @@ type Client struct {
 	tr      *http.Transport
 	hc      *http.Client
 	hs      HandshakeResult
+	gate    *streamGate
 	closeMu sync.Once
 }
 
@@ -55,10 +56,19 @@ func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("guest: yamux: %w", err)
 	}
-	c := &Client{conn: conn, sess: sess, hs: *res}
+	// The host never accepts streams; an unaccepted one the guest opens
+	// would sit in the accept backlog (256 of them, each with a 256 KiB
+	// window) until the session ends. After GoAway the session answers
+	// every SYN from the guest with RST at once; streams the host opens
+	// are not affected.
+	if err := sess.GoAway(); err != nil {
+		sess.Close()
+		return nil, fmt.Errorf("guest: yamux: %w", err)
+	}
+	c := &Client{conn: conn, sess: sess, hs: *res, gate: &streamGate{sess: sess, max: MaxStreams}}
 	c.tr = &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return sess.Open()
+			return c.gate.open()
 		},
 		DisableCompression: true,
 		// Large request bodies (file uploads) leave in big yamux frames:
@@ -68,6 +78,9 @@ func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
 		MaxIdleConns:        32,
 		MaxIdleConnsPerHost: 32,
 		ForceAttemptHTTP2:   false,
+		// The guest is untrusted: the default allows 10 MiB of headers
+		// per response.
+		MaxResponseHeaderBytes: MaxHeaderBytes,
 	}
 	c.hc = &http.Client{Transport: c.tr}
 	return c, nil
@@ -120,17 +133,26 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return decodeAPIError(resp)
 	}
 	if out == nil {
-		_, err = io.Copy(io.Discard, resp.Body)
-		return err
+		if err := drainBounded(resp.Body, MaxReplyBytes); err != nil {
+			return fmt.Errorf("guest: %s %s: %w", method, path, err)
+		}
+		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("guest: %s %s: decode: %w", method, path, err)
+	return decodeReply(resp.Body, method+" "+path, out)
+}
+
+// decodeReply decodes one JSON reply of at most MaxReplyBytes.
+func decodeReply(body io.Reader, what string, out any) error {
+	if err := json.NewDecoder(newBoundedReader(body, MaxReplyBytes)).Decode(out); err != nil {
+		return fmt.Errorf("guest: %s: decode: %w", what, err)
 	}
 	return nil
 }
 
+// decodeAPIError reads a non-2xx answer; its body is cut at
+// MaxErrorBodyBytes (an error message needs no more).
 func decodeAPIError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBodyBytes))
 	var env ErrorEnvelope
 	if json.Unmarshal(b, &env) == nil && env.Error != nil {
 		env.Error.Status = resp.StatusCode
@@ -279,10 +301,15 @@ type ExecError struct{ Message string }
 func (e *ExecError) Error() string { return "guest exec: " + e.Message }
 
 // Wait relays frames to stdout/stderr (nil discards) until the exit frame
-// and returns the exit status. Error frames are collected; if any arrived,
-// Wait returns the status together with an *ExecError.
+// and returns the exit status. Error frames are collected (up to
+// maxExecErrorBytes: the guest could send them without end); if any
+// arrived, Wait returns the status together with an *ExecError.
 func (s *ExecStream) Wait(stdout, stderr io.Writer) (*ExitStatus, error) {
-	var msgs []string
+	var (
+		msgs    []string
+		msgLen  int
+		dropped bool
+	)
 	for {
 		f, err := s.Next()
 		if err != nil {
@@ -305,11 +332,19 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*ExitStatus, error) {
 			if json.Unmarshal(f.Data, &e) != nil {
 				e.Message = string(f.Data)
 			}
+			if msgLen+len(e.Message) > maxExecErrorBytes {
+				dropped = true
+				continue
+			}
+			msgLen += len(e.Message)
 			msgs = append(msgs, e.Message)
 		case FrameExit:
 			var st ExitStatus
 			if err := json.Unmarshal(f.Data, &st); err != nil {
 				return nil, fmt.Errorf("guest: bad exit frame: %w", err)
+			}
+			if dropped {
+				msgs = append(msgs, fmt.Sprintf("(further guest errors dropped beyond %d bytes)", maxExecErrorBytes))
 			}
 			if len(msgs) > 0 {
 				return &st, &ExecError{Message: joinMsgs(msgs)}

@@ -2,7 +2,6 @@ package guest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -55,10 +54,7 @@ func (c *Client) fileRequest(ctx context.Context, method, endpoint string, q url
 
 func decodeInto(resp *http.Response, endpoint string, out any) error {
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("guest: %s: decode: %w", endpoint, err)
-	}
-	return nil
+	return decodeReply(resp.Body, endpoint, out)
 }
 
 // Stat returns the FileInfo of path (lstat) as user ("" = root).

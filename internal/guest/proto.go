@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -185,15 +186,39 @@ func ReadFrame(r io.Reader) (Frame, error) {
 	}
 	f := Frame{Type: h[0]}
 	if n > 0 {
-		f.Data = make([]byte, n)
-		if _, err := io.ReadFull(r, f.Data); err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
+		var err error
+		if f.Data, err = readPayload(r, int(n)); err != nil {
 			return Frame{}, err
 		}
 	}
 	return f, nil
+}
+
+// frameAllocStep is the most ReadFrame allocates ahead of payload bytes
+// actually arriving. A length field is only the peer's claim: allocating it
+// up front would let a guest that announces 16 MiB frames and then stalls
+// pin 16 MiB per stream in the daemon for 5 bytes sent. The agent's exec
+// chunks (256 KiB) still take a single allocation.
+const frameAllocStep = 256 << 10
+
+// readPayload reads n bytes, growing the slice (doubling) as they arrive.
+func readPayload(r io.Reader, n int) ([]byte, error) {
+	b := make([]byte, min(n, frameAllocStep))
+	got := 0
+	for {
+		m, err := io.ReadFull(r, b[got:])
+		got += m
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+		if got == n {
+			return b, nil
+		}
+		b = slices.Grow(b, min(n-got, got))[:got+min(n-got, got)]
+	}
 }
 
 // ReadFrameReuse is ReadFrame reading the payload into *buf (grown as

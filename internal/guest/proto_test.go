@@ -154,7 +154,8 @@ func TestHostHandshakeTimeout(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, _, err := HostHandshake(ctx, h)
-	if err == nil || time.Since(start) > 2*time.Second {
+	// Without the deadline the handshake would wait for ever.
+	if err == nil || time.Since(start) > time.Minute {
 		t.Fatalf("err = %v after %v", err, time.Since(start))
 	}
 }

@@ -38,7 +38,7 @@ func (c *Client) ListenTCP(ctx context.Context, host string, port int) (*TCPList
 		return nil, err
 	}
 	st.SetReadDeadline(time.Now().Add(30 * time.Second))
-	line, err := br.ReadBytes('\n')
+	line, err := readGuestLine(br)
 	st.SetReadDeadline(time.Time{})
 	var hello TCPListening
 	if err == nil {
@@ -60,7 +60,7 @@ func (l *TCPListener) Port() int { return l.port }
 // skipped. After Close, or when the agent session ends, it returns an error.
 func (l *TCPListener) Accept(ctx context.Context) (conn net.Conn, remote string, err error) {
 	for {
-		line, err := l.br.ReadBytes('\n')
+		line, err := readGuestLine(l.br)
 		if err != nil {
 			return nil, "", err
 		}

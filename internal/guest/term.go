@@ -90,7 +90,7 @@ func (c *Client) upgrade(ctx context.Context, path, proto string, body any) (*ya
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	st, err := c.sess.OpenStream()
+	st, err := c.gate.open()
 	if err != nil {
 		return nil, nil, fmt.Errorf("guest: %s: %w", path, err)
 	}
@@ -109,11 +109,17 @@ func (c *Client) upgrade(ctx context.Context, path, proto string, body any) (*ya
 	if err := req.Write(st); err != nil {
 		return fail(fmt.Errorf("guest: %s: %w", path, err))
 	}
-	br := bufio.NewReaderSize(st, 64<<10)
+	// http.ReadResponse has no header limit of its own (textproto joins a
+	// line of any length), so the guest's answer is read through a bound
+	// that is lifted once the headers are in: what follows is the
+	// flow-controlled stream.
+	lim := newBoundedReader(st, MaxHeaderBytes)
+	br := bufio.NewReaderSize(lim, maxLineBytes)
 	resp, err := http.ReadResponse(br, req)
 	if err != nil {
 		return fail(fmt.Errorf("guest: %s: %w", path, err))
 	}
+	lim.unbound()
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		err := decodeAPIError(resp)
 		resp.Body.Close()

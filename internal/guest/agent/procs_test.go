@@ -108,8 +108,18 @@ func TestProcesses(t *testing.T) {
 		self.State == "" || self.CPUPercent < 0 || self.StartedAt.After(time.Now()) || self.StartedAt.Before(time.Now().Add(-time.Hour)) {
 		t.Fatalf("self = %+v", self)
 	}
-	child := findProc(ps, pid)
-	if child == nil || child.User != testUser || child.Command != "sleep 61" || child.PPID != os.Getpid() || child.State != "S" {
+	// A busy machine may list the fresh child before it has gone to sleep
+	// (state R, or still the forked test binary before exec): list again.
+	var child *guest.ProcessInfo
+	waitFor(t, "the child asleep", func() bool {
+		ps, err := c.ListProcesses(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		child = findProc(ps, pid)
+		return child != nil && child.Command == "sleep 61" && child.State == "S"
+	})
+	if child.User != testUser || child.PPID != os.Getpid() {
 		t.Fatalf("child = %+v", child)
 	}
 
