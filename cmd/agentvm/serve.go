@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/server"
 	"github.com/spf13/cobra"
 )
@@ -59,7 +59,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.TemplateDir, "template-dir", os.Getenv("AGENTVM_TEMPLATE_DIR"), "template snapshots (default <cache-dir>/templates)")
 	f.StringVar(&cfg.QEMU, "qemu", envOr("AGENTVM_QEMU", "qemu-system-x86_64"), "QEMU binary")
 	f.StringVar(&cfg.AgentPath, "guest-agent", os.Getenv("AGENTVM_GUEST_AGENT"), "agentvm-guest binary to bake into the image (default: next to agentvm)")
-	f.BoolVar(&cfg.AllowPrivateEgress, "allow-private-egress", false, "let VMs reach loopback, private and link-local addresses and this host (unsafe)")
+	f.BoolVar(&cfg.AllowPrivateEgress, "allow-private-egress", false, "let VMs reach private and link-local addresses and this host (unsafe; loopback and agentvm's own listeners stay denied)")
 	f.BoolVar(&cfg.KeepRunning, "keep-running", false, "leave VMs running when the server stops (default: suspend them and wake them at the next start)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 1, "ready VMs kept per recently created shape, so creates skip the restore (0 disables)")
 	f.StringVar(&cfg.SSHListen, "ssh-listen", envOr("AGENTVM_SSH_LISTEN", "127.0.0.1:2222"), `SSH gateway address ("" disables it)`)

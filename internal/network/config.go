@@ -39,6 +39,13 @@ type Config struct {
 	// Names, when set, returns the extra names the network's DNS answers
 	// (the VMs of the same private network).
 	Names func() map[string]netip.Addr
+	// Limits caps the connections, flows and DNS queries the guest can
+	// have open at once (zero fields: the Default* constants).
+	Limits Limits
+	// OnLimit, when set, is told that the guest hit a cap (kind is one of
+	// LimitKinds) and was refused; at most once a minute per kind, from
+	// its own goroutine.
+	OnLimit func(kind string, limit int)
 }
 
 // Gateway returns the gateway address (.1 of Subnet).

@@ -15,7 +15,8 @@ import (
 // network's own names (host.agentvm.internal, and the VMs of the same
 // private network by name), applies the egress policy to other names
 // (deny: refused; allow: only allow-listed names, whose addresses then
-// become reachable) and forwards the rest to the host's resolvers.
+// become reachable if they pass the public-mode checks, see decide) and
+// forwards the rest to the host's resolvers.
 type dnsServer struct {
 	n *Network
 
@@ -47,7 +48,19 @@ func (d *dnsServer) serveUDP(pc net.PacketConn) error {
 		if err := req.Unpack(buf[:n]); err != nil {
 			continue
 		}
+		// Each query waits up to 5 s on the upstream resolvers in its own
+		// goroutine; at the cap the datagram is dropped and the guest's
+		// resolver retries it after its timeout.
+		if !d.n.acquire(d.n.lim.dns) {
+			continue
+		}
+		if !d.n.begin() {
+			d.n.lim.dns.release()
+			continue // closing: the next read fails
+		}
 		go func() {
+			defer d.n.wg.Done()
+			defer d.n.lim.dns.release()
 			resp := d.answer(req)
 			resp.Truncate(udpSize(req))
 			if b, err := resp.Pack(); err == nil {
@@ -70,20 +83,50 @@ func (d *dnsServer) serveTCP(ln net.Listener) error {
 		if err != nil {
 			return err
 		}
+		// A DNS connection is a guest TCP connection like any other: it
+		// counts against the TCP cap for as long as it stays open.
+		if !d.n.acquire(d.n.lim.tcp) {
+			c.Close()
+			continue
+		}
+		if !d.n.begin() {
+			d.n.lim.tcp.release()
+			c.Close()
+			continue // closing: the next accept fails
+		}
 		go func() {
+			defer d.n.wg.Done()
+			defer d.n.lim.tcp.release()
 			defer c.Close()
-			dc := &dns.Conn{Conn: c}
-			for {
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				req, err := dc.ReadMsg()
-				if err != nil {
-					return
-				}
-				if err := dc.WriteMsg(d.answer(req)); err != nil {
-					return
-				}
+			// Close must not wait out an idle guest connection's deadline.
+			if !d.n.track(c) {
+				return
 			}
+			defer d.n.untrack(c)
+			d.serveTCPConn(c)
 		}()
+	}
+}
+
+// serveTCPConn answers the queries of one connection in turn until the
+// guest closes it, idles 30 s, or a query finds the DNS cap full (the
+// connection is then closed, which a resolver takes as "retry").
+func (d *dnsServer) serveTCPConn(c net.Conn) {
+	dc := &dns.Conn{Conn: c}
+	for {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		req, err := dc.ReadMsg()
+		if err != nil {
+			return
+		}
+		if !d.n.acquire(d.n.lim.dns) {
+			return
+		}
+		resp := d.answer(req)
+		d.n.lim.dns.release()
+		if err := dc.WriteMsg(resp); err != nil {
+			return
+		}
 	}
 }
 

@@ -17,16 +17,19 @@ const (
 )
 
 // Egress is the operator's egress policy of a VM, changeable at run time.
-// Whatever the mode, loopback, link-local, private ranges and the host's
-// own addresses stay blocked unless an Allow CIDR names them explicitly
-// (loopback and the host never: only AllowHost ports, at HostAddr).
+// Whatever the mode, link-local, private ranges and the host's own
+// addresses stay blocked unless an Allow CIDR names them explicitly or the
+// daemon runs with Policy.AllowPrivate (the host itself: only AllowHost
+// ports, at HostAddr); loopback and the daemon's listeners stay blocked
+// always. An allow-listed domain admits the addresses its DNS answers
+// return only when those pass the same checks as in public mode.
 type Egress struct {
 	Mode    string         `json:"mode,omitempty"`
 	Allow   []netip.Prefix `json:"allow,omitempty"`   // allow mode: CIDRs
 	Domains []string       `json:"domains,omitempty"` // allow mode: names and their subdomains
 	// AllowHost lists host TCP ports the guest may reach on the host's
 	// loopback through HostAddr (any mode). The daemon's own ports are
-	// refused whatever this says (Policy.DeniedPorts).
+	// refused whatever this says (Policy.Listeners, Policy.DeniedPorts).
 	AllowHost []int `json:"allow_host,omitempty"`
 }
 
@@ -151,10 +154,13 @@ func (n *Network) decide(dst netip.AddrPort, proto string) (route, bool) {
 	e := n.EgressPolicy()
 	if a == n.cfg.HostAddr() {
 		p := int(dst.Port())
-		if proto == "tcp" && slices.Contains(e.AllowHost, p) && !slices.Contains(n.cfg.Policy.DeniedPorts, p) {
+		if proto == "tcp" && slices.Contains(e.AllowHost, p) && !n.cfg.Policy.deniesHostPort(p) {
 			return route{dial: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), dst.Port())}, true
 		}
 		return route{why: "host port not allowed (--allow-host)"}, false
+	}
+	if n.cfg.Policy.isListener(netip.AddrPortFrom(a, dst.Port()), hostAddrs) {
+		return route{why: "agentvm's own listener"}, false
 	}
 	// Only VM subnets can hold a peer: the lookup (a database read) stays
 	// off the path of ordinary internet connections.
@@ -173,7 +179,9 @@ func (n *Network) decide(dst netip.AddrPort, proto string) (route, bool) {
 	case EgressDeny:
 		return route{why: "egress policy deny"}, false
 	case EgressAllow:
-		if a.IsLoopback() || IsForbidden(a, Policy{AllowPrivate: true, ExtraDenied: n.cfg.Policy.ExtraDenied}) {
+		// Only the always-denied ranges here: an Allow CIDR may name a
+		// private range on purpose.
+		if IsForbidden(a, Policy{AllowPrivate: true, ExtraDenied: n.cfg.Policy.ExtraDenied}) {
 			return route{why: "forbidden address"}, false
 		}
 		if isOwnHostAddr(a) {
@@ -185,6 +193,12 @@ func (n *Network) decide(dst netip.AddrPort, proto string) (route, bool) {
 			}
 		}
 		if n.resolved.has(a) {
+			// The policy named the domain, not its addresses: whoever
+			// runs its DNS picks those, and may point it at 10.x, the
+			// LAN or 169.254.169.254. They get the public-mode checks.
+			if n.denied(a) {
+				return route{why: "allow-listed name resolved to a forbidden address"}, false
+			}
 			return route{dial: dst}, true
 		}
 		return route{why: "not in the egress allow list"}, false

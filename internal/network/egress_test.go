@@ -55,3 +55,99 @@ func TestDecide(t *testing.T) {
 		t.Fatal("bad mode accepted")
 	}
 }
+
+// TestDecideAllowModeResolved: in allow mode an allow-listed name admits
+// the addresses its DNS returned only when they pass the checks of public
+// mode; explicit CIDRs still open private ranges.
+func TestDecideAllowModeResolved(t *testing.T) {
+	hostIP := hostIPv4(t)
+	tests := []struct {
+		name     string
+		policy   Policy
+		dst      string
+		resolved bool // returned by a DNS answer for example.com
+		want     bool
+	}{
+		{"public address", Policy{}, "93.184.216.34:443", true, true},
+		{"not resolved", Policy{}, "8.8.8.8:443", false, false},
+		{"RFC 1918", Policy{}, "10.1.2.3:443", true, false},
+		{"LAN", Policy{}, "192.168.1.10:80", true, false},
+		{"cloud metadata", Policy{}, "169.254.169.254:80", true, false},
+		{"CGNAT", Policy{}, "100.64.0.1:80", true, false},
+		{"ULA", Policy{}, "[fd00::1]:80", true, false},
+		{"loopback", Policy{}, "127.0.0.1:80", true, false},
+		{"host address", Policy{}, netip.AddrPortFrom(hostIP, 80).String(), true, false},
+		{"explicit CIDR opens private", Policy{}, "10.9.1.1:443", false, true},
+		{"explicit CIDR, also resolved", Policy{}, "10.9.1.1:443", true, true},
+		// --allow-private-egress: resolved addresses get what public mode
+		// would give them, loopback still never.
+		{"RFC 1918, allow-private", Policy{AllowPrivate: true}, "10.1.2.3:443", true, true},
+		{"loopback, allow-private", Policy{AllowPrivate: true}, "127.0.0.1:80", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := New(Config{Subnet: netip.MustParsePrefix("10.200.9.0/24"), Policy: tt.policy}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			if err := n.SetEgress(Egress{Mode: EgressAllow, Domains: []string{"example.com"},
+				Allow: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}); err != nil {
+				t.Fatal(err)
+			}
+			dst := netip.MustParseAddrPort(tt.dst)
+			if tt.resolved {
+				n.resolved.add(dst.Addr(), time.Minute)
+			}
+			if r, got := n.decide(dst, "tcp"); got != tt.want {
+				t.Fatalf("decide(%s) allowed %v (%s), want %v", dst, got, r.why, tt.want)
+			}
+		})
+	}
+}
+
+// TestDecideDaemonListeners: loopback and the daemon's listeners are denied
+// whatever the daemon's and the VM's policies say.
+func TestDecideDaemonListeners(t *testing.T) {
+	hostIP := hostIPv4(t)
+	policy := Policy{AllowPrivate: true, Listeners: []netip.AddrPort{
+		netip.MustParseAddrPort("198.51.100.10:7070"), // API on one address
+		netip.MustParseAddrPort("0.0.0.0:2222"),       // SSH gateway on all
+		netip.MustParseAddrPort("127.0.0.1:8080"),     // preview proxy on loopback
+	}}
+	everything := Egress{Mode: EgressAllow, Allow: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
+	hostPort := func(p uint16) string { return netip.AddrPortFrom(hostIP, p).String() }
+	tests := []struct {
+		name   string
+		egress Egress
+		dst    string
+		want   bool
+	}{
+		{"loopback", Egress{}, "127.0.0.1:80", false},
+		{"loopback v6", Egress{}, "[::1]:80", false},
+		{"API address, its port", Egress{}, "198.51.100.10:7070", false},
+		{"API address, another port", Egress{}, "198.51.100.10:443", false},
+		{"wildcard SSH port on a host address", Egress{}, hostPort(2222), false},
+		{"other port on a host address", Egress{}, hostPort(2223), true},
+		{"public address, SSH's port", Egress{}, "198.51.100.11:2222", true},
+		{"allow 0.0.0.0/0: API", everything, "198.51.100.10:7070", false},
+		{"allow 0.0.0.0/0: loopback", everything, "127.0.0.1:8080", false},
+		{"host gateway: SSH port", Egress{AllowHost: []int{2222}}, "10.200.9.254:2222", false},
+		{"host gateway: proxy port", Egress{AllowHost: []int{8080}}, "10.200.9.254:8080", false},
+		{"host gateway: API port", Egress{AllowHost: []int{7070}}, "10.200.9.254:7070", false},
+		{"host gateway: other port", Egress{AllowHost: []int{5432}}, "10.200.9.254:5432", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := New(Config{Subnet: netip.MustParsePrefix("10.200.9.0/24"), Policy: policy, Egress: tt.egress}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			dst := netip.MustParseAddrPort(tt.dst)
+			if r, got := n.decide(dst, "tcp"); got != tt.want {
+				t.Fatalf("decide(%s) allowed %v (%s), want %v", dst, got, r.why, tt.want)
+			}
+		})
+	}
+}

@@ -78,6 +78,14 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
+	// The slot is held for the connection's life: this handler returns
+	// only when the proxied connection ends.
+	if !n.acquire(n.lim.tcp) {
+		n.log.Debug("egress refused: tcp connection limit", "dst", dst.String(), "src", src.String())
+		r.Complete(true)
+		return
+	}
+	defer n.lim.tcp.release()
 	ctx, cancel := context.WithTimeout(n.ctx, tcpDialTimeout)
 	var out net.Conn
 	var err error
@@ -168,13 +176,21 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 		}
 		return // dropped
 	}
+	// Without an endpoint the netstack asks again on the flow's next
+	// datagram, so a refused flow costs nothing until a slot frees up.
+	if !n.acquire(n.lim.udp) {
+		n.log.Debug("egress refused: udp flow limit", "dst", dst.String(), "src", src.String())
+		return
+	}
 	if !n.begin() {
+		n.lim.udp.release()
 		return
 	}
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
 		n.wg.Done()
+		n.lim.udp.release()
 		n.log.Debug("udp endpoint failed", "dst", dst.String(), "err", terr.String())
 		return
 	}
@@ -182,9 +198,10 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 }
 
 // udpFlow relays one UDP flow until it has been idle for udpIdleTimeout.
-// The caller has registered it with n.wg.
+// The caller has registered it with n.wg and taken its n.lim.udp slot.
 func (n *Network) udpFlow(in *gonet.UDPConn, dst, src netip.AddrPort) {
 	defer n.wg.Done()
+	defer n.lim.udp.release()
 	ctx, cancel := context.WithTimeout(n.ctx, udpDialTimeout)
 	out, err := n.dialerTo(dst.Addr(), udpDialTimeout).DialContext(ctx, "udp", dst.String())
 	cancel()

@@ -65,6 +65,7 @@ type Network struct {
 
 	egress   atomic.Pointer[Egress]
 	resolved resolvedSet
+	lim      limiters
 
 	closers   []io.Closer // service sockets (DNS, DHCP)
 	closeOnce sync.Once
@@ -88,6 +89,7 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 		cfg:     cfg,
 		log:     log,
 		tracked: make(map[io.Closer]struct{}),
+		lim:     newLimiters(cfg.Limits),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	eg := cfg.Egress

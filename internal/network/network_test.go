@@ -31,7 +31,13 @@ func testLogger(t *testing.T) *slog.Logger {
 // attaches them. Cleanup closes the Network first, then the fake QEMU.
 func setup(t *testing.T, p Policy) (*Network, *fakeQEMU) {
 	t.Helper()
-	n, err := New(Config{Subnet: SubnetForIndex(7), Policy: p}, testLogger(t))
+	return setupConfig(t, Config{Subnet: SubnetForIndex(7), Policy: p})
+}
+
+// setupConfig is setup with a whole Config.
+func setupConfig(t *testing.T, cfg Config) (*Network, *fakeQEMU) {
+	t.Helper()
+	n, err := New(cfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,5 +536,50 @@ func TestCloseNoLeak(t *testing.T) {
 	if after := runtime.NumGoroutine(); after > before {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("goroutines: %d before, %d after Close:\n%s", before, after, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestMalformedFramesFromGuest: a guest can queue frames of any length on
+// its NIC. Runts must be dropped without breaking the network: traffic
+// still flows afterwards and Close (VM delete, daemon shutdown) returns.
+func TestMalformedFramesFromGuest(t *testing.T) {
+	// Not setup: its cleanup would Close the Network, and a wedged switch
+	// would then hang the test binary instead of failing this test.
+	n, err := New(Config{Subnet: SubnetForIndex(7)}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := newFakeQEMU(t, n.Config(), filepath.Join(t.TempDir(), "net.sock"))
+	q.listen()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- n.Attach(ctx, q.path) }()
+	q.accept(10 * time.Second)
+	if err := <-errc; err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	q.mu.Lock()
+	c := q.conn
+	q.mu.Unlock()
+	for _, size := range []int{0, 1, 6, 13} {
+		if err := q.writeFrame(c, make([]byte, size)); err != nil {
+			t.Fatalf("write %d-byte frame: %v", size, err)
+		}
+	}
+	uc, err := q.dialUDP(netip.AddrPortFrom(n.Gateway(), 53))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	if r := dnsQuery(t, uc, "localhost"); !r.Response {
+		t.Fatalf("not a DNS response after runt frames: %v", r)
+	}
+	closed := make(chan struct{})
+	go func() { _ = n.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hung after runt frames")
 	}
 }

@@ -1,8 +1,10 @@
 package network
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -12,17 +14,92 @@ import (
 // side only ever dials on a VM's behalf after the destination passed
 // IsForbidden, and the dialer re-checks the address it actually connects to.
 type Policy struct {
-	// AllowPrivate allows loopback, link-local, RFC 1918, ULA (fc00::/7),
-	// site-local (fec0::/10), CGNAT (100.64.0.0/10) and the host's own
-	// interface addresses. Default false: a VM can reach only the public
-	// internet.
+	// AllowPrivate allows link-local, RFC 1918, ULA (fc00::/7), site-local
+	// (fec0::/10), CGNAT (100.64.0.0/10) and the host's own interface
+	// addresses. Default false: a VM can reach only the public internet.
+	// Loopback and Listeners stay denied: they are the daemon's own
+	// surface, which no VM needs and every VM could attack.
 	AllowPrivate bool
-	// ExtraDenied is always denied, even with AllowPrivate (for example the
-	// daemon's own listen addresses when they are routable).
+	// ExtraDenied is always denied, even with AllowPrivate.
 	ExtraDenied []netip.Prefix
-	// DeniedPorts are host ports a guest never reaches through HostAddr,
-	// whatever Egress.AllowHost says (the daemon's API, SSH and proxy).
+	// Listeners are the daemon's own listen addresses (API, SSH gateway,
+	// preview proxy): always denied, whatever AllowPrivate and the egress
+	// policy say. A listener bound to one address denies that whole
+	// address; a wildcard one (0.0.0.0, ::) denies its port on every
+	// address of the host. Their ports are also refused through HostAddr.
+	Listeners []netip.AddrPort
+	// DeniedPorts are further host ports a guest never reaches through
+	// HostAddr, whatever Egress.AllowHost says.
 	DeniedPorts []int
+}
+
+// ParseListeners turns the daemon's bound listen addresses ("host:port", as
+// net.Listener.Addr().String() prints them) into Policy.Listeners; empty
+// strings (disabled listeners) are skipped.
+func ParseListeners(addrs ...string) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, s := range addrs {
+		if s == "" {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			return nil, fmt.Errorf("daemon listener %q: %w", s, err)
+		}
+		out = append(out, netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port()))
+	}
+	return out, nil
+}
+
+// deniesHostPort reports whether a guest must not reach port on the host's
+// loopback through HostAddr.
+func (p Policy) deniesHostPort(port int) bool {
+	if slices.Contains(p.DeniedPorts, port) {
+		return true
+	}
+	for _, l := range p.Listeners {
+		if int(l.Port()) == port {
+			return true
+		}
+	}
+	return false
+}
+
+// isListener reports whether dst reaches one of the daemon's listeners. own
+// lists the host's addresses (ok false: unknown, so fail closed).
+func (p Policy) isListener(dst netip.AddrPort, own func() (map[netip.Addr]struct{}, bool)) bool {
+	a := dst.Addr().Unmap().WithZone("")
+	if a.Is6() {
+		// A NAT64 or 6to4 address is another way to name the IPv4 listener.
+		if v4, ok := embeddedV4(a); ok && p.isListener(netip.AddrPortFrom(v4, dst.Port()), own) {
+			return true
+		}
+	}
+	for _, l := range p.Listeners {
+		la := l.Addr().Unmap().WithZone("")
+		if !la.IsUnspecified() {
+			if la == a {
+				return true
+			}
+			continue
+		}
+		if l.Port() != dst.Port() {
+			continue
+		}
+		// A wildcard listener answers on loopback and on every address
+		// of the host.
+		if a.IsLoopback() || a.IsUnspecified() {
+			return true
+		}
+		addrs, ok := own()
+		if !ok {
+			return true
+		}
+		if _, isOwn := addrs[a]; isOwn {
+			return true
+		}
+	}
+	return false
 }
 
 var (
@@ -40,9 +117,12 @@ var (
 // a guest under policy p.
 //
 // Always forbidden (whatever p.AllowPrivate says): invalid/unspecified
-// addresses, 0.0.0.0/8, multicast, 240.0.0.0/4 (reserved and the limited
-// broadcast address), IPv4-compatible IPv6 (::/96) and p.ExtraDenied.
-// Forbidden unless p.AllowPrivate: loopback (127/8, ::1), link-local
+// addresses, loopback (127/8, ::1), 0.0.0.0/8, multicast, 240.0.0.0/4
+// (reserved and the limited broadcast address), IPv4-compatible IPv6
+// (::/96) and p.ExtraDenied. Loopback is where the daemon and the host's
+// local-only services listen; Egress.AllowHost reaches chosen ports there
+// through HostAddr without going through this check.
+// Forbidden unless p.AllowPrivate: link-local
 // (169.254/16, fe80::/10), RFC 1918, ULA fc00::/7, site-local fec0::/10, CGNAT
 // 100.64/10, and every address assigned to one of the host's interfaces.
 // IPv4-mapped IPv6 addresses are unmapped first, and IPv6 addresses that embed
@@ -69,7 +149,7 @@ func isForbidden(addr netip.Addr, p Policy, own func() (map[netip.Addr]struct{},
 			}
 		}
 	}
-	if addr.IsUnspecified() || addr.IsMulticast() ||
+	if addr.IsUnspecified() || addr.IsLoopback() || addr.IsMulticast() ||
 		thisNetPrefix.Contains(addr) || reservedPrefix.Contains(addr) ||
 		ipv4CompatV6.Contains(addr) {
 		return true
@@ -82,7 +162,7 @@ func isForbidden(addr netip.Addr, p Policy, own func() (map[netip.Addr]struct{},
 	if p.AllowPrivate {
 		return false
 	}
-	if addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsPrivate() ||
+	if addr.IsLinkLocalUnicast() || addr.IsPrivate() ||
 		cgnatPrefix.Contains(addr) || siteLocalPrefix.Contains(addr) {
 		return true
 	}

@@ -2,6 +2,7 @@ package network
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -23,11 +24,12 @@ func TestIsForbidden(t *testing.T) {
 		{"2606:4700:4700::1111", false, false},
 		{"::ffff:8.8.8.8", false, false},
 		{"64:ff9b::808:808", false, false}, // NAT64 of 8.8.8.8
-		// loopback
-		{"127.0.0.1", true, false},
-		{"127.255.1.2", true, false},
-		{"::1", true, true}, // inside ::/96, always denied
-		{"::ffff:127.0.0.1", true, false},
+		// loopback: always denied, the daemon and local-only services
+		// listen there
+		{"127.0.0.1", true, true},
+		{"127.255.1.2", true, true},
+		{"::1", true, true},
+		{"::ffff:127.0.0.1", true, true},
 		// link-local (cloud metadata)
 		{"169.254.169.254", true, false},
 		{"fe80::1", true, false},
@@ -48,11 +50,11 @@ func TestIsForbidden(t *testing.T) {
 		{"100.127.255.254", true, false},
 		{"100.128.0.1", false, false},
 		// embedded IPv4
-		{"64:ff9b::7f00:1", true, false},        // NAT64 of 127.0.0.1
-		{"64:ff9b::a00:1", true, false},         // NAT64 of 10.0.0.1
-		{"2002:7f00:1::1", true, false},         // 6to4 of 127.0.0.1
-		{"2002:808:808::1", false, false},       // 6to4 of 8.8.8.8
-		{"64:ff9b:1:7f00:0:100::", true, false}, // local-use NAT64 of 127.0.0.1
+		{"64:ff9b::7f00:1", true, true},        // NAT64 of 127.0.0.1
+		{"64:ff9b::a00:1", true, false},        // NAT64 of 10.0.0.1
+		{"2002:7f00:1::1", true, true},         // 6to4 of 127.0.0.1
+		{"2002:808:808::1", false, false},      // 6to4 of 8.8.8.8
+		{"64:ff9b:1:7f00:0:100::", true, true}, // local-use NAT64 of 127.0.0.1
 		// always denied
 		{"0.0.0.0", true, true},
 		{"0.1.2.3", true, true},
@@ -143,5 +145,76 @@ func TestSubnetForIndex(t *testing.T) {
 	c := Config{Subnet: SubnetForIndex(7)}
 	if c.Gateway().String() != "10.200.7.1" || c.GuestIP().String() != "10.200.7.2" {
 		t.Errorf("gateway %v guest %v", c.Gateway(), c.GuestIP())
+	}
+}
+
+func TestIsListener(t *testing.T) {
+	own := func() (map[netip.Addr]struct{}, bool) {
+		return map[netip.Addr]struct{}{
+			netip.MustParseAddr("203.0.113.7"): {},
+			netip.MustParseAddr("2001:db8::7"): {},
+		}, true
+	}
+	noOwn := func() (map[netip.Addr]struct{}, bool) { return nil, false }
+	p := Policy{Listeners: []netip.AddrPort{
+		netip.MustParseAddrPort("198.51.100.5:7070"), // API on one routable address
+		netip.MustParseAddrPort("0.0.0.0:2222"),      // SSH gateway on every address
+		netip.MustParseAddrPort("[::]:8443"),         // preview proxy, dual stack
+	}}
+	tests := []struct {
+		dst  string
+		own  func() (map[netip.Addr]struct{}, bool)
+		want bool
+	}{
+		{"198.51.100.5:7070", own, true},
+		{"198.51.100.5:22", own, true}, // a listener's own address is out of bounds entirely
+		{"[::ffff:198.51.100.5]:7070", own, true},
+		{"[64:ff9b::c633:6405]:7070", own, true}, // NAT64 of 198.51.100.5
+		{"198.51.100.6:7070", own, false},
+		{"203.0.113.7:2222", own, true}, // wildcard: every host address
+		{"[2001:db8::7]:2222", own, true},
+		{"203.0.113.7:8443", own, true},
+		{"127.0.0.1:2222", own, true},
+		{"203.0.113.7:2223", own, false},
+		{"203.0.113.8:2222", own, false},  // not the host
+		{"203.0.113.8:2222", noOwn, true}, // host addresses unknown: fail closed
+		{"1.1.1.1:443", own, false},
+	}
+	for _, tt := range tests {
+		if got := p.isListener(netip.MustParseAddrPort(tt.dst), tt.own); got != tt.want {
+			t.Errorf("isListener(%s) = %v, want %v", tt.dst, got, tt.want)
+		}
+	}
+	for _, port := range []int{7070, 2222, 8443} {
+		if !p.deniesHostPort(port) {
+			t.Errorf("host port %d of a listener not denied through HostAddr", port)
+		}
+	}
+	if p.deniesHostPort(5432) {
+		t.Error("host port 5432 denied")
+	}
+}
+
+func TestParseListeners(t *testing.T) {
+	tests := []struct {
+		in      []string
+		want    []netip.AddrPort
+		wantErr bool
+	}{
+		{in: []string{"127.0.0.1:7070", "", "[::]:2222"}, want: []netip.AddrPort{
+			netip.MustParseAddrPort("127.0.0.1:7070"), netip.MustParseAddrPort("[::]:2222")}},
+		{in: []string{"[::ffff:10.0.0.1]:80"}, want: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:80")}},
+		{in: nil, want: nil},
+		{in: []string{"localhost:7070"}, wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseListeners(tt.in...)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("ParseListeners(%q): err %v, want error %v", tt.in, err, tt.wantErr)
+			continue
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("ParseListeners(%q) = %v, want %v", tt.in, got, tt.want)
+		}
 	}
 }

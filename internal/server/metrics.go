@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/agentvm/agentvm/internal/network"
 )
 
 // metrics holds operation latency histograms for the Prometheus endpoint.
@@ -97,6 +99,12 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		ready += n
 	}
 	fmt.Fprintf(bw, "agentvm_warm_pool_ready %d\n", ready)
+
+	fmt.Fprintln(bw, "# HELP agentvm_network_limit_refusals_total Guest TCP connections, UDP flows and DNS queries refused because the VM was at its cap.")
+	fmt.Fprintln(bw, "# TYPE agentvm_network_limit_refusals_total counter")
+	for _, kind := range network.LimitKinds {
+		fmt.Fprintf(bw, "agentvm_network_limit_refusals_total{kind=%q} %d\n", kind, network.LimitRefusals(kind))
+	}
 
 	s.metrics.mu.Lock()
 	ops := make([]string, 0, len(s.metrics.ops))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,7 +78,23 @@ func (s *Service) vmNetConfig(v *store.VM) network.Config {
 	id := v.ID
 	c.Peer = func(a netip.Addr) *network.Network { return s.peerFor(id, a) }
 	c.Names = func() map[string]netip.Addr { return s.namesFor(id) }
+	c.OnLimit = func(kind string, limit int) {
+		s.EventData(id, "network", ActorSystem, map[string]string{"limit": kind, "max": strconv.Itoa(limit)},
+			"the guest reached its limit of %d concurrent %s; more are refused", limit, limitNoun(kind))
+	}
 	return c
+}
+
+func limitNoun(kind string) string {
+	switch kind {
+	case network.LimitTCP:
+		return "TCP connections"
+	case network.LimitUDP:
+		return "UDP flows"
+	case network.LimitDNS:
+		return "DNS queries"
+	}
+	return kind
 }
 
 // peerFor returns the network of the running VM whose guest address is a
@@ -274,9 +291,9 @@ func (s *Service) SetNetworkEgress(ctx context.Context, name string, e *api.Egre
 	return n, nil
 }
 
-// SetDeniedHostPorts sets the host ports no VM may reach through its host
-// gateway address, whatever its policy (the daemon's own listeners). Call
-// it before Reconcile.
-func (s *Service) SetDeniedHostPorts(ports []int) {
-	s.cfg.Policy.DeniedPorts = append([]int(nil), ports...)
+// SetDaemonListeners sets the daemon's own listen addresses, which no VM
+// may reach whatever its policy (see network.Policy.Listeners). Call it
+// before Reconcile.
+func (s *Service) SetDaemonListeners(addrs []netip.AddrPort) {
+	s.cfg.Policy.Listeners = append([]netip.AddrPort(nil), addrs...)
 }

@@ -1,7 +1,8 @@
 // Copied from github.com/containers/gvisor-tap-vsock v0.8.9 (pkg/tap), Apache License 2.0,
 // without its debug packet dumps: those pulled in gopacket, whose package init alone
-// cost every agentvm CLI invocation ~30 ms. One fix of ours is marked "agentvm:".
-// Keep in sync with upstream.
+// cost every agentvm CLI invocation ~30 ms. Our fixes are marked "agentvm:"
+// (frames from the guest are hostile: the switch must never trust their length
+// or their source address). Keep in sync with upstream.
 
 package tap
 
@@ -25,6 +26,20 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
+// agentvm: bounds on what a guest's frames can make the switch do.
+const (
+	// MaxFrameSize is the largest frame accepted from a connection: an
+	// Ethernet header with one VLAN tag plus the largest MTU Config allows.
+	// The length prefix of the stream protocols is taken from the peer, so
+	// without it a single prefix could make the switch allocate 4 GiB.
+	MaxFrameSize = header.EthernetMinimumSize + 4 + 65535
+	// MaxCAMEntries bounds the learned source MACs. Every frame with a new
+	// source MAC would otherwise add an entry for the life of the switch, so a
+	// guest spraying random source addresses could grow it without limit.
+	// One VM needs one entry; nested bridges or macvlan need a few more.
+	MaxCAMEntries = 1024
+)
+
 type VirtualDevice interface {
 	DeliverNetworkPacket(protocol tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer)
 	LinkAddress() tcpip.LinkAddress
@@ -38,6 +53,8 @@ type NetworkSwitch interface {
 type Switch struct {
 	Sent     uint64
 	Received uint64
+	// Dropped counts frames refused as malformed (agentvm).
+	Dropped uint64
 
 	debug bool
 
@@ -122,14 +139,23 @@ func (e *Switch) tx(pkt *stack.PacketBuffer) error {
 }
 
 func (e *Switch) txPkt(pkt *stack.PacketBuffer) error {
+	// agentvm: parse before taking the locks, and refuse a buffer too short
+	// to hold an Ethernet header: reading its addresses would panic, and a
+	// panic with connLock held would wedge every later send and the
+	// disconnect that Close waits for.
+	buf := pkt.ToView().AsSlice()
+	if len(buf) < header.EthernetMinimumSize {
+		atomic.AddUint64(&e.Dropped, 1)
+		return nil
+	}
+	eth := header.Ethernet(buf)
+
 	e.writeLock.Lock()
 	defer e.writeLock.Unlock()
 
 	e.connLock.Lock()
 	defer e.connLock.Unlock()
 
-	buf := pkt.ToView().AsSlice()
-	eth := header.Ethernet(buf)
 	dst := eth.DestinationAddress()
 	src := eth.SourceAddress()
 
@@ -262,6 +288,15 @@ loop:
 			return fmt.Errorf("cannot read size from socket: %w", err)
 		}
 		size := sProtocol.Read(sizeBuf)
+		if size > MaxFrameSize {
+			// agentvm: skip the frame instead of allocating whatever the
+			// prefix claims; discarding keeps the stream in step.
+			if _, err := io.CopyN(io.Discard, reader, int64(size)); err != nil {
+				return fmt.Errorf("cannot skip oversized packet (%d bytes): %w", size, err)
+			}
+			atomic.AddUint64(&e.Dropped, 1)
+			continue
+		}
 
 		buf := make([]byte, size)
 		_, err = io.ReadFull(reader, buf)
@@ -274,18 +309,34 @@ loop:
 }
 
 func (e *Switch) rxBuf(_ context.Context, id int, buf []byte) {
-
+	// agentvm: a runt frame (a guest can queue one of any length, even 0)
+	// used to panic below while camLock was held.
+	if len(buf) < header.EthernetMinimumSize || len(buf) > MaxFrameSize {
+		atomic.AddUint64(&e.Dropped, 1)
+		return
+	}
 	eth := header.Ethernet(buf)
+	src := eth.SourceAddress()
+	// agentvm: a group (multicast/broadcast) address is never a valid
+	// source (IEEE 802.3); such a frame is forged, and learning it would
+	// spend a CAM entry on it.
+	if header.IsMulticastEthernetAddress(src) {
+		atomic.AddUint64(&e.Dropped, 1)
+		return
+	}
 
 	e.camLock.Lock()
-	_, exists := e.cam[eth.SourceAddress()]
-	e.cam[eth.SourceAddress()] = id
+	_, exists := e.cam[src]
+	learned := !exists && len(e.cam) < MaxCAMEntries
+	if exists || learned {
+		e.cam[src] = id
+	}
 	e.camLock.Unlock()
 
-	if !exists && e.notificationSender != nil {
+	if learned && e.notificationSender != nil {
 		e.notificationSender.Send(types.NotificationMessage{
 			NotificationType: types.ConnectionEstablished,
-			MacAddress:       eth.SourceAddress().String(),
+			MacAddress:       src.String(),
 		})
 	}
 
