@@ -44,6 +44,9 @@ type Principal struct {
 	VMID    string
 	Allow   []string
 	User    string // "" = any guest user
+	// ExpiresAt is when the token stops working (zero for the admin): long
+	// connections opened with it are closed then (see Track).
+	ExpiresAt time.Time
 }
 
 // Admin is the principal of the admin token.
@@ -61,6 +64,28 @@ func (p *Principal) Can(vmID, perm string) error {
 		return fmt.Errorf("%w: this token does not allow %q (it allows %s)", ErrForbidden, perm, strings.Join(p.Allow, ","))
 	}
 	return nil
+}
+
+// RunPerms are the permissions that run programs in a VM. Every program the
+// agent starts gets the VM's environment, and can list processes and read
+// their command lines, so a token holding any of these can already learn
+// the VM's env and what runs in it: the API shows those only to them.
+var RunPerms = []string{api.PermExec, api.PermTerm, api.PermSSH}
+
+// CanAny reports whether p may use at least one of perms on the VM vmID.
+func (p *Principal) CanAny(vmID string, perms ...string) error {
+	if p.Admin {
+		return nil
+	}
+	if p.VMID != vmID {
+		return fmt.Errorf("%w: this token is for another VM", ErrForbidden)
+	}
+	for _, perm := range perms {
+		if slices.Contains(p.Allow, perm) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: this token allows %s; this needs one of %s", ErrForbidden, strings.Join(p.Allow, ","), strings.Join(perms, ","))
 }
 
 // ActAs returns the guest user a request for user runs as: the token's user
@@ -81,6 +106,7 @@ type Service struct {
 	store *store.Store
 	admin string
 	now   func() time.Time
+	conns connRegistry
 }
 
 // New returns a service with the given admin token.
@@ -115,7 +141,7 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 }
 
 func principalOf(t *store.Token) *Principal {
-	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User}
+	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, ExpiresAt: t.ExpiresAt}
 }
 
 // AuthenticateKey finds the principal whose token registered key for vmID.
@@ -230,12 +256,21 @@ func (s *Service) List(ctx context.Context, vmID string) ([]api.Token, error) {
 	return out, nil
 }
 
-// Revoke deletes a token; store.ErrNotFound if unknown.
+// Revoke deletes a token; store.ErrNotFound if unknown. The connections
+// opened with it (see Track) are closed too: a revoke that only stopped new
+// logins would leave an attacker's open shell running.
 func (s *Service) Revoke(ctx context.Context, id string) error {
-	return s.store.DeleteToken(ctx, id)
+	if err := s.store.DeleteToken(ctx, id); err != nil {
+		return err
+	}
+	s.conns.revoke(id, s.now())
+	return nil
 }
 
-// ForgetVM deletes the tokens of a deleted VM (and expired ones).
+// ForgetVM deletes the tokens of a deleted VM (and expired ones), and closes
+// the connections opened with that VM's tokens.
 func (s *Service) ForgetVM(ctx context.Context, vmID string) error {
-	return s.store.DeleteTokens(ctx, vmID, s.now())
+	err := s.store.DeleteTokens(ctx, vmID, s.now())
+	s.conns.forgetVM(vmID)
+	return err
 }

@@ -56,6 +56,16 @@ type Proxy struct {
 	tcp   map[tcpKey]*tcpListener
 }
 
+// Timeouts of the preview server. A browser keeps idle connections open
+// for minutes and anyone on the network can open more; the idle timeout
+// reclaims them (for h2c too), the header timeout stops a client that
+// trickles its headers. Neither limits a long response, a stream or a
+// WebSocket once the request is in.
+const (
+	readHeaderTimeout = 30 * time.Second
+	idleTimeout       = 120 * time.Second
+)
+
 // TokenParam is the query parameter that carries a token once; the proxy
 // moves it into a cookie and redirects to the same URL without it.
 const TokenParam = "agentvm_token"
@@ -110,7 +120,7 @@ func New(cfg Config) (*Proxy, error) {
 	prot := new(http.Protocols)
 	prot.SetHTTP1(true)
 	prot.SetUnencryptedHTTP2(true) // h2c with prior knowledge
-	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 30 * time.Second, Protocols: prot}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout, Protocols: prot}
 	return p, nil
 }
 
@@ -247,9 +257,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
 		q.Del(TokenParam)
-		u := *r.URL
-		u.RawQuery = q.Encode()
-		http.Redirect(w, r, u.RequestURI(), http.StatusFound)
+		http.Redirect(w, r, sameHostTarget(r.URL, q), http.StatusFound)
 		return
 	}
 	if !p.public(r.Context(), v.ID, port) {
@@ -262,6 +270,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			page(w, http.StatusForbidden, "Forbidden", strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
 			return
 		}
+		// Revoking or expiring the token ends its open streams and
+		// WebSockets too, not only its next request.
+		var done func()
+		if w, r, done, err = p.cfg.Auth.TrackHTTP(w, r, pr); err != nil {
+			page(w, http.StatusTooManyRequests, "Too Many Requests", err.Error())
+			return
+		}
+		defer done()
 	}
 	switch v.State {
 	case "stopped", "crashed", "error", "creating", "deleting":
@@ -271,6 +287,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer p.cfg.VMs.Hold(v.ID)() // preview traffic keeps the VM awake
 	ctx := context.WithValue(r.Context(), ctxKey{}, target{vm: v, port: port})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// sameHostTarget is where a URL that carried a token redirects to: its path
+// and query (without the token) on this same host. Only the path is used,
+// never the scheme or host, and leading slashes and backslashes collapse
+// to one: a request for "//evil.example/x?agentvm_token=..." would
+// otherwise answer "Location: //evil.example/x", which a browser follows to
+// another site (an open redirect from a trusted preview host, right after
+// setting a cookie).
+func sameHostTarget(u *url.URL, q url.Values) string {
+	path := u.EscapedPath()
+	if u.Opaque != "" {
+		path = "/" // "GET http:opaque": no path worth keeping
+	}
+	path = "/" + strings.TrimLeft(path, "/\\")
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	return path
 }
 
 func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {

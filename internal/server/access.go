@@ -45,7 +45,16 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			writeErr(w, err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+		// A scoped token's revoke or expiry ends its requests that are still
+		// running (streams, upgraded connections), not just its next login.
+		w, r, done, err := s.tokens.TrackHTTP(w, r, p)
+		if err != nil {
+			writeError(w, http.StatusTooManyRequests, api.CodeTooMany, err.Error())
+			return
+		}
+		defer done()
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -64,6 +73,15 @@ func admin(h http.HandlerFunc) http.HandlerFunc {
 // ("" = any token of that VM). The path's {id} may be a name; it is
 // resolved first so a token cannot reach another VM through a name.
 func (s *Server) scoped(perm string, h http.HandlerFunc) http.HandlerFunc {
+	if perm == "" {
+		return s.scopedAny(nil, h)
+	}
+	return s.scopedAny([]string{perm}, h)
+}
+
+// scopedAny is scoped for tokens that hold at least one of perms (none = any
+// token of the VM).
+func (s *Server) scopedAny(perms []string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p := principal(r)
 		if p.Admin {
@@ -85,7 +103,16 @@ func (s *Server) scoped(perm string, h http.HandlerFunc) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
-		if err := p.Can(v.ID, perm); err != nil {
+		var check error
+		switch len(perms) {
+		case 0:
+			check = p.Can(v.ID, "")
+		case 1:
+			check = p.Can(v.ID, perms[0])
+		default:
+			check = p.CanAny(v.ID, perms...)
+		}
+		if err := check; err != nil {
 			writeError(w, http.StatusForbidden, api.CodeForbidden, strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
 			return
 		}

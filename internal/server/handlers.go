@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -54,7 +55,10 @@ func (s *Server) routes() http.Handler {
 	authed.HandleFunc("GET /v1/tokens", admin(s.listTokens))
 	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))
 	authed.HandleFunc("GET /v1/ssh", s.sshInfo)
-	authed.HandleFunc("GET /v1/vms/{id}/events", s.scoped("", s.listEvents))
+	// Events carry every caller's command lines (the admin's too, secrets in
+	// arguments included): only tokens that run programs in the VM, and so
+	// can see its processes anyway, read them; a preview link does not.
+	authed.HandleFunc("GET /v1/vms/{id}/events", s.scopedAny(auth.RunPerms, s.listEvents))
 	authed.HandleFunc("POST /v1/vms/{id}/policy", admin(s.setPolicy))
 	authed.HandleFunc("GET /metrics", admin(s.serveMetrics))
 	// the guest agent's own profiles, e.g. .../debug/pprof/profile?seconds=10
@@ -163,7 +167,30 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, s.toAPI(v))
+	out := s.toAPI(v)
+	if principal(r).CanAny(v.ID, auth.RunPerms...) != nil {
+		redactEnv(&out)
+	}
+	writeJSON(w, 200, out)
+}
+
+// redactedValue replaces the values of a VM's environment for tokens that
+// may not see them.
+const redactedValue = "[redacted]"
+
+// redactEnv hides a VM's environment values (API keys, as a rule) from a
+// token that cannot run programs in the VM (see auth.RunPerms): a preview or
+// files token must not be a way to read the secrets handed to the VM. The
+// names stay, so a client can still tell which variables are set.
+func redactEnv(v *api.VM) {
+	if len(v.Env) == 0 {
+		return
+	}
+	env := make(map[string]string, len(v.Env))
+	for k := range v.Env {
+		env[k] = redactedValue
+	}
+	v.Env = env
 }
 
 func (s *Server) deleteVM(w http.ResponseWriter, r *http.Request) {
@@ -172,18 +199,11 @@ func (s *Server) deleteVM(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	// The cascade (tokens, exposures, domains, listeners) runs in the VM
+	// service, for every way a VM goes (see forgetDeletedVM).
 	if err := s.svc.Delete(r.Context(), v.ID); err != nil {
 		writeErr(w, err)
 		return
-	}
-	if err := s.tokens.ForgetVM(r.Context(), v.ID); err != nil {
-		s.log.Warn("delete tokens of a deleted VM", "vm", v.ID, "err", err)
-	}
-	if s.proxy != nil {
-		s.proxy.ForgetVM(v.ID)
-	}
-	if err := s.store.DeletePorts(r.Context(), v.ID); err != nil {
-		s.log.Warn("delete exposures of a deleted VM", "vm", v.ID, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -13,17 +13,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
@@ -85,6 +84,9 @@ type Server struct {
 	ln      net.Listener
 	log     *slog.Logger
 	accel   string
+	// guestFn, when set, replaces svc.Guest for the service, job and
+	// process relays (tests put a fake agent behind it).
+	guestFn func(ctx context.Context, ref string) (*store.VM, *guest.Client, error)
 }
 
 // New validates cfg, takes the data-dir lock, opens the store, reconciles VMs and
@@ -143,8 +145,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.token, err = loadOrCreateToken(filepath.Join(cfg.DataDir, "admin.token")); err != nil {
 		return nil, err
 	}
-	if cfg.RunDir == "" {
-		cfg.RunDir = RunDir(cfg.DataDir)
+	if cfg.RunDir, err = prepareRunDir(cfg.RunDir, cfg.DataDir); err != nil {
+		return nil, err
 	}
 	s.cfg.RunDir = cfg.RunDir
 	if s.store, err = store.Open(filepath.Join(cfg.DataDir, "agentvm.db")); err != nil {
@@ -156,10 +158,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	s.ln = ln
-	policy := network.Policy{AllowPrivate: cfg.AllowPrivateEgress}
-	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsUnspecified() {
-		policy.ExtraDenied = append(policy.ExtraDenied, netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen()))
+	apiAddr, err := network.ParseListeners(ln.Addr().String())
+	if err != nil {
+		return nil, err
 	}
+	policy := network.Policy{AllowPrivate: cfg.AllowPrivateEgress, Listeners: apiAddr}
 	s.svc, err = vm.New(vm.Config{
 		DataDir: cfg.DataDir, RunDir: cfg.RunDir, CacheDir: cfg.CacheDir, TemplateDir: cfg.TemplateDir,
 		QEMU: cfg.QEMU, QEMUVersion: qv, Accel: accel, AgentPath: cfg.AgentPath, Policy: policy, Log: cfg.Log,
@@ -184,16 +187,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		cfg.Log.Info("preview proxy ready", "listen", s.proxy.Addr(), "domain", s.proxy.Domain())
 	}
-	// A VM's --allow-host never opens agentvm's own ports.
-	var own []int
-	for _, a := range []string{s.Addr(), s.SSHAddr(), s.ProxyAddr()} {
-		if _, p, err := net.SplitHostPort(a); err == nil {
-			if n, err := strconv.Atoi(p); err == nil {
-				own = append(own, n)
-			}
-		}
+	// No VM reaches agentvm's own listeners, whatever its egress policy,
+	// --allow-host or --allow-private-egress say.
+	own, err := network.ParseListeners(s.Addr(), s.SSHAddr(), s.ProxyAddr())
+	if err != nil {
+		return nil, err
 	}
-	s.svc.SetDeniedHostPorts(own)
+	s.svc.SetDaemonListeners(own)
+	s.svc.OnDelete(s.forgetDeletedVM)
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, err
 	}
@@ -201,7 +202,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.restoreTCPExposures(ctx)
 	}
 	cfg.Log.Info("agentvm ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "accel", accel, "accel_reason", why, "qemu", qv)
-	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.http = newHTTPServer(s.routes())
 	ok = true
 	return s, nil
 }
@@ -254,6 +255,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)
+	go s.svc.RunLogCap(ctx, time.Second)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -317,14 +319,16 @@ func loadOrCreateToken(path string) (string, error) {
 	return t, nil
 }
 
-// RunDir is the short per-data-dir directory for unix sockets (108-byte limit).
-func RunDir(dataDir string) string {
-	abs, _ := filepath.Abs(dataDir)
-	base := "/run/agentvm"
-	if os.MkdirAll(base, 0o700) != nil {
-		base = filepath.Join(os.TempDir(), fmt.Sprintf("agentvm-%d", os.Getuid()))
+// forgetDeletedVM ends what outlives a deleted VM outside the VM service,
+// whoever deleted it (a request, a delete-after policy, a failed fork): its
+// tokens with their live connections, its preview routes and TCP listeners.
+func (s *Server) forgetDeletedVM(id string) {
+	if err := s.tokens.ForgetVM(context.Background(), id); err != nil {
+		s.log.Warn("delete tokens of a deleted VM", "vm", id, "err", err)
 	}
-	return filepath.Join(base, shortHash(abs))
+	if s.proxy != nil {
+		s.proxy.ForgetVM(id)
+	}
 }
 
 func findAgent() string {
@@ -335,6 +339,21 @@ func findAgent() string {
 		return filepath.Join(filepath.Dir(exe), "agentvm-guest")
 	}
 	return "agentvm-guest"
+}
+
+// Timeouts of the API server. Without an idle timeout every client that
+// opens a keep-alive connection and goes quiet holds a socket and a
+// goroutine for ever; without a header timeout a client that sends its
+// request line a byte at a time does. Long requests (exec, terminals,
+// followed logs) are not bounded by either: the idle timeout only runs
+// between requests and the header timeout only until the headers are in.
+const (
+	apiReadHeaderTimeout = 10 * time.Second
+	apiIdleTimeout       = 120 * time.Second
+)
+
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: apiReadHeaderTimeout, IdleTimeout: apiIdleTimeout}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

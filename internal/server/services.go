@@ -15,26 +15,29 @@ import (
 
 // Services, processes and jobs are served by the guest agent; the server
 // checks the caller (they run commands: the exec permission), applies its
-// user restriction, records events and relays.
+// user restriction (owners.go: a user-restricted token sees and acts on its
+// user's only), records events and relays.
 func (s *Server) serviceRoutes(mux *http.ServeMux) {
 	x := func(h http.HandlerFunc) http.HandlerFunc { return s.scoped(api.PermExec, h) }
-	mux.HandleFunc("GET /v1/vms/{id}/services", x(s.relayGuest(guest.PathServices, "")))
+	svc := func(h http.HandlerFunc) http.HandlerFunc { return x(s.owned(ownedService, h)) }
+	job := func(h http.HandlerFunc) http.HandlerFunc { return x(s.owned(ownedJob, h)) }
+	mux.HandleFunc("GET /v1/vms/{id}/services", x(s.ownedList(ownedService, s.relayGuest(guest.PathServices, ""))))
 	mux.HandleFunc("POST /v1/vms/{id}/services", x(s.createService))
-	mux.HandleFunc("GET /v1/vms/{id}/services/{name}", x(s.relayGuest(guest.PathServices+"/{name}", "")))
-	mux.HandleFunc("DELETE /v1/vms/{id}/services/{name}", x(s.relayGuest(guest.PathServices+"/{name}", "service {name} removed")))
-	mux.HandleFunc("GET /v1/vms/{id}/services/{name}/logs", x(s.relayGuest(guest.PathServices+"/{name}/logs", "")))
+	mux.HandleFunc("GET /v1/vms/{id}/services/{name}", svc(s.relayGuest(guest.PathServices+"/{name}", "")))
+	mux.HandleFunc("DELETE /v1/vms/{id}/services/{name}", svc(s.relayGuest(guest.PathServices+"/{name}", "service {name} removed")))
+	mux.HandleFunc("GET /v1/vms/{id}/services/{name}/logs", svc(s.relayGuest(guest.PathServices+"/{name}/logs", "")))
 	for _, a := range []string{"start", "stop", "restart"} {
-		mux.HandleFunc("POST /v1/vms/{id}/services/{name}/"+a, x(s.relayGuest(guest.PathServices+"/{name}/"+a, "service {name}: "+a)))
+		mux.HandleFunc("POST /v1/vms/{id}/services/{name}/"+a, svc(s.relayGuest(guest.PathServices+"/{name}/"+a, "service {name}: "+a)))
 	}
-	mux.HandleFunc("GET /v1/vms/{id}/processes", x(s.relayGuest(guest.PathProcesses, "")))
-	mux.HandleFunc("POST /v1/vms/{id}/processes/{pid}/signal", x(s.relayGuest(guest.PathProcesses+"/{pid}/signal", "signal sent to pid {pid}")))
+	mux.HandleFunc("GET /v1/vms/{id}/processes", x(s.ownedList(ownedProcess, s.relayGuest(guest.PathProcesses, ""))))
+	mux.HandleFunc("POST /v1/vms/{id}/processes/{pid}/signal", x(s.owned(ownedProcess, s.relayGuest(guest.PathProcesses+"/{pid}/signal", "signal sent to pid {pid}"))))
 	mux.HandleFunc("POST /v1/vms/{id}/jobs", x(s.startJob))
-	mux.HandleFunc("GET /v1/vms/{id}/jobs", x(s.relayGuest(guest.PathJobs, "")))
-	mux.HandleFunc("GET /v1/vms/{id}/jobs/{job}", x(s.relayGuest(guest.PathJobs+"/{job}", "")))
-	mux.HandleFunc("GET /v1/vms/{id}/jobs/{job}/logs", x(s.relayGuest(guest.PathJobs+"/{job}/logs", "")))
-	mux.HandleFunc("POST /v1/vms/{id}/jobs/{job}/wait", x(s.relayGuest(guest.PathJobs+"/{job}/wait", "")))
-	mux.HandleFunc("POST /v1/vms/{id}/jobs/{job}/signal", x(s.relayGuest(guest.PathJobs+"/{job}/signal", "signal sent to job {job}")))
-	mux.HandleFunc("DELETE /v1/vms/{id}/jobs/{job}", x(s.relayGuest(guest.PathJobs+"/{job}", "job {job} removed")))
+	mux.HandleFunc("GET /v1/vms/{id}/jobs", x(s.ownedList(ownedJob, s.relayGuest(guest.PathJobs, ""))))
+	mux.HandleFunc("GET /v1/vms/{id}/jobs/{job}", job(s.relayGuest(guest.PathJobs+"/{job}", "")))
+	mux.HandleFunc("GET /v1/vms/{id}/jobs/{job}/logs", job(s.relayGuest(guest.PathJobs+"/{job}/logs", "")))
+	mux.HandleFunc("POST /v1/vms/{id}/jobs/{job}/wait", job(s.relayGuest(guest.PathJobs+"/{job}/wait", "")))
+	mux.HandleFunc("POST /v1/vms/{id}/jobs/{job}/signal", job(s.relayGuest(guest.PathJobs+"/{job}/signal", "signal sent to job {job}")))
+	mux.HandleFunc("DELETE /v1/vms/{id}/jobs/{job}", job(s.relayGuest(guest.PathJobs+"/{job}", "job {job} removed")))
 }
 
 // expand fills {name}, {pid} and {job} from the request's path values.
@@ -53,7 +56,7 @@ func expand(r *http.Request, pattern string, escape bool) string {
 // streaming the answer (logs follow). event, when set, is recorded on success.
 func (s *Server) relayGuest(guestPath, event string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		v, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+		v, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -123,7 +126,7 @@ func (s *Server) createService(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+	v, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -159,7 +162,7 @@ func (s *Server) startJob(w http.ResponseWriter, r *http.Request) {
 	if greq.User, ok = actAs(w, r, greq.User); !ok {
 		return
 	}
-	v, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+	v, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return

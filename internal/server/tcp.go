@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -34,6 +35,15 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
+	// Closing both ends when the request's context ends (a revoked or
+	// expired token, see auth.TrackHTTP) stops the copy in both directions;
+	// closing the client side alone would leave the VM side open until
+	// the guest's program hangs up.
+	stop := context.AfterFunc(r.Context(), func() {
+		conn.Close()
+		gc.Close()
+	})
+	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -12,7 +12,7 @@ import (
 )
 
 // directTCPIP serves ssh -L: the guest agent dials the target from inside the VM.
-func (g *Gateway) directTCPIP(vmID string, nch ssh.NewChannel) {
+func (g *Gateway) directTCPIP(connCtx context.Context, vmID string, nch ssh.NewChannel) {
 	var req struct {
 		Host     string
 		Port     uint32
@@ -43,6 +43,7 @@ func (g *Gateway) directTCPIP(vmID string, nch ssh.NewChannel) {
 		return
 	}
 	defer conn.Close()
+	defer context.AfterFunc(connCtx, func() { conn.Close() })()
 	ch, reqs, err := nch.Accept()
 	if err != nil {
 		return

@@ -58,6 +58,9 @@ type Gateway struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+
+	preauth     *preauthLimiter
+	authTimeout time.Duration // authTimeout; shorter in tests
 }
 
 // LoadOrCreateHostKey reads an OpenSSH private key file, generating an
@@ -99,7 +102,8 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, signer: signer, log: cfg.Log, conns: map[net.Conn]struct{}{}}
+	g := &Gateway{cfg: cfg, signer: signer, log: cfg.Log, conns: map[net.Conn]struct{}{},
+		preauth: newPreauthLimiter(maxUnauthenticated, maxUnauthenticatedPerIP), authTimeout: authTimeout}
 	g.sshCfg = &ssh.ServerConfig{
 		PasswordCallback: func(c ssh.ConnMetadata, pw []byte) (*ssh.Permissions, error) {
 			return g.login(c, func(ctx context.Context, vmID string) (*auth.Principal, error) {
@@ -139,6 +143,9 @@ const (
 	extToken = "agentvm-token"
 )
 
+// principalKey holds the login's *auth.Principal in Permissions.ExtraData.
+type principalKey struct{}
+
 // parseUser splits "VM" or "VM+USER".
 func parseUser(s string) (vmName, user string) {
 	vmName, user, _ = strings.Cut(s, "+")
@@ -171,7 +178,8 @@ func (g *Gateway) login(c ssh.ConnMetadata, authn func(context.Context, string) 
 	if user == "" {
 		user = "root"
 	}
-	return &ssh.Permissions{Extensions: map[string]string{extVM: v.ID, extUser: user, extToken: p.TokenID}}, nil
+	return &ssh.Permissions{Extensions: map[string]string{extVM: v.ID, extUser: user, extToken: p.TokenID},
+		ExtraData: map[any]any{principalKey{}: p}}, nil
 }
 
 // Serve accepts connections until Close.
@@ -192,9 +200,17 @@ func (g *Gateway) Serve() error {
 			}
 			return err
 		}
+		src := sourceKey(nc)
+		if !g.preauth.acquire(src) {
+			// Refused before any SSH byte: a flood costs an accept and a close.
+			g.log.Debug("ssh connection refused: too many unauthenticated connections", "remote", nc.RemoteAddr().String())
+			nc.Close()
+			continue
+		}
 		g.mu.Lock()
 		if g.closed {
 			g.mu.Unlock()
+			g.preauth.release(src)
 			nc.Close()
 			return nil
 		}
@@ -209,7 +225,7 @@ func (g *Gateway) Serve() error {
 				g.mu.Unlock()
 				nc.Close()
 			}()
-			g.handleConn(nc)
+			g.handleConn(nc, func() { g.preauth.release(src) })
 		}()
 	}
 }
@@ -227,14 +243,35 @@ func (g *Gateway) Close() error {
 	return err
 }
 
-func (g *Gateway) handleConn(nc net.Conn) {
-	nc.SetDeadline(time.Now().Add(30 * time.Second))
+// handleConn serves one connection; authenticated is called once the
+// connection has logged in or failed to.
+func (g *Gateway) handleConn(nc net.Conn, authenticated func()) {
+	// The handshake and login must finish within the deadline. A timer, not
+	// only a read deadline: a login callback that waits on the store does
+	// no I/O, and the slot must come back on time anyway.
+	deadline := time.AfterFunc(g.authTimeout, func() { nc.Close() })
 	sc, chans, reqs, err := ssh.NewServerConn(nc, g.sshCfg)
+	timedOut := !deadline.Stop()
+	authenticated()
 	if err != nil {
 		return
 	}
-	nc.SetDeadline(time.Time{})
 	defer sc.Close()
+	if timedOut {
+		return
+	}
+	// A revoke or the expiry of the token ends the connection, with every
+	// session, forward and -R listener on it (see auth.Track).
+	p, _ := sc.Permissions.ExtraData[principalKey{}].(*auth.Principal)
+	untrack, err := g.cfg.Auth.Track(p, func() {
+		g.log.Info("ssh connection closed: its token was revoked or expired", "vm", sc.Permissions.Extensions[extVM], "token", p.TokenID)
+		sc.Close()
+	})
+	if err != nil {
+		g.log.Warn("ssh connection refused", "vm", sc.Permissions.Extensions[extVM], "token", p.TokenID, "err", err)
+		return
+	}
+	defer untrack()
 	vmID, user := sc.Permissions.Extensions[extVM], sc.Permissions.Extensions[extUser]
 	who := "admin"
 	if t := sc.Permissions.Extensions[extToken]; t != "" {
@@ -250,8 +287,14 @@ func (g *Gateway) handleConn(nc net.Conn) {
 	fw := &forwards{g: g, sc: sc, vmID: vmID, user: user, who: who, ls: map[string]*guest.TCPListener{}}
 	defer fw.closeAll()
 	go fw.serve(reqs)
+	// ctx ends with the SSH connection: -L forwards then close their guest
+	// side too, not only when the program in the VM hangs up.
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	for nch := range chans {
 		switch nch.ChannelType() {
 		case "session":
@@ -269,7 +312,7 @@ func (g *Gateway) handleConn(nc net.Conn) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				g.directTCPIP(vmID, nch)
+				g.directTCPIP(ctx, vmID, nch)
 			}()
 		default:
 			nch.Reject(ssh.UnknownChannelType, "unsupported channel type "+nch.ChannelType())
