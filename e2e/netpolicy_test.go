@@ -72,6 +72,23 @@ func TestEgressPolicy(t *testing.T) {
 	if out, code := curl(t, s, v.ID, "-I http://deb.debian.org/debian/"); code == 0 {
 		t.Fatalf("deny-all reaches the internet: %q", out)
 	}
+	// A VM made from a snapshot of a denied VM stays denied.
+	if _, err := s.Client.Snapshot(ctx, v.ID, "eg1-denied"); err != nil {
+		t.Fatal(err)
+	}
+	child, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "eg1-child", From: "eg1-denied"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child.Egress == nil || child.Egress.Mode != "deny" {
+		t.Fatalf("child of a denied VM's snapshot has egress %+v", child.Egress)
+	}
+	if out, code := curl(t, s, child.ID, "-I http://deb.debian.org/debian/"); code == 0 {
+		t.Fatalf("child of a denied VM's snapshot reaches the internet: %q", out)
+	}
+	if err := s.Client.DeleteVM(ctx, child.ID); err != nil {
+		t.Fatal(err)
+	}
 	// allow list: the Debian mirror by name, nothing else
 	if _, errOut, code := s.CLI("", "egress", "eg1", "--egress", "allow", "--allow", "deb.debian.org"); code != 0 {
 		t.Fatalf("egress allow: %q", errOut)
@@ -90,7 +107,7 @@ func TestEgressPolicy(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "public, deny or allow") {
 		t.Fatalf("bad mode: %d %q", code, errOut)
 	}
-	_, err := s.Client.SetEgress(ctx, v.ID, &api.Egress{AllowHost: []int{70000}})
+	_, err = s.Client.SetEgress(ctx, v.ID, &api.Egress{AllowHost: []int{70000}})
 	wantStatus(t, err, 400, api.CodeInvalid)
 	// back to the default
 	if _, _, code := s.CLI("", "egress", "eg1", "--clear"); code != 0 {

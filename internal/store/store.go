@@ -86,6 +86,10 @@ type Snapshot struct {
 	PausedMs  int64             `json:"paused_ms"`
 	Key       string            `json:"key"` // machine shape key: restores need the same
 	CreatedAt time.Time         `json:"created_at"`
+	// Network and Egress are the private network and the egress policy
+	// (its own, else its network's) of the VM when it was taken.
+	Network string      `json:"network,omitempty"`
+	Egress  *api.Egress `json:"egress,omitempty"`
 }
 
 // Store is a SQLite-backed metadata store.

@@ -358,6 +358,7 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	s.killStrays(v, 0)
 	p := s.paths(v.ID)
 	os.RemoveAll(p.Run)
 	os.RemoveAll(p.Dir)
@@ -365,7 +366,19 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 		os.Remove(v.Disk)
 	}
 	s.store.DeleteVM(ctx, v.ID)
+	// Exposures and domains go with the VM whoever deleted it: a domain left
+	// behind would stay pinned to a dead VM.
+	if err := s.store.DeletePorts(ctx, v.ID); err != nil {
+		s.log.Warn("delete exposures of a deleted VM", "vm", v.ID, "err", err)
+	}
 	s.gcLayers(ctx)
+	s.mu.Lock()
+	hooks := append([]func(string){}, s.onDelete...)
+	delete(s.locks, v.ID) // nobody can take a deleted VM's lock again
+	s.mu.Unlock()
+	for _, fn := range hooks {
+		fn(v.ID)
+	}
 }
 
 // admit refuses a create the host cannot hold: guest RAM must fit in available

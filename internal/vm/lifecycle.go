@@ -145,11 +145,18 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 
 // Delete removes a VM in any settled state.
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
-	v, unlock, err := s.take(ctx, idOrName, "delete")
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	unlock, err := s.waitLock(ctx, v.ID, "delete")
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if v, err = s.Get(ctx, v.ID); err != nil { // deleted while we waited
+		return err
+	}
 	if err := checkTransition("delete", v); err != nil {
 		return err
 	}
@@ -273,9 +280,8 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	for _, v := range vms {
 		switch v.State {
 		case "suspended", "stopped", "crashed":
-			if qemu.IsOurs(v.PID, v.ID) { // a wake or start the daemon did not finish
-				syscall.Kill(v.PID, syscall.SIGKILL)
-			}
+			// A wake or start the daemon did not finish: its QEMU (recorded or
+			// not) goes, see killStrays below.
 		case "creating", "deleting", statePool:
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)
@@ -299,9 +305,38 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	// No QEMU runs for a VM unless the VM's record says it runs that one: a
+	// QEMU left by an interrupted operation would hold the VM's disk lock
+	// and make every later start or wake fail.
+	if vms, err = s.store.ListVMs(ctx); err != nil {
+		return err
+	}
+	for _, v := range vms {
+		keep := 0
+		if v.State == "running" || v.State == "paused" {
+			keep = v.PID
+		}
+		s.killStrays(v, keep)
+	}
 	s.removeOrphanSnapshots(ctx)
 	s.gcLayers(ctx)
 	return nil
+}
+
+// killStrays kills every QEMU of v except the one with pid keep, and waits
+// (a few seconds at most) until they are gone and have let go of the disk.
+func (s *Service) killStrays(v *store.VM, keep int) {
+	for _, pid := range qemu.FindOurs(v.ID) {
+		if pid == keep {
+			continue
+		}
+		s.log.Warn("killing a QEMU that no operation owns", "vm", v.ID, "pid", pid, "state", v.State)
+		s.logEvent(v.ID, "killed QEMU pid %d left by an interrupted operation", pid)
+		syscall.Kill(pid, syscall.SIGKILL)
+		for deadline := time.Now().Add(5 * time.Second); qemu.IsOurs(pid, v.ID) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }
 
 // removeOrphanSnapshots deletes snapshot directories that no record owns: an

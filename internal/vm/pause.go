@@ -168,18 +168,43 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	}
 	p := s.paths(v.ID)
 	os.MkdirAll(p.Run, 0o700)
+	if _, err := os.Stat(s.suspendPath(v.ID)); err != nil {
+		// Without its memory state the VM can only boot from its disk,
+		// which keeps everything but the processes: say so, and let start
+		// do it.
+		v.State, v.PID, v.ColdBoot = "stopped", 0, true
+		v.Error = "memory state lost (" + err.Error() + "); start boots it from its disk"
+		s.store.UpdateVM(context.Background(), v)
+		s.logEvent(v.ID, "wake impossible: %s", v.Error)
+		return fmt.Errorf("%w: VM %s lost its memory state; its disk is intact: start it with: agentvm start %s", ErrConflict, v.Name, v.Name)
+	}
+	s.killStrays(v, 0) // a QEMU of an interrupted wake would hold the disk
 	mc := s.machineConfig(v, p, img)
 	mc.Incoming = s.suspendPath(v.ID)
 	start := time.Now()
-	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock}); err != nil {
-		v.State, v.Error = "suspended", "wake failed: "+err.Error()
+	// A restore that cannot finish (a state stream that never ends) must
+	// not hold the VM, and everyone queued behind its lock, for ever.
+	lctx, cancel := context.WithTimeout(ctx, wakeTimeout)
+	defer cancel()
+	if err := s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock}); err != nil {
+		s.killStrays(v, 0)
+		v.State, v.PID, v.Error = "suspended", 0, "wake failed: "+err.Error()
 		s.store.UpdateVM(context.Background(), v)
+		return err
+	}
+	// The state file goes only once the VM is recorded running: a daemon
+	// that dies in between still finds a suspended VM with its state.
+	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return err
 	}
 	os.Remove(s.suspendPath(v.ID))
 	s.logEvent(v.ID, "woke from suspend in %d ms (qemu pid %d)", time.Since(start).Milliseconds(), v.PID)
-	return s.store.UpdateVM(ctx, v)
+	return nil
 }
+
+// wakeTimeout bounds a whole wake: the restore of a large state under TCG
+// on a busy host takes tens of seconds, never minutes.
+const wakeTimeout = 3 * time.Minute
 
 // Wake brings a paused or suspended VM back to running; concurrent callers share
 // one wake (they queue on the VM's lock and find it running).

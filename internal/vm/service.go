@@ -62,7 +62,8 @@ type Service struct {
 	activity  activity
 	started   time.Time
 	locks     map[string]*sync.Mutex
-	busy      map[string]string // VM id -> the operation holding its lock, for 409 messages
+	busy      map[string]string   // VM id -> the operation holding its lock, for 409 messages
+	onDelete  []func(vmID string) // see OnDelete
 	snapLocks map[string]*sync.RWMutex
 
 	imgOnce sync.Mutex
@@ -137,17 +138,51 @@ func (s *Service) lock(id, op string) func() {
 	return func() { s.setBusy(id, ""); l.Unlock() }
 }
 
+// waitLock is lock that gives up when ctx ends. Delete uses it: it must win
+// over whatever runs on the VM (a wake after a daemon restart, a snapshot),
+// not fail with "in progress; retry".
+func (s *Service) waitLock(ctx context.Context, id, op string) (func(), error) {
+	l := s.mutex(id)
+	for !l.TryLock() {
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%s VM %s: waiting for %s: %w", op, id, s.busyWith(id), ctx.Err())
+		case <-t.C:
+		}
+	}
+	s.setBusy(id, op)
+	return func() { s.setBusy(id, ""); l.Unlock() }, nil
+}
+
+func (s *Service) busyWith(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if op := s.busy[id]; op != "" {
+		return op
+	}
+	return "another operation"
+}
+
+// OnDelete registers fn to run after a VM is gone, however it went (a
+// delete request, a delete-after policy, a failed create or fork), for the
+// side effects that live outside this package (live connections, proxy
+// routes, TCP listeners).
+func (s *Service) OnDelete(fn func(vmID string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onDelete = append(s.onDelete, fn)
+}
+
 // tryLock takes the VM for a user-requested lifecycle operation; if another one is
 // in progress the caller gets a 409 naming it (retry when it is done).
 func (s *Service) tryLock(id, name, op string) (func(), error) {
 	l := s.mutex(id)
 	if !l.TryLock() {
 		s.mu.Lock()
-		other := s.busy[id]
 		s.mu.Unlock()
-		if other == "" {
-			other = "another operation"
-		}
+		other := s.busyWith(id)
 		return nil, fmt.Errorf("%w: cannot %s VM %s: %s is in progress; retry when it is done", ErrConflict, op, name, other)
 	}
 	s.setBusy(id, op)

@@ -86,6 +86,12 @@ func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.S
 	if sn.Name == "" {
 		sn.Name = sn.ID
 	}
+	sn.Network, sn.Egress = v.Network, v.Egress
+	if sn.Egress == nil && v.Network != "" {
+		if n, err := s.store.GetNetwork(ctx, v.Network); err == nil {
+			sn.Egress = n.Egress
+		}
+	}
 	dir := filepath.Join(s.cfg.DataDir, "snapshots", sn.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -182,6 +188,17 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 	legacy := sn.Key == s.shapeKeyFor(qemu.LegacyDeviceSet, sn.CPUs, sn.MemoryMiB)
 	if sn.Key != s.shapeKey(sn.CPUs, sn.MemoryMiB) && !legacy {
 		return nil, false, fmt.Errorf("%w: snapshot %s was taken with another QEMU, accelerator or machine; it cannot be restored here", ErrConflict, sn.Name)
+	}
+	// A VM made from a snapshot is never more open than the VM it copies:
+	// unless told otherwise it joins that VM's network (if it still exists)
+	// and keeps the policy that VM ran under, its network's included.
+	if o.Network == "" && sn.Network != "" {
+		if _, err := s.store.GetNetwork(ctx, sn.Network); err == nil {
+			o.Network = sn.Network
+		}
+	}
+	if o.Egress == nil {
+		o.Egress = sn.Egress
 	}
 	o.CPUs, o.MemoryMiB = sn.CPUs, sn.MemoryMiB
 	if o.DiskBytes == 0 {

@@ -189,6 +189,20 @@ func Attach(ctx context.Context, cfg Config, pid int) (*Machine, error) {
 	return m, nil
 }
 
+// FindOurs lists the live QEMU processes carrying -name guest=id, whether or
+// not a record names their pid: a daemon that died while it started one
+// (a wake, a start) may not have recorded it.
+func FindOurs(id string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && IsOurs(pid, id) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // IsOurs reports whether pid is a live QEMU carrying -name guest=id.
 func IsOurs(pid int, id string) bool {
 	if pid <= 0 {
