@@ -86,7 +86,7 @@ func TestVMCannotReachHost(t *testing.T) {
 	// The host reaches the VM's services through the daemon (not the other way round).
 	s.Exec(ctx, "jail", "nohup python3 -m http.server 8000 --directory /etc >/dev/null 2>&1 &")
 	var body string
-	for i := 0; i < 50; i++ {
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
 		conn, err := s.Client.DialTCP(ctx, "jail", 8000)
 		if err == nil {
 			fmt.Fprint(conn, "GET /hostname HTTP/1.0\r\n\r\n")
@@ -117,7 +117,7 @@ while True:
     c.sendall(data.upper()); c.close()
 ' >/dev/null 2>&1 &`)
 	var out string
-	for i := 0; i < 50 && !strings.Contains(out, "SHOUT"); i++ {
+	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(out, "SHOUT") && time.Now().Before(deadline); {
 		out, _, _ = s.CLI("shout", "connect", "jail", "9000")
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -211,7 +211,7 @@ func TestSSHGateway(t *testing.T) {
 		}
 		defer func() { cmd.Process.Kill(); cmd.Wait() }()
 		var body string
-		for i := 0; i < 100; i++ {
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
 			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", lport))
 			if err == nil {
 				b, _ := io.ReadAll(resp.Body)
