@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -35,20 +34,18 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
-	// Closing both ends when the request's context ends (a revoked or
-	// expired token, see auth.TrackHTTP) stops the copy in both directions;
-	// closing the client side alone would leave the VM side open until
-	// the guest's program hangs up.
-	stop := context.AfterFunc(r.Context(), func() {
-		conn.Close()
-		gc.Close()
-	})
-	defer stop()
+	// The request's context is no signal here: it ends when the client
+	// half-closes its side of the hijacked connection, which must only
+	// half-close the VM side. A revoke (see auth.TrackHTTP) closes the
+	// client side: the read below then fails, and the VM side is closed.
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		io.Copy(gc, br)
+		if _, err := io.Copy(gc, br); err != nil {
+			gc.Close()
+			return
+		}
 		if cw, ok := gc.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}
