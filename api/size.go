@@ -36,7 +36,8 @@ func ParseSize(s string) (Size, error) {
 		mult, t = 1<<40, t[:len(t)-1]
 	}
 	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f <= 0 || f != f || f*mult > 1<<50 {
+	// f*mult < 1 would truncate to 0 bytes, which reads as "unset".
+	if err != nil || f*mult < 1 || f != f || f*mult > 1<<50 {
 		return 0, fmt.Errorf("invalid size %q: want a positive number of MiB or a value with a K/M/G/T suffix, like 512M or 8G", s)
 	}
 	return Size(f * mult), nil
@@ -52,7 +53,9 @@ func (s Size) String() string {
 	case s%(1<<20) == 0:
 		return fmt.Sprintf("%dM", s>>20)
 	}
-	return fmt.Sprintf("%dK", s>>10)
+	// Not whole KiB: a fraction, exact in float64 (a power-of-two divisor
+	// and at most 2^50), so that ParseSize(s.String()) == s.
+	return strconv.FormatFloat(float64(s)/(1<<10), 'f', -1, 64) + "K"
 }
 
 func (s *Size) UnmarshalJSON(b []byte) error {
@@ -72,7 +75,7 @@ func (s *Size) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &n); err != nil {
 		return fmt.Errorf("invalid size %s: want MiB or a string like \"1G\"", b)
 	}
-	if n <= 0 || n > 1<<30 {
+	if n*(1<<20) < 1 || n > 1<<30 {
 		return fmt.Errorf("invalid size %s: want a positive number of MiB", b)
 	}
 	*s = Size(n * (1 << 20))
@@ -98,7 +101,8 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	var n float64
-	if err := json.Unmarshal(b, &n); err != nil || n < 0 {
+	// Beyond MaxInt64 nanoseconds the conversion below would wrap negative.
+	if err := json.Unmarshal(b, &n); err != nil || n < 0 || n*float64(time.Second) >= 1<<63 {
 		return fmt.Errorf("invalid duration %s: want seconds or a string like \"30s\"", b)
 	}
 	*d = Duration(n * float64(time.Second))

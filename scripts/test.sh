@@ -9,6 +9,8 @@ echo "==> go vet"
 go vet ./...
 echo "==> unit tests (-race)"
 go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
+echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"
+FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 echo "==> end-to-end tests (real QEMU VMs)"
 go test -p 1 -count=1 -timeout 45m -v ./e2e/...
 echo "==> all tests passed"
