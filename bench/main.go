@@ -6,6 +6,7 @@
 //
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
 //	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
+//	go run ./bench -stress [-stress-vms 50]      # parallel creates/execs, memory per VM, suspend/wake of all (stress.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
 // data dir (and a fresh template dir unless -keep-template), and deletes every VM it
@@ -39,6 +40,7 @@ type options struct {
 	lifecycle    bool
 	access       bool
 	net          bool
+	stress       bool
 }
 
 func main() {
@@ -55,9 +57,11 @@ func main() {
 	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on one -lc-memory VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.access, "access", false, "run only the interactive-access benchmark (100 MiB through the files API and scp via the gateway vs scp to sshd in the VM, keystroke echo); implies -keep-template unless it is given")
 	flag.BoolVar(&o.net, "net", false, "run only the networking benchmark (preview proxy vs plain TCP exposure, VM -> host loopback throughput); implies -keep-template unless it is given")
+	flag.BoolVar(&o.stress, "stress", false, "run only the stress benchmark (parallel creates and execs, create latency and host memory as running VMs pile up to -stress-vms, suspend/list/wake of all); implies -keep-template unless it is given")
+	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
-	if o.lifecycle || o.access || o.net {
+	if o.lifecycle || o.access || o.net || o.stress {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -143,6 +147,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.net {
 		phases = b.runNet
 	}
+	if o.stress {
+		phases = b.runStress
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -177,6 +184,15 @@ func run(ctx context.Context, o options) (code int) {
 			Access     *AccessReport `json:"access"`
 			Errors     []string      `json:"errors,omitempty"`
 		}{r.StartedAt, r.FinishedAt, r.Host, r.Access, r.Errors}
+	} else if o.stress {
+		r.PrintStress(os.Stdout)
+		out = struct {
+			StartedAt  time.Time     `json:"started_at"`
+			FinishedAt time.Time     `json:"finished_at"`
+			Host       Host          `json:"host"`
+			Stress     *StressReport `json:"stress"`
+			Errors     []string      `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.Stress, r.Errors}
 	} else if o.lifecycle {
 		if r.Lifecycle != nil {
 			r.Lifecycle.computeRatios()
