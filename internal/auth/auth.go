@@ -70,7 +70,9 @@ func (p *Principal) Can(vmID, perm string) error {
 // agent starts gets the VM's environment, and can list processes and read
 // their command lines, so a token holding any of these can already learn
 // the VM's env and what runs in it: the API shows those only to them.
-var RunPerms = []string{api.PermExec, api.PermTerm, api.PermSSH}
+// files counts too: a files token reads /etc/agentvm/env and can write
+// files that root runs.
+var RunPerms = []string{api.PermExec, api.PermTerm, api.PermSSH, api.PermFiles}
 
 // CanAny reports whether p may use at least one of perms on the VM vmID.
 func (p *Principal) CanAny(vmID string, perms ...string) error {

@@ -376,8 +376,10 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 	hooks := append([]func(string){}, s.onDelete...)
 	delete(s.locks, v.ID) // nobody can take a deleted VM's lock again
 	s.mu.Unlock()
+	// Hooks run outside the VM's lock: closing a TCP exposure waits for its
+	// connections, which may be queued on that lock in a wake.
 	for _, fn := range hooks {
-		fn(v.ID)
+		go fn(v.ID)
 	}
 }
 
