@@ -3,10 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	agentvmserver "github.com/agentvm/agentvm/internal/server"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -179,19 +178,10 @@ func (s *server) stop() error {
 	}
 }
 
-// removeRunDir removes the server's per-data-dir socket directory
-// (/run/agentvm/<sha256(abs data dir)[:10]>, see server.RunDir) if it is empty:
-// the server leaves it behind on exit.
+// removeRunDir removes the server's socket directory (see server.RunDir)
+// if it is empty: a server that was killed leaves it behind.
 func (s *server) removeRunDir() {
-	abs, err := filepath.Abs(s.dataDir)
-	if err != nil {
-		return
-	}
-	h := sha256.Sum256([]byte(abs))
-	name := hex.EncodeToString(h[:])[:10]
-	for _, base := range []string{"/run/agentvm", filepath.Join(os.TempDir(), fmt.Sprintf("agentvm-%d", os.Getuid()))} {
-		os.Remove(filepath.Join(base, name)) // fails harmlessly unless it exists and is empty
-	}
+	os.Remove(agentvmserver.RunDir(s.dataDir)) // fails harmlessly unless it exists and is empty
 }
 
 func (s *server) logTail(n int) string {

@@ -51,6 +51,11 @@ func isDir(p string) bool {
 // prepareRunDir creates (0700) and checks the run directory: dir when the
 // configuration names one, else RunDir(dataDir), whose base is checked too.
 func prepareRunDir(dir, dataDir string) (string, error) {
+	if legacy := legacyRunDir(dataDir); dir == "" && os.Geteuid() != 0 && runDirInUse(legacy, RunDir(dataDir)) {
+		// QEMUs kept running by an agentvm from before XDG_RUNTIME_DIR was
+		// honoured have their sockets there: keep using it until it empties.
+		return legacy, nil
+	}
 	if dir == "" {
 		dir = RunDir(dataDir)
 		if err := ensurePrivateDir(filepath.Dir(dir)); err != nil {
@@ -96,4 +101,21 @@ func checkPrivateDir(dir string, euid int) error {
 		return fmt.Errorf("run directory %s has mode %#o, want 0700 (other users could reach agentvm's sockets): chmod 700 %s", dir, perm, dir)
 	}
 	return nil
+}
+
+// legacyRunDir is where agentvm versions before XDG_RUNTIME_DIR was honoured
+// put a non-root daemon's sockets.
+func legacyRunDir(dataDir string) string {
+	abs, _ := filepath.Abs(dataDir)
+	return filepath.Join(os.TempDir(), "agentvm-"+strconv.Itoa(os.Geteuid()), shortHash(abs))
+}
+
+// runDirInUse reports whether legacy differs from current, is private and
+// ours (its base too), and holds VM socket dirs.
+func runDirInUse(legacy, current string) bool {
+	if legacy == current || checkPrivateDir(filepath.Dir(legacy), os.Geteuid()) != nil || checkPrivateDir(legacy, os.Geteuid()) != nil {
+		return false
+	}
+	ents, err := os.ReadDir(legacy)
+	return err == nil && len(ents) > 0
 }

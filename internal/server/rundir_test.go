@@ -79,3 +79,30 @@ func TestRunDirMustBePrivate(t *testing.T) {
 		}
 	}
 }
+
+// A non-root daemon upgraded with its QEMUs kept running finds their sockets
+// in the run dir of the version before: it keeps that one while it is in
+// use, private and ours.
+func TestLegacyRunDirInUse(t *testing.T) {
+	base := filepath.Join(t.TempDir(), "agentvm-1000")
+	legacy := filepath.Join(base, "abc")
+	current := filepath.Join(t.TempDir(), "agentvm", "abc")
+	if runDirInUse(legacy, current) {
+		t.Fatal("a missing legacy dir counted as in use")
+	}
+	os.MkdirAll(legacy, 0o700)
+	if runDirInUse(legacy, current) {
+		t.Fatal("an empty legacy dir counted as in use")
+	}
+	os.Mkdir(filepath.Join(legacy, "vm-1"), 0o700)
+	if !runDirInUse(legacy, current) {
+		t.Fatal("a legacy dir with VM sockets was not kept")
+	}
+	if runDirInUse(legacy, legacy) {
+		t.Fatal("the current dir counted as a legacy one")
+	}
+	os.Chmod(base, 0o755)
+	if runDirInUse(legacy, current) {
+		t.Fatal("a legacy dir under a 0755 base was kept")
+	}
+}

@@ -86,10 +86,14 @@ type Snapshot struct {
 	PausedMs  int64             `json:"paused_ms"`
 	Key       string            `json:"key"` // machine shape key: restores need the same
 	CreatedAt time.Time         `json:"created_at"`
-	// Network and Egress are the private network and the egress policy
-	// (its own, else its network's) of the VM when it was taken.
-	Network string      `json:"network,omitempty"`
-	Egress  *api.Egress `json:"egress,omitempty"`
+	// Network and Egress are the private network and the VM's own egress
+	// policy when it was taken; NetworkEgress is that network's policy
+	// then, which a VM made from the snapshot takes as its own only when
+	// the network no longer exists (while it does, the network's current
+	// policy applies, as it does to the VM).
+	Network       string      `json:"network,omitempty"`
+	Egress        *api.Egress `json:"egress,omitempty"`
+	NetworkEgress *api.Egress `json:"network_egress,omitempty"`
 }
 
 // Store is a SQLite-backed metadata store.

@@ -387,12 +387,24 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		return fmt.Errorf("re-attach network: %w", err)
 	}
 	in := &instance{id: v.ID, paths: p, machine: m, net: net}
-	// An operation interrupted by the daemon's death (a save) may have left the guest
-	// stopped: put it back in the state the record says.
-	if st, err := m.Status(actx); err == nil && v.State == "running" && st != "running" {
-		m.QMP().Execute(actx, "migrate_cancel", nil)
-		if err := m.Resume(actx); err != nil {
-			s.log.Warn("cannot resume after an interrupted operation", "vm", v.ID, "status", st, "err", err)
+	// A save interrupted by the daemon's death goes on inside QEMU and, when
+	// it completes, leaves the guest stopped: end it first, then put the
+	// guest back in the state the record says.
+	if err := m.EndOutgoingMigration(actx); err != nil {
+		s.log.Warn("cannot end an interrupted save", "vm", v.ID, "err", err)
+	}
+	if st, err := m.Status(actx); err == nil {
+		var err error
+		switch {
+		case v.State == "running" && st != "running":
+			err = m.Resume(actx)
+		case v.State == "paused" && st == "postmigrate":
+			err = m.Repause(actx)
+		}
+		if err != nil {
+			s.log.Warn("cannot restore the recorded state after an interrupted operation", "vm", v.ID, "status", st, "state", v.State, "err", err)
+		} else if st != v.State {
+			s.log.Info("restored the recorded state after an interrupted operation", "vm", v.ID, "status", st, "state", v.State)
 		}
 	}
 	// A snapshot or fork interrupted after it froze the disk: follow QEMU's real top.

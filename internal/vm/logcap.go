@@ -18,14 +18,7 @@ const MaxLogBytes = 16 << 20
 // RunLogCap trims the logs of all VMs that grew past MaxLogBytes, checking
 // every interval until ctx ends.
 func (s *Service) RunLogCap(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, interval, func(context.Context) {
 		logs, _ := filepath.Glob(filepath.Join(s.cfg.DataDir, "vms", "*", "vm.log"))
 		for _, p := range logs {
 			if dropped, err := trimLog(p, MaxLogBytes); err != nil {
@@ -34,7 +27,7 @@ func (s *Service) RunLogCap(ctx context.Context, interval time.Duration) {
 				s.log.Info("VM log trimmed", "path", p, "dropped_bytes", dropped)
 			}
 		}
-	}
+	})
 }
 
 // trimLog keeps the newest max/2 bytes of the log at path when it is larger

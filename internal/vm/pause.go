@@ -193,9 +193,17 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		return err
 	}
 	// The state file goes only once the VM is recorded running: a daemon
-	// that dies in between still finds a suspended VM with its state.
-	if err := s.store.UpdateVM(ctx, v); err != nil {
-		return err
+	// that dies in between still finds a suspended VM with its state. The
+	// write does not depend on the caller staying: a running QEMU the
+	// record does not name would be killed by the next wake.
+	if err := s.store.UpdateVM(context.Background(), v); err != nil {
+		if in := s.instance(v.ID); in != nil {
+			in.kill()
+			s.setInstance(v.ID, nil)
+		}
+		s.killStrays(v, 0)
+		v.State, v.PID = "suspended", 0
+		return fmt.Errorf("wake %s: record it running: %w", v.Name, err)
 	}
 	os.Remove(s.suspendPath(v.ID))
 	s.logEvent(v.ID, "woke from suspend in %d ms (qemu pid %d)", time.Since(start).Milliseconds(), v.PID)

@@ -89,6 +89,52 @@ func (s *Service) idleFor(v *store.VM) time.Duration {
 // RunPolicies applies idle timeouts and delete-after deadlines until ctx
 // ends, checking every interval.
 func (s *Service) RunPolicies(ctx context.Context, interval time.Duration) {
+	every(ctx, interval, s.applyPolicies)
+}
+
+// policyOpTimeout bounds one policy action, so a VM whose suspend or delete
+// waits on a stuck operation does not hold back the policies of the others.
+const policyOpTimeout = 2 * time.Minute
+
+func (s *Service) applyPolicies(ctx context.Context) {
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if v.State == statePool {
+			continue
+		}
+		octx, cancel := context.WithTimeout(ctx, policyOpTimeout)
+		s.applyPolicy(octx, v)
+		cancel()
+	}
+}
+
+func (s *Service) applyPolicy(ctx context.Context, v *store.VM) {
+	if v.DeleteAfterSec > 0 && time.Since(v.CreatedAt) > time.Duration(v.DeleteAfterSec)*time.Second {
+		s.Event(v.ID, "policy", ActorSystem, "delete-after %s reached: deleting", time.Duration(v.DeleteAfterSec)*time.Second)
+		if err := s.Delete(ctx, v.ID); err != nil {
+			s.log.Warn("delete-after", "vm", v.ID, "err", err)
+		}
+		return
+	}
+	if v.IdleTimeoutSec <= 0 || (v.State != "running" && v.State != "paused") {
+		return
+	}
+	idle := s.idleFor(v)
+	if idle <= time.Duration(v.IdleTimeoutSec)*time.Second {
+		return
+	}
+	if _, err := s.Suspend(ctx, v.ID); err != nil {
+		s.log.Info("idle suspend skipped", "vm", v.ID, "err", err)
+		return
+	}
+	s.Event(v.ID, "lifecycle", ActorIdlePolicy, "suspended after %s without activity", idle.Round(time.Second))
+}
+
+// every runs fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func(context.Context)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -96,32 +142,7 @@ func (s *Service) RunPolicies(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		vms, err := s.store.ListVMs(ctx)
-		if err != nil {
-			continue
-		}
-		for _, v := range vms {
-			if v.State == statePool {
-				continue
-			}
-			if v.DeleteAfterSec > 0 && time.Since(v.CreatedAt) > time.Duration(v.DeleteAfterSec)*time.Second {
-				s.Event(v.ID, "policy", ActorSystem, "delete-after %s reached: deleting", time.Duration(v.DeleteAfterSec)*time.Second)
-				if err := s.Delete(ctx, v.ID); err != nil {
-					s.log.Warn("delete-after", "vm", v.ID, "err", err)
-				}
-				continue
-			}
-			if v.IdleTimeoutSec > 0 && (v.State == "running" || v.State == "paused") {
-				idle := s.idleFor(v)
-				if idle > time.Duration(v.IdleTimeoutSec)*time.Second {
-					if _, err := s.Suspend(ctx, v.ID); err != nil {
-						s.log.Info("idle suspend skipped", "vm", v.ID, "err", err)
-						continue
-					}
-					s.Event(v.ID, "lifecycle", ActorIdlePolicy, "suspended after %s without activity", idle.Round(time.Second))
-				}
-			}
+			fn(ctx)
 		}
 	}
 }

@@ -87,9 +87,9 @@ func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.S
 		sn.Name = sn.ID
 	}
 	sn.Network, sn.Egress = v.Network, v.Egress
-	if sn.Egress == nil && v.Network != "" {
+	if v.Network != "" {
 		if n, err := s.store.GetNetwork(ctx, v.Network); err == nil {
-			sn.Egress = n.Egress
+			sn.NetworkEgress = n.Egress
 		}
 	}
 	dir := filepath.Join(s.cfg.DataDir, "snapshots", sn.ID)
@@ -192,13 +192,19 @@ func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) 
 	// A VM made from a snapshot is never more open than the VM it copies:
 	// unless told otherwise it joins that VM's network (if it still exists)
 	// and keeps the policy that VM ran under, its network's included.
+	networkGone := false
 	if o.Network == "" && sn.Network != "" {
 		if _, err := s.store.GetNetwork(ctx, sn.Network); err == nil {
 			o.Network = sn.Network
+		} else {
+			networkGone = true
 		}
 	}
 	if o.Egress == nil {
 		o.Egress = sn.Egress
+	}
+	if o.Egress == nil && networkGone {
+		o.Egress = sn.NetworkEgress
 	}
 	o.CPUs, o.MemoryMiB = sn.CPUs, sn.MemoryMiB
 	if o.DiskBytes == 0 {

@@ -144,6 +144,38 @@ func (m *Machine) waitMigration(ctx context.Context) (int64, error) {
 	}
 }
 
+// EndOutgoingMigration cancels an outgoing migration that a previous owner
+// of this QEMU started and did not see through (a daemon killed during a
+// save), and waits until QEMU has left it: cancelled, failed or completed.
+// A save that completed leaves the guest stopped ("postmigrate"); the caller
+// puts it back in the state it wants.
+func (m *Machine) EndOutgoingMigration(ctx context.Context) error {
+	if _, err := m.qmp.Execute(ctx, "migrate_cancel", nil); err != nil {
+		return err
+	}
+	for {
+		r, err := m.qmp.Execute(ctx, "query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var s struct {
+			Status string `json:"status"`
+		}
+		json.Unmarshal(r, &s)
+		switch s.Status {
+		case "", "none", "completed", "failed", "cancelled":
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migration still %s: %w", s.Status, ctx.Err())
+		case <-m.done:
+			return fmt.Errorf("qemu exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // FreezeDisk makes the disk's current top read-only by putting a new overlay at
 // newTop on top of it (blockdev-snapshot-sync); the guest keeps writing to newTop.
 func (m *Machine) FreezeDisk(ctx context.Context, newTop string) error {
