@@ -273,6 +273,6 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 // the connections opened with that VM's tokens.
 func (s *Service) ForgetVM(ctx context.Context, vmID string) error {
 	err := s.store.DeleteTokens(ctx, vmID, s.now())
-	s.conns.forgetVM(vmID)
+	s.conns.forgetVM(vmID, s.now())
 	return err
 }

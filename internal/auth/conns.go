@@ -42,6 +42,7 @@ type connRegistry struct {
 	mu      sync.Mutex
 	byToken map[string]map[*tracked]struct{}
 	revoked map[string]time.Time // token id -> when it was revoked
+	goneVMs map[string]time.Time // VM id -> when its tokens were forgotten
 }
 
 // Track registers a long-lived connection opened by p: end is called once,
@@ -66,7 +67,8 @@ func (r *connRegistry) add(p *Principal, now time.Time, end func()) (func(), err
 	r.mu.Lock()
 	r.pruneLocked(now)
 	_, revoked := r.revoked[p.TokenID]
-	if revoked || (!p.ExpiresAt.IsZero() && !now.Before(p.ExpiresAt)) {
+	_, vmGone := r.goneVMs[p.VMID]
+	if revoked || p.VMID != "" && vmGone || (!p.ExpiresAt.IsZero() && !now.Before(p.ExpiresAt)) {
 		r.mu.Unlock()
 		t.fire()
 		return func() {}, nil
@@ -125,10 +127,16 @@ func (r *connRegistry) revoke(tokenID string, now time.Time) {
 	endAll(set)
 }
 
-// forgetVM ends every connection opened with a token of the VM vmID.
-func (r *connRegistry) forgetVM(vmID string) {
+// forgetVM ends every connection opened with a token of the VM vmID, and
+// remembers the VM as revoke does its token.
+func (r *connRegistry) forgetVM(vmID string, now time.Time) {
 	ended := map[*tracked]struct{}{}
 	r.mu.Lock()
+	r.pruneLocked(now)
+	if r.goneVMs == nil {
+		r.goneVMs = map[string]time.Time{}
+	}
+	r.goneVMs[vmID] = now
 	for id, set := range r.byToken {
 		for t := range set {
 			if t.vmID == vmID {
@@ -159,6 +167,11 @@ func (r *connRegistry) pruneLocked(now time.Time) {
 	for id, at := range r.revoked {
 		if now.Sub(at) > revokeMemory {
 			delete(r.revoked, id)
+		}
+	}
+	for id, at := range r.goneVMs {
+		if now.Sub(at) > revokeMemory {
+			delete(r.goneVMs, id)
 		}
 	}
 }

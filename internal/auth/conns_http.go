@@ -21,9 +21,12 @@ func (s *Service) TrackHTTP(w http.ResponseWriter, r *http.Request, p *Principal
 	if p == nil || p.Admin || p.TokenID == "" {
 		return w, r, func() {}, nil
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	revoked := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), revokedKey{}, (<-chan struct{})(revoked)))
 	tw := &trackedWriter{ResponseWriter: w}
+	var once sync.Once
 	untrack, err := s.Track(p, func() {
+		once.Do(func() { close(revoked) })
 		cancel()
 		tw.closeConn()
 	})
@@ -35,6 +38,18 @@ func (s *Service) TrackHTTP(w http.ResponseWriter, r *http.Request, p *Principal
 		untrack()
 		cancel()
 	}, nil
+}
+
+type revokedKey struct{}
+
+// Revoked returns a channel that is closed when the token of the request
+// with this context (see TrackHTTP) is revoked or expires; nil (never
+// ready) for requests no token limits. Unlike the request's context, it
+// does not end when the client half-closes a connection the handler took
+// over.
+func Revoked(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(revokedKey{}).(<-chan struct{})
+	return ch
 }
 
 // trackedWriter remembers the connection a handler hijacks, so that it can

@@ -30,8 +30,27 @@ func eventToAPI(e *store.Event) api.Event {
 
 // listEvents serves GET /v1/vms/{id}/events[?after=SEQ][&limit=N][&follow=1]:
 // a JSON list, or with follow an NDJSON stream that stays open.
+// eventFilter says which events the caller may read. A token restricted to
+// one guest user does not see what the admin or other tokens did (their
+// command lines run as other users, root's above all, and may carry
+// secrets): only its own events and the daemon's (lifecycle, policies).
+func eventFilter(r *http.Request) func(*store.Event) bool {
+	if restrictedUser(r) == "" {
+		return func(*store.Event) bool { return true }
+	}
+	self := actor(r)
+	return func(e *store.Event) bool {
+		return e.Actor == self || e.Actor != "admin" && !strings.HasPrefix(e.Actor, "token:")
+	}
+}
+
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	id := v.ID // events are kept by ID; the path may name the VM
 	q := r.URL.Query()
 	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
 	if q.Get("after") != "" && (err != nil || after < 0) {
@@ -51,7 +70,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		rc.Flush()
 		enc := json.NewEncoder(w)
+		visible := eventFilter(r)
 		s.svc.FollowEvents(r.Context(), id, after, func(e *store.Event) error {
+			if !visible(e) {
+				return nil
+			}
 			if err := enc.Encode(eventToAPI(e)); err != nil {
 				return err
 			}
@@ -65,8 +88,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := api.ListEventsResponse{Events: []api.Event{}}
+	visible := eventFilter(r)
 	for _, e := range es {
-		out.Events = append(out.Events, eventToAPI(e))
+		if visible(e) {
+			out.Events = append(out.Events, eventToAPI(e))
+		}
 	}
 	writeJSON(w, 200, out)
 }

@@ -2,12 +2,14 @@ package server
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
 )
 
 // tcpVM connects the caller to a TCP port inside the VM, dialed through the VM's
@@ -34,10 +36,17 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
-	// The request's context is no signal here: it ends when the client
-	// half-closes its side of the hijacked connection, which must only
-	// half-close the VM side. A revoke (see auth.TrackHTTP) closes the
-	// client side: the read below then fails, and the VM side is closed.
+	spliceTCP(conn, br, gc, auth.Revoked(r.Context()))
+}
+
+// spliceTCP copies both ways between a client's hijacked connection (read
+// through br) and a connection into the VM until both directions end. The
+// request's context is no signal here: it ends when the client half-closes
+// its side, which must only half-close the VM side. A revoke (see
+// auth.TrackHTTP) closes the client side, which ends the copy from the
+// client; revoked closes the VM side too, even after a half-close.
+func spliceTCP(conn net.Conn, br io.Reader, gc net.Conn, revoked <-chan struct{}) {
+	finished := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -49,8 +58,14 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		if cw, ok := gc.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}
+		select {
+		case <-revoked:
+			gc.Close()
+		case <-finished:
+		}
 	}()
 	io.Copy(conn, gc)
+	close(finished)
 	conn.Close()
 	gc.Close()
 	wg.Wait()

@@ -203,7 +203,7 @@ func waitClosed(t *testing.T, c *ssh.Client, what string) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatalf("%s: the SSH connection is still open", what)
 	}
 }
@@ -234,7 +234,7 @@ func TestRevokeAndExpiryCloseSSH(t *testing.T) {
 	}
 	waitClosed(t, c, "revoke")
 
-	short, err := as.Create(ctx, "vm1", api.CreateTokenRequest{Allow: []string{api.PermSSH}, TTL: "3s"})
+	short, err := as.Create(ctx, "vm1", api.CreateTokenRequest{Allow: []string{api.PermSSH}, TTL: "10s"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,8 +180,6 @@ func (s *Service) OnDelete(fn func(vmID string)) {
 func (s *Service) tryLock(id, name, op string) (func(), error) {
 	l := s.mutex(id)
 	if !l.TryLock() {
-		s.mu.Lock()
-		s.mu.Unlock()
 		other := s.busyWith(id)
 		return nil, fmt.Errorf("%w: cannot %s VM %s: %s is in progress; retry when it is done", ErrConflict, op, name, other)
 	}
