@@ -58,21 +58,33 @@ func sameUser(a, b string) bool {
 	return a == b
 }
 
+// restrictedGuest serves an unrestricted caller with h at once (ok false);
+// for a user-restricted one it returns that user and the VM's agent session,
+// or answers the error itself (ok false).
+func (s *Server) restrictedGuest(w http.ResponseWriter, r *http.Request, h http.HandlerFunc) (string, *guest.Client, bool) {
+	user := restrictedUser(r)
+	if user == "" {
+		h(w, r)
+		return "", nil, false
+	}
+	_, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return "", nil, false
+	}
+	return user, gc, true
+}
+
 // owned guards a handler of one service, job or process (named by {name},
 // {job} or {pid}): a user-restricted caller reaches it only if it runs as
 // that user.
 func (s *Server) owned(kind ownedKind, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		user := restrictedUser(r)
-		if user == "" {
-			h(w, r)
+		user, gc, ok := s.restrictedGuest(w, r, h)
+		if !ok {
 			return
 		}
-		_, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
+		var err error
 		var owner, notFound string
 		switch kind {
 		case ownedService:
@@ -134,16 +146,11 @@ func processOwner(ctx context.Context, gc *guest.Client, pid int) (string, error
 // that user's and written in the agent's own shape.
 func (s *Server) ownedList(kind ownedKind, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		user := restrictedUser(r)
-		if user == "" {
-			h(w, r)
+		user, gc, ok := s.restrictedGuest(w, r, h)
+		if !ok {
 			return
 		}
-		_, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
+		var err error
 		var out any
 		switch kind {
 		case ownedService:

@@ -310,34 +310,6 @@ func (t *terminal) hangup(sig syscall.Signal) {
 	}
 }
 
-// sessionPIDs lists the processes whose session id is sid.
-func sessionPIDs(sid int) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// Fields after the command name (which may hold spaces and
-		// parentheses): state ppid pgrp session ...
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) > 3 && f[3] == strconv.Itoa(sid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // shutdown ends a terminal that was removed from the manager: SIGHUP, then
 // SIGKILL after the kill grace; clients get the exit frame if the process
 // exited in time, then the master is closed (which hangs up whatever still
