@@ -6,7 +6,7 @@
 //
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
 //	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
-//	go run ./bench -stress [-stress-vms 50]      # parallel creates/execs, memory per VM, suspend/wake of all (stress.go)
+//	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
 // data dir (and a fresh template dir unless -keep-template), and deletes every VM it
@@ -59,6 +59,7 @@ func main() {
 	flag.BoolVar(&o.net, "net", false, "run only the networking benchmark (preview proxy vs plain TCP exposure, VM -> host loopback throughput); implies -keep-template unless it is given")
 	flag.BoolVar(&o.stress, "stress", false, "run only the stress benchmark (parallel creates and execs, create latency and host memory as running VMs pile up to -stress-vms, suspend/list/wake of all); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
+	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
 	if o.lifecycle || o.access || o.net || o.stress {
