@@ -6,12 +6,6 @@ import (
 	"fmt"
 	"net"
 	"time"
-
-	"github.com/containers/gvisor-tap-vsock/pkg/types"
-	"gvisor.dev/gvisor/pkg/buffer"
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 const (
@@ -118,64 +112,14 @@ func (n *Network) serveLoop(ctx context.Context, a *attachment, conn net.Conn) {
 	}
 }
 
-// serveConn runs the switch on conn until it fails or ctx is cancelled.
+// serveConn runs the link on conn until it fails or ctx is cancelled.
 func (n *Network) serveConn(ctx context.Context, conn net.Conn) {
 	n.connected.Store(true)
 	defer n.connected.Store(false)
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
-	pctx, pcancel := context.WithCancel(ctx)
-	n.wg.Add(1) // serveLoop holds a wg reference
-	go func() {
-		defer n.wg.Done()
-		n.probeGuest(pctx)
-	}()
-	// Accept closes conn when the stream ends.
-	if err := n.sw.Accept(ctx, conn, types.QemuProtocol); err != nil && ctx.Err() == nil {
+	if err := n.link.serve(conn); err != nil && ctx.Err() == nil {
 		n.log.Debug("qemu netdev stream ended", "err", err)
-	}
-	pcancel()
-	_ = conn.Close()
-}
-
-// probeGuest makes the switch learn which connection the guest is behind.
-// tap.Switch forgets the guest's MAC when a stream ends and silently drops
-// unicast frames to unknown MACs, so after a reconnect traffic towards the
-// guest (e.g. retransmissions on connections that survived) would be lost
-// until the guest happens to send something. A broadcast ARP request for
-// the guest IP, written straight to the switch (the netstack's neighbor
-// table is left alone), makes the guest answer right away.
-func (n *Network) probeGuest(ctx context.Context) {
-	guestMAC, _ := net.ParseMAC(n.cfg.guestMAC())
-	gwMAC, _ := net.ParseMAC(GatewayMAC)
-	delay := 20 * time.Millisecond
-	for i := 0; i < 8; i++ {
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		if _, ok := n.sw.CAM()[guestMAC.String()]; ok {
-			return
-		}
-		frame := make([]byte, header.EthernetMinimumSize+header.ARPSize)
-		header.Ethernet(frame).Encode(&header.EthernetFields{
-			SrcAddr: tcpip.LinkAddress(gwMAC),
-			DstAddr: header.EthernetBroadcastAddress,
-			Type:    header.ARPProtocolNumber,
-		})
-		arp := header.ARP(frame[header.EthernetMinimumSize:])
-		arp.SetIPv4OverEthernet()
-		arp.SetOp(header.ARPRequest)
-		copy(arp.HardwareAddressSender(), gwMAC)
-		copy(arp.ProtocolAddressSender(), n.cfg.Gateway().AsSlice())
-		copy(arp.ProtocolAddressTarget(), n.cfg.GuestIP().AsSlice())
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(frame)})
-		n.sw.DeliverNetworkPacket(header.ARPProtocolNumber, pkt)
-		pkt.DecRef()
-		delay = min(delay*2, time.Second)
 	}
 }
 

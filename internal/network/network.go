@@ -1,6 +1,6 @@
-// Package network provides per-VM virtual networks: an embedded
-// gvisor-tap-vsock userspace network (gVisor netstack) with DHCP, DNS, NAT
-// egress for TCP and UDP, and an egress policy.
+// Package network provides per-VM virtual networks: a userspace gateway
+// (gVisor netstack) with DHCP, DNS, egress for TCP and UDP, and an egress
+// policy.
 //
 // Each VM gets its own Network with its own subnet. QEMU is started with
 //
@@ -9,11 +9,10 @@
 // i.e. QEMU listens and this package dials (Attach), so that a restarted
 // daemon can re-dial a still-running QEMU and get the network back.
 //
-// Unlike gvisor-tap-vsock's virtualnetwork.New, the stack is assembled from
-// the lower-level pieces (tap.Switch + tap.LinkEndpoint, gVisor stack, the
-// dhcp and dns services) and uses this package's own TCP/UDP forwarders,
-// which enforce Policy before dialing. There is no NAT table (no virtual IP
-// mapped to the host's loopback) and there are no port forwards.
+// The gateway's NIC is a point-to-point link to QEMU's socket (link.go);
+// the stack's TCP and UDP forwarders enforce Policy before dialing. There
+// is no NAT table (no virtual IP mapped to the host's loopback) and there
+// are no port forwards.
 package network
 
 import (
@@ -27,9 +26,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/agentvm/agentvm/internal/network/dhcp"
-	"github.com/agentvm/agentvm/internal/network/tap"
-	"github.com/containers/gvisor-tap-vsock/pkg/types"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
@@ -50,7 +46,7 @@ type Network struct {
 	cfg   Config
 	log   *slog.Logger
 	stack *stack.Stack
-	sw    *tap.Switch
+	link  *link
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -83,7 +79,6 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 		log = slog.Default()
 	}
 	log = log.With("component", "network", "subnet", cfg.Subnet.String())
-	installLogrusBridge()
 
 	n := &Network{
 		cfg:     cfg,
@@ -98,15 +93,13 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 	}
 	n.egress.Store(&eg)
 
-	ep, err := tap.NewLinkEndpoint(false, uint32(cfg.mtu()), GatewayMAC, cfg.Gateway().String(), []string{cfg.HostAddr().String()})
+	gwMAC, err := net.ParseMAC(GatewayMAC)
 	if err != nil {
-		return nil, fmt.Errorf("network: link endpoint: %w", err)
+		return nil, fmt.Errorf("network: gateway MAC: %w", err)
 	}
-	n.sw = tap.NewSwitch(false)
-	ep.Connect(n.sw)
-	n.sw.Connect(ep)
+	n.link = newLink(gwMAC, cfg.mtu(), tcpipAddr(cfg.Gateway()), tcpipAddr(cfg.HostAddr()))
 
-	if err := n.createStack(ep); err != nil {
+	if err := n.createStack(n.link); err != nil {
 		_ = n.Close()
 		return nil, err
 	}
@@ -130,10 +123,14 @@ func (n *Network) Gateway() netip.Addr { return n.cfg.Gateway() }
 func (n *Network) GuestIP() netip.Addr { return n.cfg.GuestIP() }
 
 // BytesSent returns the number of bytes sent to the guest.
-func (n *Network) BytesSent() uint64 { return atomic.LoadUint64(&n.sw.Sent) }
+func (n *Network) BytesSent() uint64 { return n.link.sent.Load() }
 
 // BytesReceived returns the number of bytes received from the guest.
-func (n *Network) BytesReceived() uint64 { return atomic.LoadUint64(&n.sw.Received) }
+func (n *Network) BytesReceived() uint64 { return n.link.received.Load() }
+
+// FramesDropped returns the number of frames from the guest refused as
+// malformed or forged, and of ARP replies the gateway did not send.
+func (n *Network) FramesDropped() uint64 { return n.link.dropped.Load() }
 
 func tcpipAddr(a netip.Addr) tcpip.Address {
 	if a.Is4() {
@@ -209,23 +206,11 @@ func (n *Network) startServices() error {
 	}
 	n.closers = append(n.closers, dnsTCP)
 	dnsSrv := newDNSServer(n)
-	_, ipnet, err := net.ParseCIDR(n.cfg.Subnet.String())
-	if err != nil {
-		return err
-	}
-	pool := tap.NewIPPool(ipnet)
-	pool.Reserve(net.IP(n.cfg.Gateway().AsSlice()), GatewayMAC)
-	pool.Reserve(net.IP(n.cfg.GuestIP().AsSlice()), n.cfg.guestMAC())
-	dhcpSrv, err := dhcp.New(&types.Configuration{
-		Subnet:           n.cfg.Subnet.String(),
-		GatewayIP:        n.cfg.Gateway().String(),
-		MTU:              n.cfg.mtu(),
-		DNSSearchDomains: n.cfg.SearchDomains,
-	}, n.stack, pool)
+	dhcpSrv, err := n.newDHCPServer()
 	if err != nil {
 		return fmt.Errorf("network: dhcp: %w", err)
 	}
-	n.closers = append(n.closers, dhcpSrv.Underlying)
+	n.closers = append(n.closers, dhcpSrv)
 
 	n.goService("dns-udp", func() error { return dnsSrv.serveUDP(dnsUDP) })
 	n.goService("dns-tcp", func() error { return dnsSrv.serveTCP(dnsTCP) })
