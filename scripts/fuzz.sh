@@ -19,7 +19,7 @@ FUZZMINIMIZETIME="${FUZZMINIMIZETIME:-1s}"
 if [ $# -gt 0 ]; then
 	pkgs=("$@")
 else
-	mapfile -t pkgs < <(grep -rl --include='*_test.go' --exclude-dir=third_party --exclude-dir=.git \
+	mapfile -t pkgs < <(grep -rl --include='*_test.go' --exclude-dir=.git \
 		-E '^func Fuzz[A-Za-z0-9_]*\(' . | xargs -r -n1 dirname | sort -u)
 fi
 [ ${#pkgs[@]} -gt 0 ] || { echo "no fuzz targets found" >&2; exit 1; }

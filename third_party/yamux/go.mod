@@ -1,3 +1,0 @@
-module github.com/hashicorp/yamux
-
-go 1.20
