@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"net/url"
@@ -10,13 +11,6 @@ import (
 	"strconv"
 	"time"
 )
-
-// TarResult is the answer of PUT /v1/files/tar.
-type TarResult struct {
-	Files int   `json:"files"` // regular files, symlinks and hard links written
-	Dirs  int   `json:"dirs"`  // directory entries
-	Bytes int64 `json:"bytes"` // regular file data written
-}
 
 func fileQuery(user, p string) url.Values {
 	q := url.Values{}
@@ -57,9 +51,9 @@ func decodeInto(resp *http.Response, endpoint string, out any) error {
 	return decodeReply(resp.Body, endpoint, out)
 }
 
-// Stat returns the FileInfo of path (lstat) as user ("" = root).
-func (c *Client) Stat(ctx context.Context, user, p string) (*FileInfo, error) {
-	var fi FileInfo
+// Stat returns the api.FileInfo of path (lstat) as user ("" = root).
+func (c *Client) Stat(ctx context.Context, user, p string) (*api.FileInfo, error) {
+	var fi api.FileInfo
 	if err := c.do(ctx, http.MethodGet, PathFilesStat+"?"+fileQuery(user, p).Encode(), nil, &fi); err != nil {
 		return nil, err
 	}
@@ -67,8 +61,8 @@ func (c *Client) Stat(ctx context.Context, user, p string) (*FileInfo, error) {
 }
 
 // List returns the entries of directory path, sorted by name.
-func (c *Client) List(ctx context.Context, user, p string) (*FileList, error) {
-	var l FileList
+func (c *Client) List(ctx context.Context, user, p string) (*api.FileList, error) {
+	var l api.FileList
 	if err := c.do(ctx, http.MethodGet, PathFilesList+"?"+fileQuery(user, p).Encode(), nil, &l); err != nil {
 		return nil, err
 	}
@@ -76,9 +70,9 @@ func (c *Client) List(ctx context.Context, user, p string) (*FileList, error) {
 }
 
 // ReadFile streams length bytes of path from offset (length < 0: to the
-// end). The FileInfo carries the mode, mtime and full size from the
+// end). The api.FileInfo carries the mode, mtime and full size from the
 // response headers. The caller closes the reader.
-func (c *Client) ReadFile(ctx context.Context, user, p string, offset, length int64) (io.ReadCloser, *FileInfo, error) {
+func (c *Client) ReadFile(ctx context.Context, user, p string, offset, length int64) (io.ReadCloser, *api.FileInfo, error) {
 	q := fileQuery(user, p)
 	if offset > 0 {
 		q.Set("offset", strconv.FormatInt(offset, 10))
@@ -90,7 +84,7 @@ func (c *Client) ReadFile(ctx context.Context, user, p string, offset, length in
 	if err != nil {
 		return nil, nil, err
 	}
-	fi := &FileInfo{Name: path.Base(p), Path: p, Type: FileTypeFile}
+	fi := &api.FileInfo{Name: path.Base(p), Path: p, Type: FileTypeFile}
 	fillHeaderInfo(fi, resp.Header)
 	if n, err := strconv.ParseInt(resp.Header.Get(HeaderFileSize), 10, 64); err == nil {
 		fi.Size = n
@@ -98,7 +92,7 @@ func (c *Client) ReadFile(ctx context.Context, user, p string, offset, length in
 	return resp.Body, fi, nil
 }
 
-func fillHeaderInfo(fi *FileInfo, h http.Header) {
+func fillHeaderInfo(fi *api.FileInfo, h http.Header) {
 	if m, err := strconv.ParseUint(h.Get(HeaderFileMode), 8, 32); err == nil {
 		fi.Mode = uint32(m)
 	}
@@ -110,7 +104,7 @@ func fillHeaderInfo(fi *FileInfo, h http.Header) {
 // WriteFile atomically replaces path with the contents of r (written to a
 // temporary file, synced, renamed). mode 0 keeps the mode of the file it
 // replaces (0644 for a new file); mkdirs creates missing parents.
-func (c *Client) WriteFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs bool) (*FileInfo, error) {
+func (c *Client) WriteFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs bool) (*api.FileInfo, error) {
 	q := fileQuery(user, p)
 	if mode != 0 {
 		q.Set("mode", fmt.Sprintf("%04o", mode))
@@ -125,7 +119,7 @@ func (c *Client) WriteFile(ctx context.Context, user, p string, r io.Reader, mod
 	if err != nil {
 		return nil, err
 	}
-	var fi FileInfo
+	var fi api.FileInfo
 	if err := decodeInto(resp, PathFiles, &fi); err != nil {
 		return nil, err
 	}
@@ -143,18 +137,18 @@ func (c *Client) Remove(ctx context.Context, user, p string, recursive bool) err
 }
 
 // Mkdir creates a directory and its missing parents.
-func (c *Client) Mkdir(ctx context.Context, req MkdirRequest) (*FileInfo, error) {
-	var fi FileInfo
+func (c *Client) Mkdir(ctx context.Context, req api.MkdirRequest) (*api.FileInfo, error) {
+	var fi api.FileInfo
 	if err := c.do(ctx, http.MethodPost, PathFilesMkdir, req, &fi); err != nil {
 		return nil, err
 	}
 	return &fi, nil
 }
 
-// Rename renames a file or directory and returns the FileInfo of the new
+// Rename renames a file or directory and returns the api.FileInfo of the new
 // path.
-func (c *Client) Rename(ctx context.Context, req RenameRequest) (*FileInfo, error) {
-	var fi FileInfo
+func (c *Client) Rename(ctx context.Context, req api.RenameRequest) (*api.FileInfo, error) {
+	var fi api.FileInfo
 	if err := c.do(ctx, http.MethodPost, PathFilesMove, req, &fi); err != nil {
 		return nil, err
 	}
@@ -174,12 +168,12 @@ func (c *Client) ReadTar(ctx context.Context, user, p string) (io.ReadCloser, er
 
 // WriteTar extracts the tar stream r into directory path (created when
 // missing).
-func (c *Client) WriteTar(ctx context.Context, user, p string, r io.Reader) (*TarResult, error) {
+func (c *Client) WriteTar(ctx context.Context, user, p string, r io.Reader) (*api.TarResult, error) {
 	resp, err := c.fileRequest(ctx, http.MethodPut, PathFilesTar, fileQuery(user, p), r)
 	if err != nil {
 		return nil, err
 	}
-	var res TarResult
+	var res api.TarResult
 	if err := decodeInto(resp, PathFilesTar, &res); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package guest
 import (
 	"context"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"net/url"
@@ -15,8 +16,8 @@ func servicePath(name string) string { return PathServices + "/" + url.PathEscap
 func jobPath(id string) string { return PathJobs + "/" + url.PathEscape(id) }
 
 // ListServices returns the services, sorted by name.
-func (c *Client) ListServices(ctx context.Context) ([]ServiceInfo, error) {
-	var list ServiceList
+func (c *Client) ListServices(ctx context.Context) ([]api.ServiceInfo, error) {
+	var list api.ServiceList
 	if err := c.do(ctx, http.MethodGet, PathServices, nil, &list); err != nil {
 		return nil, err
 	}
@@ -26,8 +27,8 @@ func (c *Client) ListServices(ctx context.Context) ([]ServiceInfo, error) {
 // CreateService writes, enables (unless NoBoot) and starts (unless NoStart)
 // a service. An existing name gives an *APIError with Status 409 and Code
 // "exists".
-func (c *Client) CreateService(ctx context.Context, req ServiceCreate) (*ServiceInfo, error) {
-	var info ServiceInfo
+func (c *Client) CreateService(ctx context.Context, req api.ServiceCreate) (*api.ServiceInfo, error) {
+	var info api.ServiceInfo
 	if err := c.do(ctx, http.MethodPost, PathServices, req, &info); err != nil {
 		return nil, err
 	}
@@ -36,8 +37,8 @@ func (c *Client) CreateService(ctx context.Context, req ServiceCreate) (*Service
 
 // GetService describes a service; an unknown name gives an *APIError with
 // Status 404 and Code "not_found".
-func (c *Client) GetService(ctx context.Context, name string) (*ServiceInfo, error) {
-	var info ServiceInfo
+func (c *Client) GetService(ctx context.Context, name string) (*api.ServiceInfo, error) {
+	var info api.ServiceInfo
 	if err := c.do(ctx, http.MethodGet, servicePath(name), nil, &info); err != nil {
 		return nil, err
 	}
@@ -46,8 +47,8 @@ func (c *Client) GetService(ctx context.Context, name string) (*ServiceInfo, err
 
 // ServiceAction runs "start", "stop" or "restart" and returns the service
 // afterwards.
-func (c *Client) ServiceAction(ctx context.Context, name, action string) (*ServiceInfo, error) {
-	var info ServiceInfo
+func (c *Client) ServiceAction(ctx context.Context, name, action string) (*api.ServiceInfo, error) {
+	var info api.ServiceInfo
 	if err := c.do(ctx, http.MethodPost, servicePath(name)+"/"+url.PathEscape(action), nil, &info); err != nil {
 		return nil, err
 	}
@@ -74,8 +75,8 @@ func (c *Client) ServiceLogs(ctx context.Context, name string, lines int, follow
 }
 
 // ListProcesses returns the guest's processes, sorted by pid.
-func (c *Client) ListProcesses(ctx context.Context) ([]ProcessInfo, error) {
-	var list ProcessList
+func (c *Client) ListProcesses(ctx context.Context) ([]api.ProcessInfo, error) {
+	var list api.ProcessList
 	if err := c.do(ctx, http.MethodGet, PathProcesses, nil, &list); err != nil {
 		return nil, err
 	}
@@ -90,8 +91,8 @@ func (c *Client) SignalProcess(ctx context.Context, pid int, sig string) error {
 
 // StartJob starts a detached command (Stdin must be false; TimeoutMS
 // bounds its run time).
-func (c *Client) StartJob(ctx context.Context, req ExecRequest) (*JobInfo, error) {
-	var info JobInfo
+func (c *Client) StartJob(ctx context.Context, req ExecRequest) (*api.JobInfo, error) {
+	var info api.JobInfo
 	if err := c.do(ctx, http.MethodPost, PathJobs, req, &info); err != nil {
 		return nil, err
 	}
@@ -99,8 +100,8 @@ func (c *Client) StartJob(ctx context.Context, req ExecRequest) (*JobInfo, error
 }
 
 // ListJobs returns the jobs, oldest first.
-func (c *Client) ListJobs(ctx context.Context) ([]JobInfo, error) {
-	var list JobList
+func (c *Client) ListJobs(ctx context.Context) ([]api.JobInfo, error) {
+	var list api.JobList
 	if err := c.do(ctx, http.MethodGet, PathJobs, nil, &list); err != nil {
 		return nil, err
 	}
@@ -108,8 +109,8 @@ func (c *Client) ListJobs(ctx context.Context) ([]JobInfo, error) {
 }
 
 // GetJob describes a job; an unknown id gives Status 404.
-func (c *Client) GetJob(ctx context.Context, id string) (*JobInfo, error) {
-	var info JobInfo
+func (c *Client) GetJob(ctx context.Context, id string) (*api.JobInfo, error) {
+	var info api.JobInfo
 	if err := c.do(ctx, http.MethodGet, jobPath(id), nil, &info); err != nil {
 		return nil, err
 	}
@@ -136,13 +137,13 @@ func (c *Client) JobLogs(ctx context.Context, id, stream string, offset int64, f
 
 // WaitJob waits until the job has exited, or for timeout (0: until ctx
 // ends), and returns it (Exited is false after a timeout).
-func (c *Client) WaitJob(ctx context.Context, id string, timeout time.Duration) (*JobInfo, error) {
+func (c *Client) WaitJob(ctx context.Context, id string, timeout time.Duration) (*api.JobInfo, error) {
 	p := jobPath(id) + "/wait"
 	if timeout > 0 {
 		ms := (timeout + time.Millisecond - 1) / time.Millisecond
 		p += "?timeout_ms=" + strconv.FormatInt(int64(ms), 10)
 	}
-	var info JobInfo
+	var info api.JobInfo
 	if err := c.do(ctx, http.MethodPost, p, nil, &info); err != nil {
 		return nil, err
 	}

@@ -69,7 +69,7 @@ func (s *Server) relayFiles(w http.ResponseWriter, r *http.Request, guestPath st
 				writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 				return
 			}
-			out = guest.MkdirRequest{Path: req.Path, User: req.User, Mode: req.Mode}
+			out = api.MkdirRequest{Path: req.Path, User: req.User, Mode: req.Mode}
 		} else {
 			for _, c := range [][2]string{{"from", req.From}, {"to", req.To}} {
 				if err := checkGuestPath(c[0], c[1]); err != nil {
@@ -77,7 +77,7 @@ func (s *Server) relayFiles(w http.ResponseWriter, r *http.Request, guestPath st
 					return
 				}
 			}
-			out = guest.RenameRequest{From: req.From, To: req.To, User: req.User, Overwrite: req.Overwrite}
+			out = api.RenameRequest{From: req.From, To: req.To, User: req.User, Overwrite: req.Overwrite}
 		}
 		b, _ := json.Marshal(out)
 		body = bytes.NewReader(b)

@@ -90,14 +90,14 @@ func (s *Server) owned(kind ownedKind, h http.HandlerFunc) http.HandlerFunc {
 		case ownedService:
 			name := r.PathValue("name")
 			notFound = "no service " + strconv.Quote(name)
-			var info *guest.ServiceInfo
+			var info *api.ServiceInfo
 			if info, err = gc.GetService(r.Context(), name); err == nil {
 				owner = info.User
 			}
 		case ownedJob:
 			id := r.PathValue("job")
 			notFound = "no job " + strconv.Quote(id)
-			var info *guest.JobInfo
+			var info *api.JobInfo
 			if info, err = gc.GetJob(r.Context(), id); err == nil {
 				owner = info.User
 			}
@@ -154,19 +154,19 @@ func (s *Server) ownedList(kind ownedKind, h http.HandlerFunc) http.HandlerFunc 
 		var out any
 		switch kind {
 		case ownedService:
-			var all []guest.ServiceInfo
+			var all []api.ServiceInfo
 			if all, err = gc.ListServices(r.Context()); err == nil {
-				out = guest.ServiceList{Services: keepOwned(all, user, func(v guest.ServiceInfo) string { return v.User })}
+				out = api.ServiceList{Services: keepOwned(all, user, func(v api.ServiceInfo) string { return v.User })}
 			}
 		case ownedJob:
-			var all []guest.JobInfo
+			var all []api.JobInfo
 			if all, err = gc.ListJobs(r.Context()); err == nil {
-				out = guest.JobList{Jobs: keepOwned(all, user, func(v guest.JobInfo) string { return v.User })}
+				out = api.JobList{Jobs: keepOwned(all, user, func(v api.JobInfo) string { return v.User })}
 			}
 		case ownedProcess:
-			var all []guest.ProcessInfo
+			var all []api.ProcessInfo
 			if all, err = gc.ListProcesses(r.Context()); err == nil {
-				out = guest.ProcessList{Processes: keepOwned(all, user, func(v guest.ProcessInfo) string { return v.User })}
+				out = api.ProcessList{Processes: keepOwned(all, user, func(v api.ProcessInfo) string { return v.User })}
 			}
 		}
 		if err != nil {

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/agentvm/agentvm/api"
-	"github.com/agentvm/agentvm/internal/guest"
 )
 
 // fakeOwnedAgent is a guest agent with one service, one job and one process
@@ -27,9 +26,9 @@ func (a *fakeOwnedAgent) calls() []string {
 }
 
 func (a *fakeOwnedAgent) handler() http.Handler {
-	services := map[string]guest.ServiceInfo{"db": {Name: "db", User: "root"}, "app": {Name: "app", User: "sandbox"}}
-	jobs := map[string]guest.JobInfo{"j1": {ID: "j1", User: "root"}, "j2": {ID: "j2", User: "sandbox"}}
-	procs := []guest.ProcessInfo{{PID: 100, User: "root", Command: "postgres --password=x"}, {PID: 200, User: "sandbox", Command: "node app.js"}}
+	services := map[string]api.ServiceInfo{"db": {Name: "db", User: "root"}, "app": {Name: "app", User: "sandbox"}}
+	jobs := map[string]api.JobInfo{"j1": {ID: "j1", User: "root"}, "j2": {ID: "j2", User: "sandbox"}}
+	procs := []api.ProcessInfo{{PID: 100, User: "root", Command: "postgres --password=x"}, {PID: 200, User: "sandbox", Command: "node app.js"}}
 	notFound := func(w http.ResponseWriter, what string) {
 		w.WriteHeader(404)
 		json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "not_found", "message": "no " + what}})
@@ -42,7 +41,7 @@ func (a *fakeOwnedAgent) handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/services", func(w http.ResponseWriter, r *http.Request) {
-		var l guest.ServiceList
+		var l api.ServiceList
 		for _, s := range services {
 			l.Services = append(l.Services, s)
 		}
@@ -62,7 +61,7 @@ func (a *fakeOwnedAgent) handler() http.Handler {
 	mux.HandleFunc("POST /v1/services/{name}/{action}", act)
 	mux.HandleFunc("DELETE /v1/services/{name}", act)
 	mux.HandleFunc("GET /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
-		l := guest.JobList{Jobs: []guest.JobInfo{jobs["j1"], jobs["j2"]}}
+		l := api.JobList{Jobs: []api.JobInfo{jobs["j1"], jobs["j2"]}}
 		json.NewEncoder(w).Encode(l)
 	})
 	mux.HandleFunc("GET /v1/jobs/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -79,7 +78,7 @@ func (a *fakeOwnedAgent) handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs/{id}/{action}", act)
 	mux.HandleFunc("DELETE /v1/jobs/{id}", act)
 	mux.HandleFunc("GET /v1/processes", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(guest.ProcessList{Processes: procs})
+		json.NewEncoder(w).Encode(api.ProcessList{Processes: procs})
 	})
 	mux.HandleFunc("POST /v1/processes/{pid}/signal", act)
 	return mux
@@ -90,9 +89,9 @@ func listed(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	defer resp.Body.Close()
 	var l struct {
-		Services  []guest.ServiceInfo `json:"services"`
-		Jobs      []guest.JobInfo     `json:"jobs"`
-		Processes []guest.ProcessInfo `json:"processes"`
+		Services  []api.ServiceInfo `json:"services"`
+		Jobs      []api.JobInfo     `json:"jobs"`
+		Processes []api.ProcessInfo `json:"processes"`
 	}
 	if resp.StatusCode != 200 {
 		t.Fatalf("list: status %d", resp.StatusCode)

@@ -131,7 +131,7 @@ func (s *Server) createService(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	info, err := gc.CreateService(r.Context(), guest.ServiceCreate{Name: req.Name, Argv: req.Argv, Shell: req.Shell, Env: req.Env,
+	info, err := gc.CreateService(r.Context(), api.ServiceCreate{Name: req.Name, Argv: req.Argv, Shell: req.Shell, Env: req.Env,
 		Cwd: req.Cwd, User: req.User, Restart: req.Restart, Type: req.Type, NoBoot: req.NoBoot, NoStart: req.NoStart})
 	if err != nil {
 		writeGuestErr(w, err)

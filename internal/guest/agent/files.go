@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"os"
@@ -365,7 +366,7 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 	}
 	mkdirs := fileBoolParam(q.Get("mkdirs"))
 	names := a.names()
-	var fi guest.FileInfo
+	var fi api.FileInfo
 	err = asUser(u, func() error {
 		target := p
 		var st unix.Stat_t

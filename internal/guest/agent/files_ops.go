@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"os"
@@ -28,8 +29,8 @@ func fileType(mode uint32) string {
 	return guest.FileTypeOther
 }
 
-func makeFileInfo(p string, st *unix.Stat_t, names *idNames) guest.FileInfo {
-	return guest.FileInfo{
+func makeFileInfo(p string, st *unix.Stat_t, names *idNames) api.FileInfo {
+	return api.FileInfo{
 		Name:    filepath.Base(p),
 		Path:    p,
 		Type:    fileType(st.Mode),
@@ -44,10 +45,10 @@ func makeFileInfo(p string, st *unix.Stat_t, names *idNames) guest.FileInfo {
 }
 
 // statPath lstats p (as the current thread's user).
-func statPath(p string, names *idNames) (guest.FileInfo, error) {
+func statPath(p string, names *idNames) (api.FileInfo, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(p, &st); err != nil {
-		return guest.FileInfo{}, pathError(p, err)
+		return api.FileInfo{}, pathError(p, err)
 	}
 	fi := makeFileInfo(p, &st, names)
 	if fi.Type == guest.FileTypeSymlink {
@@ -64,7 +65,7 @@ func (a *Agent) handleFileStat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	names := a.names()
-	var fi guest.FileInfo
+	var fi api.FileInfo
 	err := asUser(u, func() (err error) {
 		fi, err = statPath(p, names)
 		return err
@@ -82,7 +83,7 @@ func (a *Agent) handleFileList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	names := a.names()
-	list := guest.FileList{Path: p, Entries: []guest.FileInfo{}}
+	list := api.FileList{Path: p, Entries: []api.FileInfo{}}
 	err := asUser(u, func() error {
 		// Follows a symlink to a directory, like ls.
 		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -186,7 +187,7 @@ func decodeFileBody(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func (a *Agent) handleFileMkdir(w http.ResponseWriter, r *http.Request) {
-	var req guest.MkdirRequest
+	var req api.MkdirRequest
 	if err := decodeFileBody(w, r, &req); err != nil {
 		writeFileError(w, err)
 		return
@@ -217,7 +218,7 @@ func (a *Agent) handleFileMkdir(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	names := a.names()
-	var fi guest.FileInfo
+	var fi api.FileInfo
 	err = asUser(u, func() error {
 		exists := func() (bool, error) {
 			var st unix.Stat_t
@@ -269,7 +270,7 @@ func (a *Agent) handleFileMkdir(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Agent) handleFileRename(w http.ResponseWriter, r *http.Request) {
-	var req guest.RenameRequest
+	var req api.RenameRequest
 	if err := decodeFileBody(w, r, &req); err != nil {
 		writeFileError(w, err)
 		return
@@ -294,7 +295,7 @@ func (a *Agent) handleFileRename(w http.ResponseWriter, r *http.Request) {
 	}
 	to := req.To
 	names := a.names()
-	var fi guest.FileInfo
+	var fi api.FileInfo
 	err = asUser(u, func() error {
 		var st unix.Stat_t
 		if err := unix.Lstat(from, &st); err != nil {

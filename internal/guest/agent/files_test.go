@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"io/fs"
 	"net/http"
@@ -371,26 +372,26 @@ func TestFiles(t *testing.T) {
 	t.Run("mkdir", func(t *testing.T) {
 		md := t.TempDir()
 		p := filepath.Join(md, "m1/m2/m3")
-		fi, err := c.Mkdir(ctx, guest.MkdirRequest{Path: p})
+		fi, err := c.Mkdir(ctx, api.MkdirRequest{Path: p})
 		if err != nil || fi.Type != guest.FileTypeDir || fi.Mode != 0o755 || fi.Path != p {
 			t.Fatalf("mkdir -p: %+v %v", fi, err)
 		}
-		if _, err = c.Mkdir(ctx, guest.MkdirRequest{Path: p}); err != nil {
+		if _, err = c.Mkdir(ctx, api.MkdirRequest{Path: p}); err != nil {
 			t.Fatalf("existing dir: %v", err)
 		}
-		if fi, err = c.Mkdir(ctx, guest.MkdirRequest{Path: md + "/private", Mode: 0o700}); err != nil || fi.Mode != 0o700 {
+		if fi, err = c.Mkdir(ctx, api.MkdirRequest{Path: md + "/private", Mode: 0o700}); err != nil || fi.Mode != 0o700 {
 			t.Fatalf("mode: %+v %v", fi, err)
 		}
 		os.WriteFile(md+"/file", nil, 0o644)
-		_, err = c.Mkdir(ctx, guest.MkdirRequest{Path: md + "/file"})
+		_, err = c.Mkdir(ctx, api.MkdirRequest{Path: md + "/file"})
 		wantAPIError(t, err, 409, guest.CodeExists, md+"/file")
-		_, err = c.Mkdir(ctx, guest.MkdirRequest{Path: md + "/file/sub"})
+		_, err = c.Mkdir(ctx, api.MkdirRequest{Path: md + "/file/sub"})
 		wantAPIError(t, err, 409, guest.CodeNotDirectory, md+"/file")
 		os.Symlink("nowhere", md+"/dangling")
-		_, err = c.Mkdir(ctx, guest.MkdirRequest{Path: md + "/dangling"})
+		_, err = c.Mkdir(ctx, api.MkdirRequest{Path: md + "/dangling"})
 		wantAPIError(t, err, 409, guest.CodeExists, md+"/dangling")
 		// Relative to the user's home, owned by the user.
-		fi, err = c.Mkdir(ctx, guest.MkdirRequest{Path: "mine/sub", User: testUser})
+		fi, err = c.Mkdir(ctx, api.MkdirRequest{Path: "mine/sub", User: testUser})
 		if err != nil || fi.Path != filepath.Join(home, "mine/sub") || fi.UID != testUID || fi.Owner != testUser {
 			t.Fatalf("user mkdir: %+v %v", fi, err)
 		}
@@ -400,23 +401,23 @@ func TestFiles(t *testing.T) {
 		rd := t.TempDir()
 		os.WriteFile(rd+"/a", []byte("A"), 0o644)
 		os.WriteFile(rd+"/b", []byte("B"), 0o644)
-		_, err := c.Rename(ctx, guest.RenameRequest{From: rd + "/a", To: rd + "/b"})
+		_, err := c.Rename(ctx, api.RenameRequest{From: rd + "/a", To: rd + "/b"})
 		wantAPIError(t, err, 409, guest.CodeExists, rd+"/b")
-		fi, err := c.Rename(ctx, guest.RenameRequest{From: rd + "/a", To: rd + "/b", Overwrite: true})
+		fi, err := c.Rename(ctx, api.RenameRequest{From: rd + "/a", To: rd + "/b", Overwrite: true})
 		if err != nil || fi.Path != rd+"/b" || fi.Size != 1 {
 			t.Fatalf("overwrite: %+v %v", fi, err)
 		}
 		if b, _ := os.ReadFile(rd + "/b"); string(b) != "A" {
 			t.Fatalf("b = %q", b)
 		}
-		if fi, err = c.Rename(ctx, guest.RenameRequest{From: rd + "/b", To: rd + "/c"}); err != nil || fi.Name != "c" {
+		if fi, err = c.Rename(ctx, api.RenameRequest{From: rd + "/b", To: rd + "/c"}); err != nil || fi.Name != "c" {
 			t.Fatalf("rename: %+v %v", fi, err)
 		}
-		_, err = c.Rename(ctx, guest.RenameRequest{From: rd + "/nope", To: rd + "/d"})
+		_, err = c.Rename(ctx, api.RenameRequest{From: rd + "/nope", To: rd + "/d"})
 		wantAPIError(t, err, 404, guest.CodeNotFound, rd+"/nope")
 		os.MkdirAll(rd+"/full/x", 0o755)
 		os.Mkdir(rd+"/d", 0o755)
-		_, err = c.Rename(ctx, guest.RenameRequest{From: rd + "/d", To: rd + "/full", Overwrite: true})
+		_, err = c.Rename(ctx, api.RenameRequest{From: rd + "/d", To: rd + "/full", Overwrite: true})
 		wantAPIError(t, err, 409, guest.CodeNotEmpty, rd+"/full")
 	})
 
@@ -494,9 +495,9 @@ func TestFiles(t *testing.T) {
 		if !slices.Equal(names, []string{"pub"}) {
 			t.Fatalf("user tar entries %q", names)
 		}
-		_, err = c.Mkdir(ctx, guest.MkdirRequest{Path: pd + "/d", User: testUser})
+		_, err = c.Mkdir(ctx, api.MkdirRequest{Path: pd + "/d", User: testUser})
 		wantAPIError(t, err, 403, guest.CodePermission)
-		_, err = c.Rename(ctx, guest.RenameRequest{From: secret, To: home + "/stolen", User: testUser})
+		_, err = c.Rename(ctx, api.RenameRequest{From: secret, To: home + "/stolen", User: testUser})
 		wantAPIError(t, err, 403, guest.CodePermission)
 		if b, _ := os.ReadFile(secret); string(b) != "s3cret" {
 			t.Fatal("secret changed")

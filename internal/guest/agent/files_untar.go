@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"os"
@@ -24,7 +25,7 @@ func (a *Agent) handleTarWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	names := a.names()
-	var res guest.TarResult
+	var res api.TarResult
 	err := asUser(u, func() error {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			var pe *os.PathError
@@ -87,7 +88,7 @@ type extractor struct {
 	buf   []byte
 	cache map[string]int // open O_PATH fds of directories below root
 	dirs  []dirMeta      // metadata applied once all entries are written
-	res   guest.TarResult
+	res   api.TarResult
 	logf  func(string, ...any)
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -188,7 +189,7 @@ func (m *jobManager) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dir := m.dir(id)
-	meta := &jobMeta{JobInfo: guest.JobInfo{ID: id, Argv: sp.argv, User: u.Name, StartedAt: time.Now().UTC()}}
+	meta := &jobMeta{JobInfo: api.JobInfo{ID: id, Argv: sp.argv, User: u.Name, StartedAt: time.Now().UTC()}}
 	err = os.Chown(dir, int(u.UID), int(u.GID))
 	if err == nil {
 		err = m.save(meta)
@@ -240,7 +241,7 @@ func (m *jobManager) handleList(w http.ResponseWriter, r *http.Request) {
 		}
 		return infos[i].ID < infos[j].ID
 	})
-	writeJSON(w, guest.JobList{Jobs: infos})
+	writeJSON(w, api.JobList{Jobs: infos})
 }
 
 func (m *jobManager) handleGet(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"os"
@@ -14,13 +15,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentvm/agentvm/internal/guest"
 	"golang.org/x/sys/unix"
 )
 
 // jobMeta is job.json.
 type jobMeta struct {
-	guest.JobInfo
+	api.JobInfo
 	// Final is set once the exit status was read from systemd.
 	Final bool `json:"final,omitempty"`
 }
@@ -64,7 +64,7 @@ func (m *jobManager) save(meta *jobMeta) error {
 
 // jobStatus applies systemctl show properties to the job. Exited is set
 // once systemd has seen the main process exit (or the unit is gone).
-func jobStatus(meta *jobMeta, p map[string]string) guest.JobInfo {
+func jobStatus(meta *jobMeta, p map[string]string) api.JobInfo {
 	ji := meta.JobInfo
 	ji.PID = showInt(p["MainPID"])
 	if ji.PID == 0 {
@@ -99,8 +99,8 @@ func jobStatus(meta *jobMeta, p map[string]string) guest.JobInfo {
 
 // infos describes jobs with one systemctl call; jobs with a final status
 // do not need one. The final status is recorded when first seen.
-func (m *jobManager) infos(ctx context.Context, metas []*jobMeta) ([]guest.JobInfo, error) {
-	out := make([]guest.JobInfo, len(metas))
+func (m *jobManager) infos(ctx context.Context, metas []*jobMeta) ([]api.JobInfo, error) {
+	out := make([]api.JobInfo, len(metas))
 	var idx []int
 	var units []string
 	for i, meta := range metas {
@@ -131,7 +131,7 @@ func (m *jobManager) infos(ctx context.Context, metas []*jobMeta) ([]guest.JobIn
 	return out, nil
 }
 
-func (m *jobManager) info(ctx context.Context, meta *jobMeta) (*guest.JobInfo, error) {
+func (m *jobManager) info(ctx context.Context, meta *jobMeta) (*api.JobInfo, error) {
 	infos, err := m.infos(ctx, []*jobMeta{meta})
 	if err != nil {
 		return nil, err
@@ -146,10 +146,10 @@ type jobWatch struct {
 	meta     *jobMeta
 	pid      int
 	lastShow time.Time
-	last     *guest.JobInfo
+	last     *api.JobInfo
 }
 
-func (jw *jobWatch) poll(ctx context.Context) (*guest.JobInfo, error) {
+func (jw *jobWatch) poll(ctx context.Context) (*api.JobInfo, error) {
 	if jw.last != nil && !jw.last.Exited && jw.pid > 0 && time.Since(jw.lastShow) < jobShowEvery && pidAlive(jw.pid) {
 		return jw.last, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"os"
@@ -22,7 +23,7 @@ import (
 )
 
 func TestJobStatus(t *testing.T) {
-	meta := &jobMeta{JobInfo: guest.JobInfo{ID: "j00000001", Argv: []string{"x"}, User: "root"}}
+	meta := &jobMeta{JobInfo: api.JobInfo{ID: "j00000001", Argv: []string{"x"}, User: "root"}}
 	for _, tc := range []struct {
 		name   string
 		p      map[string]string
@@ -96,7 +97,7 @@ func TestJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startJob := func(t *testing.T, req guest.ExecRequest) (*guest.JobInfo, *exec.Cmd) {
+	startJob := func(t *testing.T, req guest.ExecRequest) (*api.JobInfo, *exec.Cmd) {
 		t.Helper()
 		proc := sleeper(t)
 		fake.mu.Lock()
@@ -109,7 +110,7 @@ func TestJobs(t *testing.T) {
 		return ji, proc
 	}
 
-	var first *guest.JobInfo
+	var first *api.JobInfo
 	var firstProc *exec.Cmd
 	t.Run("start", func(t *testing.T) {
 		before := time.Now()
@@ -355,7 +356,7 @@ func TestJobs(t *testing.T) {
 		fake.takeCalls()
 	})
 
-	var running *guest.JobInfo
+	var running *api.JobInfo
 	t.Run("signal", func(t *testing.T) {
 		running, _ = startJob(t, guest.ExecRequest{Argv: []string{"true"}})
 		fake.takeCalls()

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"github.com/agentvm/agentvm/api"
 	"net/http"
 	"os"
 	"sort"
@@ -10,8 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/agentvm/agentvm/internal/guest"
 )
 
 // procRoot is where processes are read (tests may point it elsewhere).
@@ -50,24 +49,24 @@ func readProcSample() procSample {
 
 // readProc describes one process; ok is false when it is gone (or is not a
 // process directory). uidName maps a uid to a user name.
-func readProc(pid int, s *procSample, uidName func(uint32) string) (guest.ProcessInfo, bool) {
+func readProc(pid int, s *procSample, uidName func(uint32) string) (api.ProcessInfo, bool) {
 	dir := procRoot + "/" + strconv.Itoa(pid)
 	stat, err := os.ReadFile(dir + "/stat")
 	if err != nil {
-		return guest.ProcessInfo{}, false
+		return api.ProcessInfo{}, false
 	}
 	// pid (comm) state ppid ... : comm may hold spaces and parentheses.
 	st := string(stat)
 	i, j := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
 	if i < 0 || j < i {
-		return guest.ProcessInfo{}, false
+		return api.ProcessInfo{}, false
 	}
 	comm := st[i+1 : j]
 	f := strings.Fields(st[j+1:]) // f[n] is field n+3 of proc(5)
 	if len(f) < 20 {
-		return guest.ProcessInfo{}, false
+		return api.ProcessInfo{}, false
 	}
-	p := guest.ProcessInfo{PID: pid, State: f[0]}
+	p := api.ProcessInfo{PID: pid, State: f[0]}
 	p.PPID, _ = strconv.Atoi(f[1])
 	utime, _ := strconv.ParseUint(f[11], 10, 64)
 	stime, _ := strconv.ParseUint(f[12], 10, 64)
@@ -112,7 +111,7 @@ func readProc(pid int, s *procSample, uidName func(uint32) string) (guest.Proces
 }
 
 // listProcs reads every process in /proc, sorted by pid.
-func (a *Agent) listProcs() []guest.ProcessInfo {
+func (a *Agent) listProcs() []api.ProcessInfo {
 	ents, _ := os.ReadDir(procRoot)
 	s := readProcSample()
 	names := map[uint32]string{}
@@ -127,7 +126,7 @@ func (a *Agent) listProcs() []guest.ProcessInfo {
 		names[uid] = n
 		return n
 	}
-	out := make([]guest.ProcessInfo, 0, len(ents))
+	out := make([]api.ProcessInfo, 0, len(ents))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
@@ -142,7 +141,7 @@ func (a *Agent) listProcs() []guest.ProcessInfo {
 }
 
 func (a *Agent) handleProcList(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, guest.ProcessList{Processes: a.listProcs()})
+	writeJSON(w, api.ProcessList{Processes: a.listProcs()})
 }
 
 func (a *Agent) handleProcSignal(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/agentvm/agentvm/api"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/agentvm/agentvm/internal/guest"
 )
 
 func TestReadProcFake(t *testing.T) {
@@ -48,7 +47,7 @@ func TestReadProcFake(t *testing.T) {
 	if !ok {
 		t.Fatal("123 not read")
 	}
-	want := guest.ProcessInfo{PID: 123, PPID: 7, User: "agvtest", State: "S", Command: "[a) (b]", CPUPercent: 10,
+	want := api.ProcessInfo{PID: 123, PPID: 7, User: "agvtest", State: "S", Command: "[a) (b]", CPUPercent: 10,
 		RSSBytes: 25 * int64(os.Getpagesize()), StartedAt: time.Unix(1700000010, 0).UTC()}
 	if !p.StartedAt.Equal(want.StartedAt) {
 		t.Fatalf("started at %v, want %v", p.StartedAt, want.StartedAt)
@@ -70,7 +69,7 @@ func TestReadProcFake(t *testing.T) {
 	}
 }
 
-func findProc(ps []guest.ProcessInfo, pid int) *guest.ProcessInfo {
+func findProc(ps []api.ProcessInfo, pid int) *api.ProcessInfo {
 	for i := range ps {
 		if ps[i].PID == pid {
 			return &ps[i]
@@ -110,7 +109,7 @@ func TestProcesses(t *testing.T) {
 	}
 	// A busy machine may list the fresh child before it has gone to sleep
 	// (state R, or still the forked test binary before exec): list again.
-	var child *guest.ProcessInfo
+	var child *api.ProcessInfo
 	waitFor(t, "the child asleep", func() bool {
 		ps, err := c.ListProcesses(ctx)
 		if err != nil {

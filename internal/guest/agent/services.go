@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"os"
@@ -133,8 +134,8 @@ func (m *svcManager) lookup(w http.ResponseWriter, r *http.Request) *svcMeta {
 	return meta
 }
 
-func serviceInfo(meta *svcMeta, p map[string]string) guest.ServiceInfo {
-	si := guest.ServiceInfo{
+func serviceInfo(meta *svcMeta, p map[string]string) api.ServiceInfo {
+	si := api.ServiceInfo{
 		Name: meta.Name, Unit: svcUnit(meta.Name), Argv: meta.Argv, User: meta.User,
 		Restart: meta.Restart, Type: meta.Type,
 		Enabled:     strings.HasPrefix(p["UnitFileState"], "enabled"),
@@ -154,7 +155,7 @@ func serviceInfo(meta *svcMeta, p map[string]string) guest.ServiceInfo {
 	return si
 }
 
-func (m *svcManager) info(ctx context.Context, meta *svcMeta) (*guest.ServiceInfo, map[string]string, error) {
+func (m *svcManager) info(ctx context.Context, meta *svcMeta) (*api.ServiceInfo, map[string]string, error) {
 	blocks, err := m.sd.show(ctx, svcShowProps, svcUnit(meta.Name))
 	if err != nil {
 		return nil, nil, err
@@ -182,7 +183,7 @@ func (m *svcManager) handleList(w http.ResponseWriter, r *http.Request) {
 		metas = append(metas, meta)
 	}
 	sort.Slice(metas, func(i, j int) bool { return metas[i].Name < metas[j].Name })
-	list := guest.ServiceList{Services: make([]guest.ServiceInfo, 0, len(metas))}
+	list := api.ServiceList{Services: make([]api.ServiceInfo, 0, len(metas))}
 	if len(metas) > 0 {
 		units := make([]string, len(metas))
 		for i, meta := range metas {
@@ -225,7 +226,7 @@ func (m *svcManager) unitExists(unit string) bool {
 }
 
 func (m *svcManager) handleCreate(w http.ResponseWriter, r *http.Request) {
-	var req guest.ServiceCreate
+	var req api.ServiceCreate
 	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid", "bad service JSON: "+err.Error())
 		return
@@ -291,7 +292,7 @@ func (m *svcManager) handleCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	m.mu.Unlock()
 
-	var si *guest.ServiceInfo
+	var si *api.ServiceInfo
 	if req.NoStart {
 		si, _, err = m.info(ctx, meta)
 	} else {
@@ -315,7 +316,7 @@ func (m *svcManager) handleCreate(w http.ResponseWriter, r *http.Request) {
 // stopping the systemctl client does not cancel the job). A failed start
 // is not an error: the info shows it. An error means systemd could not
 // start the unit at all (it is not loaded).
-func (m *svcManager) start(ctx context.Context, meta *svcMeta, verb string) (*guest.ServiceInfo, error) {
+func (m *svcManager) start(ctx context.Context, meta *svcMeta, verb string) (*api.ServiceInfo, error) {
 	sctx, cancel := context.WithTimeout(ctx, svcStartWait)
 	_, startErr := m.sd.run(sctx, "systemctl", verb, svcUnit(meta.Name))
 	waited := sctx.Err() != nil // the job was still running: not an error
@@ -338,7 +339,7 @@ func (m *svcManager) handleAction(w http.ResponseWriter, r *http.Request, action
 	if meta == nil {
 		return
 	}
-	var si *guest.ServiceInfo
+	var si *api.ServiceInfo
 	var err error
 	if action == "stop" {
 		if _, err = m.sd.run(r.Context(), "systemctl", "stop", svcUnit(meta.Name)); err == nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"os"
 	"os/exec"
@@ -16,8 +17,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/agentvm/agentvm/internal/guest"
 )
 
 // fakeSystemd imitates systemctl, systemd-run and journalctl closely enough
@@ -318,7 +317,7 @@ func TestServices(t *testing.T) {
 	unitPath := filepath.Join(e.root, "etc/systemd/system/agentvm-web.service")
 
 	t.Run("create", func(t *testing.T) {
-		si, err := c.CreateService(ctx, guest.ServiceCreate{
+		si, err := c.CreateService(ctx, api.ServiceCreate{
 			Name: "web", Argv: tricky, User: testUser, Cwd: home,
 			Env: map[string]string{"GREETING": `hi "there" $USER 50%`, "B": "2"},
 		})
@@ -381,29 +380,29 @@ WantedBy=multi-user.target
 
 	t.Run("invalid", func(t *testing.T) {
 		for _, tc := range []struct {
-			req  guest.ServiceCreate
+			req  api.ServiceCreate
 			code int
 			msg  string
 		}{
-			{guest.ServiceCreate{Name: "web", Argv: []string{"true"}}, 409, "exists"},
-			{guest.ServiceCreate{Name: "Web", Argv: []string{"true"}}, 400, "invalid service name"},
-			{guest.ServiceCreate{Name: "", Argv: []string{"true"}}, 400, "invalid service name"},
-			{guest.ServiceCreate{Name: "a/b", Argv: []string{"true"}}, 400, "invalid service name"},
-			{guest.ServiceCreate{Name: strings.Repeat("a", 64), Argv: []string{"true"}}, 400, "invalid service name"},
-			{guest.ServiceCreate{Name: "guest", Argv: []string{"true"}}, 400, "reserved"},
-			{guest.ServiceCreate{Name: "job-x", Argv: []string{"true"}}, 400, "reserved"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"true"}, Restart: "sometimes"}, 400, "invalid restart"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"true"}, Type: "forking"}, 400, "invalid type"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"true"}, Type: "oneshot", Restart: "always"}, 400, "oneshot"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"true"}, User: "nosuchuser"}, 400, "unknown user"},
-			{guest.ServiceCreate{Name: "x"}, 400, "argv or shell is required"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"true"}, Shell: "true"}, 400, "not both"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"no-such-command-xyz"}}, 400, "command not found"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"echo", "a\nb"}}, 400, "newline"},
-			{guest.ServiceCreate{Name: "x", Shell: "echo a\necho b"}, 400, "newline"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"echo"}, Env: map[string]string{"A": "x\ny"}}, 400, "newline"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"echo"}, Env: map[string]string{"A-B": "x"}}, 400, "invalid env name"},
-			{guest.ServiceCreate{Name: "x", Argv: []string{"echo"}, Cwd: "/nonexistent-dir"}, 400, "cwd"},
+			{api.ServiceCreate{Name: "web", Argv: []string{"true"}}, 409, "exists"},
+			{api.ServiceCreate{Name: "Web", Argv: []string{"true"}}, 400, "invalid service name"},
+			{api.ServiceCreate{Name: "", Argv: []string{"true"}}, 400, "invalid service name"},
+			{api.ServiceCreate{Name: "a/b", Argv: []string{"true"}}, 400, "invalid service name"},
+			{api.ServiceCreate{Name: strings.Repeat("a", 64), Argv: []string{"true"}}, 400, "invalid service name"},
+			{api.ServiceCreate{Name: "guest", Argv: []string{"true"}}, 400, "reserved"},
+			{api.ServiceCreate{Name: "job-x", Argv: []string{"true"}}, 400, "reserved"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"true"}, Restart: "sometimes"}, 400, "invalid restart"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"true"}, Type: "forking"}, 400, "invalid type"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"true"}, Type: "oneshot", Restart: "always"}, 400, "oneshot"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"true"}, User: "nosuchuser"}, 400, "unknown user"},
+			{api.ServiceCreate{Name: "x"}, 400, "argv or shell is required"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"true"}, Shell: "true"}, 400, "not both"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"no-such-command-xyz"}}, 400, "command not found"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"echo", "a\nb"}}, 400, "newline"},
+			{api.ServiceCreate{Name: "x", Shell: "echo a\necho b"}, 400, "newline"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"echo"}, Env: map[string]string{"A": "x\ny"}}, 400, "newline"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"echo"}, Env: map[string]string{"A-B": "x"}}, 400, "invalid env name"},
+			{api.ServiceCreate{Name: "x", Argv: []string{"echo"}, Cwd: "/nonexistent-dir"}, 400, "cwd"},
 		} {
 			_, err := c.CreateService(ctx, tc.req)
 			code := map[int]string{400: "invalid", 409: "exists"}[tc.code]
@@ -412,7 +411,7 @@ WantedBy=multi-user.target
 		// A unit file of that name elsewhere (the agent's own, say).
 		os.MkdirAll(filepath.Join(e.root, "lib/systemd/system"), 0o755)
 		os.WriteFile(filepath.Join(e.root, "lib/systemd/system/agentvm-other.service"), []byte("[Service]\n"), 0o644)
-		_, err := c.CreateService(ctx, guest.ServiceCreate{Name: "other", Argv: []string{"true"}})
+		_, err := c.CreateService(ctx, api.ServiceCreate{Name: "other", Argv: []string{"true"}})
 		wantAPIError(t, err, 409, "exists")
 		wantCalls(t, fake)
 		if _, err := os.Stat(filepath.Join(e.root, "etc/systemd/system/agentvm-x.service")); !os.IsNotExist(err) {
@@ -421,7 +420,7 @@ WantedBy=multi-user.target
 	})
 
 	t.Run("shell oneshot", func(t *testing.T) {
-		si, err := c.CreateService(ctx, guest.ServiceCreate{Name: "once.1", Shell: `echo "$HOME" 100% \ done`, Type: "oneshot", Restart: "no", NoBoot: true, NoStart: true,
+		si, err := c.CreateService(ctx, api.ServiceCreate{Name: "once.1", Shell: `echo "$HOME" 100% \ done`, Type: "oneshot", Restart: "no", NoBoot: true, NoStart: true,
 			Env: map[string]string{"HOME": "/srv/home"}})
 		if err != nil {
 			t.Fatal(err)
@@ -452,7 +451,7 @@ WantedBy=multi-user.target
 		// A primary gid missing from /etc/group: no Group= (systemd would
 		// fail to resolve it; without it systemd uses the passwd gid).
 		appendFile(t, filepath.Join(e.root, "etc/passwd"), "agvnogrp:x:4243:4999::"+home+":/bin/sh\n")
-		if _, err := c.CreateService(ctx, guest.ServiceCreate{Name: "nogrp", Argv: []string{"true"}, User: "agvnogrp", NoStart: true}); err != nil {
+		if _, err := c.CreateService(ctx, api.ServiceCreate{Name: "nogrp", Argv: []string{"true"}, User: "agvnogrp", NoStart: true}); err != nil {
 			t.Fatal(err)
 		}
 		b, _ := os.ReadFile(filepath.Join(e.root, "etc/systemd/system/agentvm-nogrp.service"))
@@ -621,7 +620,7 @@ WantedBy=multi-user.target
 		fake.mu.Lock()
 		fake.fail["systemctl enable"] = errors.New("systemctl enable: boom")
 		fake.mu.Unlock()
-		_, err := c.CreateService(ctx, guest.ServiceCreate{Name: "broken", Argv: []string{"true"}})
+		_, err := c.CreateService(ctx, api.ServiceCreate{Name: "broken", Argv: []string{"true"}})
 		wantAPIError(t, err, 500, "systemd", "boom")
 		fake.mu.Lock()
 		delete(fake.fail, "systemctl enable")
@@ -655,7 +654,7 @@ WantedBy=multi-user.target
 			t.Fatalf("list = %+v, %v", list, err)
 		}
 		// The name is free again.
-		if _, err := c.CreateService(ctx, guest.ServiceCreate{Name: "web", Argv: []string{"true"}, NoStart: true}); err != nil {
+		if _, err := c.CreateService(ctx, api.ServiceCreate{Name: "web", Argv: []string{"true"}, NoStart: true}); err != nil {
 			t.Fatal(err)
 		}
 	})

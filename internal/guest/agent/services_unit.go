@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -96,7 +97,7 @@ type svcSpec struct {
 	typ     string
 }
 
-func (m *svcManager) validate(req *guest.ServiceCreate) (*svcSpec, error) {
+func (m *svcManager) validate(req *api.ServiceCreate) (*svcSpec, error) {
 	if !svcNameRE.MatchString(req.Name) {
 		return nil, fmt.Errorf("invalid service name %q (want [a-z0-9][a-z0-9_.-]{0,62})", req.Name)
 	}
