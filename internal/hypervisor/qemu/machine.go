@@ -122,7 +122,8 @@ type Machine struct {
 	shutdownSeen bool   // QEMU reported SHUTDOWN (clean power-off or quit)
 	reason       string // SHUTDOWN reason
 	exitStatus   string // e.g. "signal: killed" (only for a QEMU this process started)
-	events       []func(Event)
+	events       map[int]func(Event)
+	nextEvent    int
 }
 
 // Start launches QEMU in its own session (so it outlives the daemon) with stdout and
@@ -243,18 +244,31 @@ func (m *Machine) onEvent(e Event) {
 		json.Unmarshal(e.Data, &d)
 		m.reason = d.Reason
 	}
-	hs := append([]func(Event){}, m.events...)
+	hs := make([]func(Event), 0, len(m.events))
+	for _, h := range m.events {
+		hs = append(hs, h)
+	}
 	m.mu.Unlock()
 	for _, h := range hs {
 		h(e)
 	}
 }
 
-// OnEvent registers an event handler.
-func (m *Machine) OnEvent(h func(Event)) {
+// OnEvent registers an event handler until the returned func is called.
+func (m *Machine) OnEvent(h func(Event)) (remove func()) {
 	m.mu.Lock()
-	m.events = append(m.events, h)
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	if m.events == nil {
+		m.events = map[int]func(Event){}
+	}
+	id := m.nextEvent
+	m.nextEvent++
+	m.events[id] = h
+	return func() {
+		m.mu.Lock()
+		delete(m.events, id)
+		m.mu.Unlock()
+	}
 }
 
 // PID returns the QEMU process id.

@@ -34,16 +34,17 @@ type SaveResult struct {
 // (precopy). When the stream completes, QEMU leaves the guest stopped; atStop then
 // runs (for example to freeze the disk at exactly this point) before the guest is
 // resumed. The pause is measured from QEMU's STOP event to the end of `cont`.
-func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (SaveResult, error) {
+func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (_ SaveResult, err error) {
+	defer func() { err = m.exitedDuringSave(err) }()
 	stopped := make(chan time.Time, 1)
-	m.OnEvent(func(e Event) {
+	defer m.OnEvent(func(e Event) {
 		if e.Event == "STOP" {
 			select {
 			case stopped <- time.Now():
 			default:
 			}
 		}
-	})
+	})() // removed when the save is over: each save used to leave one behind
 	if err := m.setFileMigration(ctx, false, 50); err != nil {
 		return SaveResult{}, err
 	}
@@ -78,7 +79,8 @@ func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, err
 	return m.saveStopped(ctx, path, false)
 }
 
-func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (SaveResult, error) {
+func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (_ SaveResult, err error) {
+	defer func() { err = m.exitedDuringSave(err) }()
 	start := time.Now()
 	if err := m.setFileMigration(ctx, ignoreShared, 0); err != nil {
 		return SaveResult{}, err
@@ -95,6 +97,28 @@ func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared boo
 	}
 	bytes, err := m.waitMigration(ctx)
 	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start)}, err
+}
+
+// exitedDuringSave turns the error of a save whose QEMU died under it (a QMP
+// command that found the connection closed) into one that says so.
+func (m *Machine) exitedDuringSave(err error) error {
+	if err == nil {
+		return nil
+	}
+	select {
+	case <-m.qmp.Done():
+	default:
+		return err // QEMU is still there: the error is its own
+	}
+	select {
+	case <-m.done:
+	case <-time.After(2 * time.Second): // QMP closes a moment before the exit is reaped
+		return err
+	}
+	if st := m.ExitStatus(); st != "" {
+		return fmt.Errorf("qemu exited during the save (%s)", st)
+	}
+	return fmt.Errorf("qemu exited during the save")
 }
 
 // setFileMigration prepares a migration to a local file: RAM included unless
