@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"net/http"
@@ -239,7 +240,7 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*ExecStream, error)
 func (s *ExecStream) writeFrame(typ byte, p []byte) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	return WriteFrame(s.rwc, typ, p)
+	return api.WriteFrame(s.rwc, typ, p)
 }
 
 // Write sends p as stdin (the request must have Stdin set).
@@ -251,7 +252,7 @@ func (s *ExecStream) Write(p []byte) (int, error) {
 		if len(chunk) > max {
 			chunk = chunk[:max]
 		}
-		if err := s.writeFrame(FrameStdin, chunk); err != nil {
+		if err := s.writeFrame(api.FrameStdin, chunk); err != nil {
 			return n, err
 		}
 		n += len(chunk)
@@ -261,18 +262,18 @@ func (s *ExecStream) Write(p []byte) (int, error) {
 }
 
 // CloseStdin sends stdin EOF.
-func (s *ExecStream) CloseStdin() error { return s.writeFrame(FrameStdinEOF, nil) }
+func (s *ExecStream) CloseStdin() error { return s.writeFrame(api.FrameStdinEOF, nil) }
 
 // Signal sends sig to the command's process group.
 func (s *ExecStream) Signal(sig syscall.Signal) error {
-	return s.writeFrame(FrameSignal, []byte(strconv.Itoa(int(sig))))
+	return s.writeFrame(api.FrameSignal, []byte(strconv.Itoa(int(sig))))
 }
 
-// Next returns the next frame from the guest (FrameStdout, FrameStderr,
-// FrameError, FrameExit). FrameExit is the last frame.
-func (s *ExecStream) Next() (Frame, error) {
-	f, err := ReadFrame(s.rwc)
-	if err == nil && f.Type == FrameExit && s.OnExit != nil {
+// Next returns the next frame from the guest (api.FrameStdout, api.FrameStderr,
+// api.FrameError, api.FrameExit). api.FrameExit is the last frame.
+func (s *ExecStream) Next() (api.Frame, error) {
+	f, err := api.ReadFrame(s.rwc)
+	if err == nil && f.Type == api.FrameExit && s.OnExit != nil {
 		var st ExitStatus
 		if json.Unmarshal(f.Data, &st) == nil {
 			s.OnExit(st)
@@ -319,15 +320,15 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*ExitStatus, error) {
 			return nil, fmt.Errorf("guest: exec stream ended before exit: %w", err)
 		}
 		switch f.Type {
-		case FrameStdout:
+		case api.FrameStdout:
 			if stdout != nil {
 				stdout.Write(f.Data)
 			}
-		case FrameStderr:
+		case api.FrameStderr:
 			if stderr != nil {
 				stderr.Write(f.Data)
 			}
-		case FrameError:
+		case api.FrameError:
 			var e ErrorBody
 			if json.Unmarshal(f.Data, &e) != nil {
 				e.Message = string(f.Data)
@@ -338,7 +339,7 @@ func (s *ExecStream) Wait(stdout, stderr io.Writer) (*ExitStatus, error) {
 			}
 			msgLen += len(e.Message)
 			msgs = append(msgs, e.Message)
-		case FrameExit:
+		case api.FrameExit:
 			var st ExitStatus
 			if err := json.Unmarshal(f.Data, &st); err != nil {
 				return nil, fmt.Errorf("guest: bad exit frame: %w", err)

@@ -2,15 +2,14 @@ package guest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -188,9 +187,9 @@ func TestExecErrorFramesBounded(t *testing.T) {
 		bw := bufio.NewWriter(conn)
 		msg := ErrorBody{Message: strings.Repeat("e", 1024)}
 		for range 4096 { // 4 MiB of error messages
-			WriteJSONFrame(bw, FrameError, msg)
+			api.WriteJSONFrame(bw, api.FrameError, msg)
 		}
-		WriteJSONFrame(bw, FrameExit, ExitStatus{ExitCode: 1})
+		api.WriteJSONFrame(bw, api.FrameExit, ExitStatus{ExitCode: 1})
 		bw.Flush()
 	}))
 	st, err := c.Run(context.Background(), ExecRequest{Argv: []string{"x"}}, nil, nil, nil)
@@ -200,36 +199,6 @@ func TestExecErrorFramesBounded(t *testing.T) {
 	}
 	if len(ee.Message) > maxExecErrorBytes+200 || !strings.Contains(ee.Message, "dropped") {
 		t.Fatalf("error message is %d bytes (limit %d), tail %q", len(ee.Message), maxExecErrorBytes, ee.Message[max(0, len(ee.Message)-80):])
-	}
-}
-
-// TestReadFrameAllocatesAsDataArrives: a length field alone does not make
-// ReadFrame allocate it; frames larger than one allocation step still
-// arrive intact.
-func TestReadFrameAllocatesAsDataArrives(t *testing.T) {
-	claim := make([]byte, FrameHeaderLen)
-	PutFrameHeader(claim, FrameStdout, MaxFramePayload)
-	claim = append(claim, "only ten b"...)
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	_, err := ReadFrame(bytes.NewReader(claim))
-	runtime.ReadMemStats(&after)
-	if err != io.ErrUnexpectedEOF {
-		t.Fatalf("err = %v, want unexpected EOF", err)
-	}
-	// Without the step it is the full claim, 16 MiB; the slack is for
-	// the race detector and other goroutines.
-	if n := after.TotalAlloc - before.TotalAlloc; n > MaxFramePayload/4 {
-		t.Fatalf("ReadFrame allocated %d bytes for a frame that sent 10", n)
-	}
-
-	payload := make([]byte, 3*frameAllocStep+7)
-	for i := range payload {
-		payload[i] = byte(i * 7)
-	}
-	f, err := ReadFrame(bytes.NewReader(AppendFrame(nil, FrameStderr, payload)))
-	if err != nil || f.Type != FrameStderr || !bytes.Equal(f.Data, payload) {
-		t.Fatalf("large frame: %v, type %d, %d bytes", err, f.Type, len(f.Data))
 	}
 }
 

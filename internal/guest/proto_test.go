@@ -12,40 +12,6 @@ import (
 	"time"
 )
 
-func TestFrameRoundTrip(t *testing.T) {
-	var buf bytes.Buffer
-	frames := []Frame{{FrameStdout, []byte("hello")}, {FrameStdinEOF, nil}, {FrameExit, []byte(`{"exit_code":3}`)}, {FrameStderr, bytes.Repeat([]byte{0}, 70000)}}
-	for _, f := range frames {
-		if err := WriteFrame(&buf, f.Type, f.Data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := buf.Bytes()[:5]; !bytes.Equal(got, []byte{3, 0, 0, 0, 5}) {
-		t.Fatalf("header = %v", got)
-	}
-	for _, want := range frames {
-		got, err := ReadFrame(&buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Type != want.Type || !bytes.Equal(got.Data, want.Data) {
-			t.Fatalf("got %d/%d bytes, want %d/%d", got.Type, len(got.Data), want.Type, len(want.Data))
-		}
-	}
-	if _, err := ReadFrame(&buf); err != io.EOF {
-		t.Fatalf("at end: %v, want EOF", err)
-	}
-	// Truncated payload.
-	b := AppendFrame(nil, FrameStdout, []byte("abcdef"))
-	if _, err := ReadFrame(bytes.NewReader(b[:8])); err != io.ErrUnexpectedEOF {
-		t.Fatalf("truncated: %v", err)
-	}
-	// Oversized.
-	if _, err := ReadFrame(bytes.NewReader([]byte{3, 0xff, 0, 0, 0})); err != ErrFrameTooLarge {
-		t.Fatalf("oversized: %v", err)
-	}
-}
-
 func TestGuestScan(t *testing.T) {
 	garbage := "\x00\x01\x02junk without newline" + strings.Repeat("x", 9000) + "\nmore junk\n"
 	in := garbage +

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"net"
 	"net/http"
 	"net/url"
@@ -133,8 +134,8 @@ func (c *Client) upgrade(ctx context.Context, path, proto string, body any) (*ya
 }
 
 // TermStream is a client attached to a terminal. Frames from the guest are
-// read with Next (one reader at a time): FrameStdout (the scrollback replay
-// first, then live output) and, once the process has exited, FrameExit
+// read with Next (one reader at a time): api.FrameStdout (the scrollback replay
+// first, then live output) and, once the process has exited, api.FrameExit
 // (JSON ExitStatus) as the last frame. Write, Resize and Signal may be
 // called concurrently with Next. Closing the stream detaches; the terminal
 // keeps running (unless it is ephemeral and this was its last client).
@@ -161,7 +162,7 @@ func (c *Client) AttachTerm(ctx context.Context, name string, a TermAttach) (*Te
 func (s *TermStream) writeFrame(typ byte, p []byte) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	return WriteFrame(s.st, typ, p)
+	return api.WriteFrame(s.st, typ, p)
 }
 
 // Write sends p as input (typed keys).
@@ -170,7 +171,7 @@ func (s *TermStream) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), max)]
-		if err := s.writeFrame(FrameStdin, chunk); err != nil {
+		if err := s.writeFrame(api.FrameStdin, chunk); err != nil {
 			return n, err
 		}
 		n += len(chunk)
@@ -190,15 +191,15 @@ func (s *TermStream) Resize(cols, rows int) error {
 
 // Signal sends sig to the terminal's foreground process group.
 func (s *TermStream) Signal(sig syscall.Signal) error {
-	return s.writeFrame(FrameSignal, []byte(strconv.Itoa(int(sig))))
+	return s.writeFrame(api.FrameSignal, []byte(strconv.Itoa(int(sig))))
 }
 
-// Next returns the next frame. After FrameExit the guest ends the stream
-// (io.EOF); it also ends it without FrameExit when the terminal is deleted
+// Next returns the next frame. After api.FrameExit the guest ends the stream
+// (io.EOF); it also ends it without api.FrameExit when the terminal is deleted
 // while its process survives, or when this client fell too far behind (the
 // client may reattach and gets the scrollback).
-func (s *TermStream) Next() (Frame, error) {
-	f, err := ReadFrame(s.br)
+func (s *TermStream) Next() (api.Frame, error) {
+	f, err := api.ReadFrame(s.br)
 	if err != nil && s.closed.Load() {
 		err = net.ErrClosed
 	}

@@ -58,9 +58,9 @@ type TCPAccepted struct {
 }
 
 // FrameResize is a host->guest frame on a terminal stream carrying JSON
-// TermSize. On terminal streams FrameStdin carries input, FrameSignal a
+// TermSize. On terminal streams api.FrameStdin carries input, api.FrameSignal a
 // decimal signal number for the terminal's foreground process group,
-// FrameStdout carries output (the scrollback replay first) and FrameExit
+// api.FrameStdout carries output (the scrollback replay first) and api.FrameExit
 // (JSON ExitStatus) is sent when the terminal's process has exited, after
 // which the guest closes the stream.
 const FrameResize byte = 8

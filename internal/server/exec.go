@@ -131,7 +131,7 @@ func (s *Server) execUpgraded(w http.ResponseWriter, st *guest.ExecStream) {
 	// client -> guest: stdin, stdin EOF, signals
 	go func() {
 		for {
-			f, err := guest.ReadFrame(br)
+			f, err := api.ReadFrame(br)
 			if err != nil {
 				st.Close() // the client went away: the guest kills the process group
 				return
@@ -153,10 +153,10 @@ func (s *Server) execUpgraded(w http.ResponseWriter, st *guest.ExecStream) {
 		f, err := st.Next()
 		if err != nil {
 			msg, _ := json.Marshal(map[string]string{"message": "exec stream lost: " + err.Error()})
-			guest.WriteFrame(conn, api.FrameError, msg)
+			api.WriteFrame(conn, api.FrameError, msg)
 			return
 		}
-		if err := guest.WriteFrame(conn, f.Type, f.Data); err != nil {
+		if err := api.WriteFrame(conn, f.Type, f.Data); err != nil {
 			return
 		}
 		if f.Type == api.FrameExit {
@@ -186,9 +186,9 @@ func execNDJSON(w http.ResponseWriter, r *http.Request, st *guest.ExecStream) {
 		}
 		ev := api.ExecEvent{}
 		switch f.Type {
-		case guest.FrameStdout, guest.FrameStderr:
+		case api.FrameStdout, api.FrameStderr:
 			ev.Type = "stdout"
-			if f.Type == guest.FrameStderr {
+			if f.Type == api.FrameStderr {
 				ev.Type = "stderr"
 			}
 			data, b64 := textOrBase64(f.Data)
@@ -196,11 +196,11 @@ func execNDJSON(w http.ResponseWriter, r *http.Request, st *guest.ExecStream) {
 			if b64 {
 				ev.Type += "_base64"
 			}
-		case guest.FrameError:
+		case api.FrameError:
 			var e guest.ErrorBody
 			json.Unmarshal(f.Data, &e)
 			ev.Type, ev.Message = "error", e.Message
-		case guest.FrameExit:
+		case api.FrameExit:
 			var es guest.ExitStatus
 			json.Unmarshal(f.Data, &es)
 			code := es.ExitCode
@@ -210,7 +210,7 @@ func execNDJSON(w http.ResponseWriter, r *http.Request, st *guest.ExecStream) {
 		}
 		enc.Encode(ev)
 		rc.Flush()
-		if f.Type == guest.FrameExit {
+		if f.Type == api.FrameExit {
 			return
 		}
 	}

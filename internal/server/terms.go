@@ -225,14 +225,14 @@ func bridgeTerm(ctx context.Context, ws *websocket.Conn, st *guest.TermStream) {
 			return
 		}
 		switch f.Type {
-		case guest.FrameStdout:
+		case api.FrameStdout:
 			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 			err = ws.Write(wctx, websocket.MessageBinary, f.Data)
 			wcancel()
 			if err != nil {
 				return
 			}
-		case guest.FrameExit:
+		case api.FrameExit:
 			var es guest.ExitStatus
 			json.Unmarshal(f.Data, &es)
 			b, _ := json.Marshal(api.TermControl{Type: "exit", ExitCode: es.ExitCode, Signal: es.Signal})

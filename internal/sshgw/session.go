@@ -3,6 +3,7 @@ package sshgw
 import (
 	"context"
 	"encoding/json"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"strings"
@@ -283,11 +284,11 @@ func (s *session) wait() {
 			if err != nil {
 				break
 			}
-			if f.Type == guest.FrameStdout {
+			if f.Type == api.FrameStdout {
 				if _, err := s.ch.Write(f.Data); err != nil {
 					break
 				}
-			} else if f.Type == guest.FrameExit {
+			} else if f.Type == api.FrameExit {
 				st = new(guest.ExitStatus)
 				json.Unmarshal(f.Data, st)
 				break

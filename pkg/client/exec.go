@@ -3,7 +3,6 @@ package client
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,14 +56,7 @@ func (c *Client) StartExec(ctx context.Context, id string, req api.ExecRequest) 
 func (s *ExecStream) frame(t byte, p []byte) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	var h [5]byte
-	h[0] = t
-	binary.BigEndian.PutUint32(h[1:], uint32(len(p)))
-	if _, err := s.rwc.Write(h[:]); err != nil {
-		return err
-	}
-	_, err := s.rwc.Write(p)
-	return err
+	return api.WriteFrame(s.rwc, t, p)
 }
 
 // Write sends stdin.
@@ -101,24 +93,14 @@ func (s *ExecStream) Close() error {
 // Wait copies output to stdout and stderr until the command exits. Error frames
 // (for example "command not found") are written to stderr.
 func (s *ExecStream) Wait(stdout, stderr io.Writer) (*api.ExitStatus, error) {
-	var h [5]byte
 	buf := make([]byte, 64<<10)
 	for {
-		if _, err := io.ReadFull(s.rwc, h[:]); err != nil {
+		f, err := api.ReadFrameReuse(s.rwc, &buf)
+		if err != nil {
 			return nil, fmt.Errorf("exec stream ended before the command exited: %w", err)
 		}
-		n := int(binary.BigEndian.Uint32(h[1:]))
-		if n > 16<<20 {
-			return nil, fmt.Errorf("exec: frame too large (%d bytes)", n)
-		}
-		if n > len(buf) {
-			buf = make([]byte, n)
-		}
-		p := buf[:n]
-		if _, err := io.ReadFull(s.rwc, p); err != nil {
-			return nil, fmt.Errorf("exec stream ended before the command exited: %w", err)
-		}
-		switch h[0] {
+		p := f.Data
+		switch f.Type {
 		case api.FrameStdout:
 			if stdout != nil {
 				stdout.Write(p)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"log"
 	"net"
@@ -173,7 +174,7 @@ func TestAgent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if f.Type == guest.FrameExit {
+			if f.Type == api.FrameExit {
 				break
 			}
 			seq = append(seq, strconv.Itoa(int(f.Type))+":"+string(f.Data))
@@ -282,10 +283,10 @@ func TestAgent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if f.Type == guest.FrameStdout {
+			if f.Type == api.FrameStdout {
 				got += len(f.Data)
 			}
-			if f.Type == guest.FrameExit {
+			if f.Type == api.FrameExit {
 				break
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"github.com/agentvm/agentvm/api"
 	"net"
 	"net/http"
 	"os"
@@ -185,7 +186,7 @@ func (e *execRun) write(b []byte) error {
 
 func (e *execRun) sendJSON(typ byte, v any) {
 	b, _ := json.Marshal(v)
-	e.write(guest.AppendFrame(make([]byte, 0, guest.FrameHeaderLen+len(b)), typ, b))
+	e.write(api.AppendFrame(make([]byte, 0, api.FrameHeaderLen+len(b)), typ, b))
 }
 
 // killGroup signals the process group unless the main process has exited
@@ -207,8 +208,8 @@ func (e *execRun) closeStdin() {
 }
 
 func (e *execRun) fail(code int, msg string) {
-	e.sendJSON(guest.FrameError, guest.ErrorBody{Message: msg})
-	e.sendJSON(guest.FrameExit, guest.ExitStatus{ExitCode: code})
+	e.sendJSON(api.FrameError, guest.ErrorBody{Message: msg})
+	e.sendJSON(api.FrameExit, guest.ExitStatus{ExitCode: code})
 }
 
 func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
@@ -267,8 +268,8 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	var drained sync.WaitGroup
 	drained.Add(2)
 	e.out.f, e.err.f = outR, errR
-	go e.pump(&e.out, guest.FrameStdout, &drained)
-	go e.pump(&e.err, guest.FrameStderr, &drained)
+	go e.pump(&e.out, api.FrameStdout, &drained)
+	go e.pump(&e.err, api.FrameStderr, &drained)
 	go e.readHost(br)
 
 	var timer *time.Timer
@@ -293,7 +294,7 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	st := guest.ExitStatus{TimedOut: timedOut, DurationMS: time.Since(start).Milliseconds()}
 	if werr != nil {
 		st.ExitCode = 255
-		e.sendJSON(guest.FrameError, guest.ErrorBody{Message: "wait: " + werr.Error()})
+		e.sendJSON(api.FrameError, guest.ErrorBody{Message: "wait: " + werr.Error()})
 	} else if ws, ok := state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		st.ExitCode = 128 + int(ws.Signal())
 		st.Signal = unix.SignalName(ws.Signal())
@@ -308,7 +309,7 @@ func (e *execRun) run(a *Agent, sp *execSpec, br *bufio.Reader) {
 	outR.SetReadDeadline(dl)
 	errR.SetReadDeadline(dl)
 	drained.Wait()
-	e.sendJSON(guest.FrameExit, st)
+	e.sendJSON(api.FrameExit, st)
 	e.closeStdin()
 }
 
@@ -361,17 +362,17 @@ func (p *outPipe) pending() int {
 func (e *execRun) pump(p *outPipe, typ byte, drained *sync.WaitGroup) {
 	f := p.f
 	defer f.Close()
-	buf := make([]byte, guest.FrameHeaderLen+pipeChunk)
+	buf := make([]byte, api.FrameHeaderLen+pipeChunk)
 	forwarding := true
 	var dl time.Time // the read deadline the pump set itself, if any
 	for {
 		readStart := time.Now()
-		n, err := readMore(f, buf[guest.FrameHeaderLen:])
+		n, err := readMore(f, buf[api.FrameHeaderLen:])
 		if n > 0 {
 			p.read.Add(int64(n))
 			if forwarding {
-				guest.PutFrameHeader(buf, typ, n)
-				e.write(buf[:guest.FrameHeaderLen+n])
+				api.PutFrameHeader(buf, typ, n)
+				e.write(buf[:api.FrameHeaderLen+n])
 			}
 		}
 		if err == nil {
@@ -433,19 +434,19 @@ func (e *execRun) readHost(br *bufio.Reader) {
 	defer e.closeStdin()
 	var buf []byte
 	for {
-		f, err := guest.ReadFrameReuse(br, &buf)
+		f, err := api.ReadFrameReuse(br, &buf)
 		if err != nil {
 			e.killGroup(syscall.SIGKILL)
 			return
 		}
 		switch f.Type {
-		case guest.FrameStdin:
+		case api.FrameStdin:
 			if e.stdinW != nil {
 				e.stdinW.Write(f.Data)
 			}
-		case guest.FrameStdinEOF:
+		case api.FrameStdinEOF:
 			e.closeStdin()
-		case guest.FrameSignal:
+		case api.FrameSignal:
 			if n, err := strconv.Atoi(strings.TrimSpace(string(f.Data))); err == nil && n > 0 && n < 65 {
 				e.killGroup(syscall.Signal(n))
 			}

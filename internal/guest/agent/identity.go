@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,6 +27,9 @@ func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 		info.BootID = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/tainted"); err == nil {
+		info.Tainted, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
 	var ts unix.Timespec
 	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) == nil {

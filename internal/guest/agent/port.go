@@ -89,6 +89,7 @@ func (p *port) readLoop(done <-chan struct{}) {
 	}
 	buf := make([]byte, readChunk)
 	eofSent := false
+	var eofSince time.Time // start of the current run of EOF reads
 	send := func(c chunk) bool {
 		select {
 		case p.ch <- c:
@@ -100,7 +101,7 @@ func (p *port) readLoop(done <-chan struct{}) {
 	for {
 		n, err := readMore(p.device(), buf)
 		if n > 0 {
-			eofSent = false
+			eofSent, eofSince = false, time.Time{}
 			if !send(chunk{b: append([]byte(nil), buf[:n]...)}) {
 				return
 			}
@@ -111,13 +112,19 @@ func (p *port) readLoop(done <-chan struct{}) {
 			return
 		default:
 		}
-		if !eofSent {
+		quiet := err == nil || err == io.EOF
+		if quiet && eofSince.IsZero() {
+			eofSince = time.Now()
+		}
+		// A host that is really gone stays gone: report EOF only once it
+		// lasted eofDebounce (see there).
+		if !eofSent && (!quiet || time.Since(eofSince) >= eofDebounce) {
 			eofSent = true
 			if !send(chunk{eof: true}) {
 				return
 			}
 		}
-		if err == nil || err == io.EOF {
+		if quiet {
 			time.Sleep(7 * time.Millisecond)
 			continue
 		}
@@ -128,6 +135,18 @@ func (p *port) readLoop(done <-chan struct{}) {
 		}
 	}
 }
+
+// eofDebounce is how long reads must keep finding no host before a session
+// ends on it. After a restore the guest learns twice that the host's
+// connection changed (QEMU's post-load "host closed", then "host open" when
+// the daemon connects) from its control queue, which a busy guest's kworker
+// may handle late: after the new host's data went through and a session
+// started. Between the two, a read finds no data and no host and returns EOF;
+// reported at once, it ended the fresh session under the host's first
+// request (an identity push that failed with EOF). A host that really left is
+// seen 250 ms later, and one that reconnected sooner has its first hello
+// swallowed by the old session as a bad frame, which ends it just the same.
+const eofDebounce = 250 * time.Millisecond
 
 // readChunk bounds how much one chunk carries from the device to a view.
 const readChunk = 256 << 10

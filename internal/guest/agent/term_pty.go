@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"github.com/agentvm/agentvm/api"
 	"net"
 	"os"
 	"strconv"
@@ -224,7 +225,7 @@ func (t *terminal) waitLoop() {
 	}
 	timer.Stop()
 	b, _ := json.Marshal(st)
-	frame := guest.AppendFrame(nil, guest.FrameExit, b)
+	frame := api.AppendFrame(nil, api.FrameExit, b)
 	t.mu.Lock()
 	t.exited = true
 	t.status = st
@@ -385,7 +386,7 @@ func (t *terminal) serveClient(conn net.Conn, br *bufio.Reader, att guest.TermAt
 	t.hadClients = true
 	if t.exited {
 		b, _ := json.Marshal(t.status)
-		c.exit = guest.AppendFrame(nil, guest.FrameExit, b)
+		c.exit = api.AppendFrame(nil, api.FrameExit, b)
 		c.done = true
 		conn.SetWriteDeadline(time.Now().Add(termFinishTimeout))
 	}
@@ -409,12 +410,12 @@ func (t *terminal) serveClient(conn net.Conn, br *bufio.Reader, att guest.TermAt
 // readClient applies the client's frames until its stream ends.
 func (t *terminal) readClient(br *bufio.Reader) {
 	for {
-		f, err := guest.ReadFrame(br)
+		f, err := api.ReadFrame(br)
 		if err != nil {
 			return
 		}
 		switch f.Type {
-		case guest.FrameStdin:
+		case api.FrameStdin:
 			if len(f.Data) > 0 {
 				t.ptmx.Write(f.Data)
 			}
@@ -423,7 +424,7 @@ func (t *terminal) readClient(br *bufio.Reader) {
 			if json.Unmarshal(f.Data, &sz) == nil && checkSize(sz.Cols, sz.Rows) == nil {
 				t.resize(sz.Cols, sz.Rows)
 			}
-		case guest.FrameSignal:
+		case api.FrameSignal:
 			if n, err := strconv.Atoi(strings.TrimSpace(string(f.Data))); err == nil && n > 0 && n < 65 {
 				t.signal(syscall.Signal(n))
 			}
@@ -462,7 +463,7 @@ func (c *termClient) enqueue(p []byte) bool {
 	if c.done {
 		return true
 	}
-	if len(c.q)+len(p)+guest.FrameHeaderLen > termClientQueueMax {
+	if len(c.q)+len(p)+api.FrameHeaderLen > termClientQueueMax {
 		return false
 	}
 	c.q = appendOutputFrames(c.q, p)
@@ -553,7 +554,7 @@ func (c *termClient) writeLoop() {
 func appendOutputFrames(q, p []byte) []byte {
 	for len(p) > 0 {
 		n := min(len(p), termFrameMax)
-		q = guest.AppendFrame(q, guest.FrameStdout, p[:n])
+		q = api.AppendFrame(q, api.FrameStdout, p[:n])
 		p = p[n:]
 	}
 	return q

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -37,7 +38,7 @@ func TestRing(t *testing.T) {
 		var frames []byte
 		rd := bytes.NewReader(r.appendFrames(nil))
 		for {
-			f, err := guest.ReadFrame(rd)
+			f, err := api.ReadFrame(rd)
 			if err != nil {
 				break
 			}
@@ -96,9 +97,9 @@ func readTerm(t *testing.T, s *guest.TermStream) *termOut {
 				return
 			}
 			switch f.Type {
-			case guest.FrameStdout:
+			case api.FrameStdout:
 				o.buf.Write(f.Data)
-			case guest.FrameExit:
+			case api.FrameExit:
 				var st guest.ExitStatus
 				if err := json.Unmarshal(f.Data, &st); err != nil {
 					t.Errorf("bad exit frame %q", f.Data)
