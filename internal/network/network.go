@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -40,6 +41,10 @@ const nicID tcpip.NICID = 1
 
 // ErrClosed is returned by operations on a closed Network.
 var ErrClosed = errors.New("network: closed")
+
+// ErrRefused is returned by DialGuest when the guest refuses the
+// connection (nothing listens on the port).
+var ErrRefused = errors.New("connection refused")
 
 // Network is one VM's virtual network.
 type Network struct {
@@ -284,6 +289,11 @@ func (n *Network) DialGuest(ctx context.Context, port int) (net.Conn, error) {
 	if err != nil {
 		if n.ctx.Err() != nil {
 			return nil, ErrClosed
+		}
+		// gVisor's adapter turns its typed errors into text: this is the
+		// one place that reads it.
+		if strings.HasSuffix(err.Error(), (&tcpip.ErrConnectionRefused{}).String()) {
+			err = ErrRefused
 		}
 		return nil, fmt.Errorf("network: dial guest %s: %w",
 			netip.AddrPortFrom(n.cfg.GuestIP(), uint16(port)), err)

@@ -248,8 +248,8 @@ func TestDialGuest(t *testing.T) {
 	}
 	roundTrip(t, c, "hello guest")
 	c.Close()
-	if _, err := n.DialGuest(ctx, 8081); err == nil {
-		t.Fatal("DialGuest to a closed port succeeded")
+	if _, err := n.DialGuest(ctx, 8081); !errors.Is(err, ErrRefused) {
+		t.Fatalf("DialGuest to a closed port: %v, want ErrRefused", err)
 	}
 	if _, err := n.DialGuest(ctx, 0); err == nil {
 		t.Fatal("DialGuest(0) succeeded")

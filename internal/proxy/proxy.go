@@ -318,19 +318,14 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return // the client went away
 	}
 	switch {
-	case errors.Is(err, vm.ErrConflict), errors.Is(err, vm.ErrUnavailable) && !strings.Contains(err.Error(), "connect to port"):
-		page(w, http.StatusServiceUnavailable, "VM not running", err.Error())
-	case isRefused(err):
+	case errors.Is(err, vm.ErrNoListener):
 		page(w, http.StatusBadGateway, "Nothing is listening", fmt.Sprintf("nothing is listening on port %d in %s (start your server on 0.0.0.0:%d or 127.0.0.1:%d)", t.port, name, t.port, t.port))
+	case errors.Is(err, vm.ErrConflict), errors.Is(err, vm.ErrUnavailable):
+		page(w, http.StatusServiceUnavailable, "VM not running", err.Error())
 	default:
 		p.log.Info("preview proxy error", "vm", name, "port", t.port, "err", err)
 		page(w, http.StatusBadGateway, "Bad gateway", fmt.Sprintf("port %d in %s: %v", t.port, name, err))
 	}
-}
-
-func isRefused(err error) bool {
-	s := err.Error()
-	return strings.Contains(s, "connection refused") || strings.Contains(s, "unreachable")
 }
 
 // page writes a small HTML error page (plain text for non-browsers is the

@@ -8,12 +8,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -249,7 +249,7 @@ func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net
 	}
 	c, err := in.net.DialGuest(ctx, port)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect to port %d in %s: %v", ErrUnavailable, port, v.Name, err)
+		return nil, fmt.Errorf("%w: connect to port %d in %s: %w", ErrUnavailable, port, v.Name, err)
 	}
 	return c, nil
 }
@@ -442,7 +442,7 @@ func (s *Service) DialPort(ctx context.Context, idOrName string, port int) (net.
 	if err == nil {
 		return c, nil
 	}
-	if !strings.Contains(err.Error(), "refused") {
+	if !errors.Is(err, network.ErrRefused) {
 		return nil, err
 	}
 	_, gc, gerr := s.Guest(ctx, idOrName)
@@ -451,7 +451,7 @@ func (s *Service) DialPort(ctx context.Context, idOrName string, port int) (net.
 	}
 	c, lerr := gc.DialTCP(ctx, "127.0.0.1", port)
 	if lerr != nil {
-		return nil, fmt.Errorf("%w: connect to port %d: connection refused (nothing listens on it, on the guest address or its loopback)", ErrUnavailable, port)
+		return nil, fmt.Errorf("%w: %w: connect to port %d: connection refused (nothing listens on it, on the guest address or its loopback)", ErrUnavailable, ErrNoListener, port)
 	}
 	return c, nil
 }

@@ -28,6 +28,9 @@ var (
 	ErrConflict     = errors.New("conflict")
 	ErrInsufficient = errors.New("insufficient host resources")
 	ErrUnavailable  = errors.New("unavailable")
+	// ErrNoListener: the VM runs but nothing accepts connections on the
+	// port (always together with ErrUnavailable).
+	ErrNoListener = errors.New("nothing listens on the port")
 )
 
 // Config configures the service.
