@@ -1,4 +1,6 @@
-// Package store persists agentvm metadata (VMs) in SQLite.
+// Package store persists agentvm's metadata (VMs, snapshots, tokens, port
+// exposures and domains, private networks, events) in SQLite, with
+// numbered schema migrations (migrate.go).
 package store
 
 import (
@@ -122,9 +124,9 @@ func Open(path string) (*Store, error) {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema + tokenSchema + portSchema + networkSchema + eventSchema); err != nil {
+	if err := migrate(context.Background(), db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("init schema: %w", err)
+		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	return &Store{db: db}, nil
 }
@@ -149,16 +151,16 @@ func mapErr(err error) error {
 // CreateVM inserts a new VM; ErrConflict if its name, idempotency key or network index is taken.
 func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 	data, _ := json.Marshal(v)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, created_at, data) VALUES (?,?,?,?,?,?)`,
-		v.ID, v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.CreatedAt.UnixNano(), string(data))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, state, created_at, data) VALUES (?,?,?,?,?,?,?)`,
+		v.ID, v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, v.CreatedAt.UnixNano(), string(data))
 	return mapErr(err)
 }
 
 // UpdateVM replaces a VM's record.
 func (s *Store) UpdateVM(ctx context.Context, v *VM) error {
 	data, _ := json.Marshal(v)
-	r, err := s.db.ExecContext(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, data=? WHERE id=?`,
-		v.Name, nullable(v.IdempotencyKey), v.NetIndex, string(data), v.ID)
+	r, err := s.db.ExecContext(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, state=?, data=? WHERE id=?`,
+		v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, string(data), v.ID)
 	if err != nil {
 		return mapErr(err)
 	}

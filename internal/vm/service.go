@@ -56,7 +56,7 @@ type Config struct {
 // Service owns all VMs of one data dir.
 type Service struct {
 	cfg   Config
-	store *store.Store
+	store Store
 	log   *slog.Logger
 
 	mu        sync.Mutex
@@ -81,7 +81,7 @@ type Service struct {
 }
 
 // New creates the service. Call Reconcile before serving requests.
-func New(cfg Config, st *store.Store) (*Service, error) {
+func New(cfg Config, st Store) (*Service, error) {
 	if cfg.TemplateDir == "" {
 		cfg.TemplateDir = filepath.Join(cfg.CacheDir, "templates")
 	}

@@ -1,0 +1,53 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are the schema's numbered steps: migrations[i] takes a database
+// from version i to i+1, in one transaction, and PRAGMA user_version records
+// the version reached. Never change a step that has been released: add the
+// next one.
+var migrations = []string{
+	// 1: the tables. A database from before numbered migrations (version 0,
+	// its tables already there) passes through unchanged.
+	schema + tokenSchema + portSchema + networkSchema + eventSchema,
+	// 2: a VM's state as a real column, filled from the JSON record, so
+	// that queries (and other stores) need not parse it.
+	`ALTER TABLE vms ADD COLUMN state TEXT NOT NULL DEFAULT '';
+UPDATE vms SET state = COALESCE(json_extract(data, '$.state'), '');
+CREATE INDEX vms_state ON vms(state);`,
+}
+
+// migrate brings db to the newest schema version, and refuses a database
+// made by a newer agentvm (its records may hold what this one cannot keep).
+func migrate(ctx context.Context, db *sql.DB) error {
+	var have int
+	if err := db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&have); err != nil {
+		return err
+	}
+	if have > len(migrations) {
+		return fmt.Errorf("the database is at schema version %d, this agentvm knows %d: it was used by a newer agentvm; run that one", have, len(migrations))
+	}
+	for v := have; v < len(migrations); v++ {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("schema migration %d: %w", v+1, err)
+		}
+		// PRAGMA takes no parameters; v+1 is ours.
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, v+1)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("schema migration %d: %w", v+1, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("schema migration %d: %w", v+1, err)
+		}
+	}
+	return nil
+}
