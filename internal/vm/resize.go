@@ -40,8 +40,13 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	if o.MemoryMiB != 0 && o.MemoryMiB < MinMemoryMiB {
 		return nil, fmt.Errorf("%w: memory must be at least %d MiB", ErrInvalid, MinMemoryMiB)
 	}
-	if _, err := s.Wake(ctx, idOrName); err != nil { // a suspended VM is woken to grow online
+	// A suspended VM is woken to grow online; a paused one stays paused.
+	if v, err := s.Get(ctx, idOrName); err != nil {
 		return nil, err
+	} else if v.State == "suspended" {
+		if _, err := s.Wake(ctx, idOrName); err != nil {
+			return nil, err
+		}
 	}
 	v, unlock, err := s.settled(ctx, idOrName, "resize")
 	if err != nil {
@@ -51,95 +56,126 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	if o.DiskBytes != 0 && o.DiskBytes < v.DiskBytes {
 		return nil, fmt.Errorf("%w: shrinking the disk is not supported (it is %d MiB, asked for %d MiB)", ErrInvalid, v.DiskBytes>>20, o.DiskBytes>>20)
 	}
-	live := v.State == "running" || v.State == "paused"
 	var msgs []string
 	if o.DiskBytes > v.DiskBytes {
-		if err := s.admit(0, o.DiskBytes-v.DiskBytes); err != nil {
+		msg, err := s.growDisk(ctx, v, o.DiskBytes)
+		if err != nil {
 			return nil, err
 		}
-		if live {
-			in, err := s.attached(v)
-			if err != nil {
-				return nil, err
-			}
-			if err := in.machine.BlockResize(ctx, o.DiskBytes); err != nil {
-				return nil, fmt.Errorf("grow disk: %w", err)
-			}
-			if v.State == "paused" {
-				msgs = append(msgs, "disk grown; the filesystem grows when the VM resumes")
-			} else {
-				c, err := in.guestClient(ctx)
-				if err == nil {
-					err = c.SetIdentity(ctx, guest.Identity{DiskResize: true})
-				}
-				if err != nil {
-					return nil, fmt.Errorf("grow the guest filesystem: %w", err)
-				}
-				msgs = append(msgs, "disk and filesystem grown online")
-			}
-		} else {
-			out, err := exec.CommandContext(ctx, "qemu-img", "resize", "-q", s.diskPath(v), fmt.Sprint(o.DiskBytes)).CombinedOutput()
-			if err != nil {
-				return nil, fmt.Errorf("grow disk: %v: %s", err, strings.TrimSpace(string(out)))
-			}
-			msgs = append(msgs, "disk grown; the filesystem grows at the next start")
-		}
-		v.DiskBytes = o.DiskBytes
+		msgs = append(msgs, msg)
 	}
-	// Asking for the current size cancels a change pending for the next start.
-	if o.CPUs != 0 && o.CPUs == v.CPUs && v.NextCPUs != 0 {
-		v.NextCPUs = 0
-		msgs = append(msgs, "the pending CPU change is cancelled")
+	m, err := s.resizeCPUs(ctx, v, o.CPUs)
+	if err != nil {
+		return nil, err
 	}
-	if o.MemoryMiB != 0 && o.MemoryMiB == v.MemoryMiB && v.NextMemoryMiB != 0 {
-		v.NextMemoryMiB = 0
-		msgs = append(msgs, "the pending memory change is cancelled")
+	msgs = append(msgs, m...)
+	m, err = s.resizeMemory(v, o.MemoryMiB)
+	if err != nil {
+		return nil, err
 	}
-	if (o.CPUs != 0 && o.CPUs != v.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != v.MemoryMiB) {
-		if o.MemoryMiB != 0 {
-			if err := s.admit(o.MemoryMiB-v.MemoryMiB, 0); err != nil && o.MemoryMiB > v.MemoryMiB {
-				return nil, err
-			}
-		}
-		if live {
-			if o.CPUs > v.CPUs && v.State == "running" && o.CPUs <= qemu.MaxCPUsFor(v.Layout, v.CPUs) {
-				if err := s.growCPUs(ctx, v, o.CPUs); err != nil {
-					return nil, err
-				}
-				if v.NextCPUs != 0 && v.NextCPUs <= v.CPUs {
-					v.NextCPUs = 0
-				}
-				msgs = append(msgs, fmt.Sprintf("%d vCPUs online now (hot-added)", v.CPUs))
-			} else if o.CPUs != 0 && o.CPUs != v.CPUs {
-				v.NextCPUs = o.CPUs
-				why := fmt.Sprintf("vCPUs are added live only to a running VM, up to %d", qemu.MaxCPUsFor(v.Layout, v.CPUs))
-				switch {
-				case o.CPUs < v.CPUs:
-					why = "vCPUs are never removed live"
-				case v.Layout == qemu.LegacyDeviceSet:
-					why = "this VM's machine was started by an earlier agentvm, without room for more vCPUs"
-				}
-				msgs = append(msgs, "the CPU count applies at the next start (stop and start the VM): "+why)
-			}
-			if o.MemoryMiB != 0 && o.MemoryMiB != v.MemoryMiB {
-				v.NextMemoryMiB = o.MemoryMiB
-				msgs = append(msgs, "memory changes apply at the next start (stop and start the VM)")
-			}
-		} else {
-			if o.CPUs != 0 {
-				v.CPUs = o.CPUs
-			}
-			if o.MemoryMiB != 0 {
-				v.MemoryMiB = o.MemoryMiB
-			}
-			msgs = append(msgs, "CPUs and memory set; they apply when the VM starts")
-		}
-	}
+	msgs = append(msgs, m...)
 	if len(msgs) == 0 {
 		msgs = append(msgs, "nothing changed")
 	}
 	s.logEvent(v.ID, "resize: %s", strings.Join(msgs, "; "))
 	return &ResizeResult{VM: v, Message: strings.Join(msgs, "; ")}, s.store.UpdateVM(ctx, v)
+}
+
+func live(v *store.VM) bool { return v.State == "running" || v.State == "paused" }
+
+// growDisk grows v's disk to size: online through QEMU and the guest, or
+// offline with qemu-img.
+func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string, error) {
+	if err := s.admit(0, size-v.DiskBytes); err != nil {
+		return "", err
+	}
+	msg := "disk grown; the filesystem grows at the next start"
+	if live(v) {
+		in, err := s.attached(v)
+		if err != nil {
+			return "", err
+		}
+		if err := in.machine.BlockResize(ctx, size); err != nil {
+			return "", fmt.Errorf("grow disk: %w", err)
+		}
+		msg = "disk grown; the filesystem grows when the VM resumes"
+		if v.State == "running" {
+			c, err := in.guestClient(ctx)
+			if err == nil {
+				err = c.SetIdentity(ctx, guest.Identity{DiskResize: true})
+			}
+			if err != nil {
+				return "", fmt.Errorf("grow the guest filesystem: %w", err)
+			}
+			msg = "disk and filesystem grown online"
+		}
+	} else {
+		out, err := exec.CommandContext(ctx, "qemu-img", "resize", "-q", s.diskPath(v), fmt.Sprint(size)).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("grow disk: %v: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	v.DiskBytes = size
+	return msg, nil
+}
+
+// resizeCPUs sets v's vCPU count (0: unchanged): hot-added to a running VM
+// when it can be, else recorded for the next start.
+func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]string, error) {
+	switch {
+	case cpus == 0:
+		return nil, nil
+	case cpus == v.CPUs && v.NextCPUs != 0: // asking for the current size cancels a pending change
+		v.NextCPUs = 0
+		return []string{"the pending CPU change is cancelled"}, nil
+	case cpus == v.CPUs:
+		return nil, nil
+	case !live(v):
+		v.CPUs = cpus
+		return []string{"CPUs set; they apply when the VM starts"}, nil
+	case cpus > v.CPUs && v.State == "running" && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
+		if err := s.growCPUs(ctx, v, cpus); err != nil {
+			return nil, err
+		}
+		if v.NextCPUs != 0 && v.NextCPUs <= v.CPUs {
+			v.NextCPUs = 0
+		}
+		return []string{fmt.Sprintf("%d vCPUs online now (hot-added)", v.CPUs)}, nil
+	}
+	v.NextCPUs = cpus
+	why := fmt.Sprintf("vCPUs are added live only to a running VM, up to %d", qemu.MaxCPUsFor(v.Layout, v.CPUs))
+	switch {
+	case cpus < v.CPUs:
+		why = "vCPUs are never removed live"
+	case v.Layout == qemu.LegacyDeviceSet:
+		why = "this VM's machine was started by an earlier agentvm, without room for more vCPUs"
+	}
+	return []string{"the CPU count applies at the next start (stop and start the VM): " + why}, nil
+}
+
+// resizeMemory sets v's memory (0: unchanged): at once for a VM that is not
+// running, else for its next start.
+func (s *Service) resizeMemory(v *store.VM, mib int64) ([]string, error) {
+	switch {
+	case mib == 0:
+		return nil, nil
+	case mib == v.MemoryMiB && v.NextMemoryMiB != 0:
+		v.NextMemoryMiB = 0
+		return []string{"the pending memory change is cancelled"}, nil
+	case mib == v.MemoryMiB:
+		return nil, nil
+	}
+	if mib > v.MemoryMiB {
+		if err := s.admit(mib-v.MemoryMiB, 0); err != nil {
+			return nil, err
+		}
+	}
+	if !live(v) {
+		v.MemoryMiB = mib
+		return []string{"memory set; it applies when the VM starts"}, nil
+	}
+	v.NextMemoryMiB = mib
+	return []string{"memory changes apply at the next start (stop and start the VM)"}, nil
 }
 
 // growCPUs hot-adds vCPUs to a running VM and brings them online in the
