@@ -335,7 +335,7 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	if o.identity == identityNew {
 		id.MachineID = v.MachineID
 	}
-	idr, err := agent.ApplyIdentity(ctx, id)
+	idr, err := pushIdentity(ctx, in, mc.AgentSock, m.Done(), id, agentTimeout)
 	if err != nil {
 		return fail(fmt.Errorf("set guest identity: %w", err))
 	}
@@ -345,6 +345,40 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	s.setInstance(v.ID, in)
 	go s.monitor(v.ID, in)
 	return nil
+}
+
+// identityTimeout bounds one identity push: ~1 s normally, even on a loaded
+// TCG guest; growing the filesystem can take longer.
+func identityTimeout(id guest.Identity) time.Duration {
+	if id.DiskResize {
+		return 5 * time.Minute
+	}
+	return 30 * time.Second
+}
+
+// pushIdentity applies id through in.agent. When the agent session dies
+// under the request (a transport error or no answer in identityTimeout) it
+// makes a new session and pushes once more: every step of an identity can be
+// applied twice. An error the agent answers with is returned as it is.
+func pushIdentity(ctx context.Context, in *instance, sock string, qemuDone <-chan struct{}, id guest.Identity, agentTimeout time.Duration) (*guest.IdentityResult, error) {
+	for attempt := 1; ; attempt++ {
+		ictx, cancel := context.WithTimeout(ctx, identityTimeout(id))
+		idr, err := in.agent.ApplyIdentity(ictx, id)
+		cancel()
+		var ae *guest.APIError
+		if err == nil || attempt == 2 || ctx.Err() != nil || errors.As(err, &ae) {
+			return idr, err
+		}
+		in.agent.Close()
+		actx, acancel := context.WithTimeout(ctx, agentTimeout)
+		c, cerr := connectAgent(actx, sock, qemuDone)
+		acancel()
+		if cerr != nil {
+			return nil, fmt.Errorf("%w (and reconnecting to the agent: %v)", err, cerr)
+		}
+		in.agent = c // in is not published yet: nobody else uses it
+		id.TimeUnixNano = time.Now().UnixNano()
+	}
 }
 
 // destroy removes every trace of a VM: process, files, sockets, row.

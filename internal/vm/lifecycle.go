@@ -169,6 +169,9 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	return nil
 }
 
+// opExitHandling is the lock holder's name while monitor records an exit.
+const opExitHandling = "exit handling"
+
 // monitor records an exit the service did not cause: a guest power-off is
 // "stopped", anything else "crashed".
 func (s *Service) monitor(id string, in *instance) {
@@ -176,7 +179,7 @@ func (s *Service) monitor(id string, in *instance) {
 	if in.expectingExit() {
 		return
 	}
-	defer s.lock(id, "exit handling")()
+	defer s.lock(id, opExitHandling)()
 	if s.instance(id) != in {
 		return
 	}

@@ -2,9 +2,12 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/store"
@@ -26,6 +29,14 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 		return nil, nil, err
 	}
 	unlock, err := s.tryLock(v.ID, v.Name, op)
+	if err != nil && (!s.isBusy(v.ID) || s.busyWith(v.ID) == opExitHandling) {
+		// The record of an unexpected exit is being written (the VM may
+		// already show as crashed): that is short, and what op may do
+		// depends on it, so wait for it rather than answer 409.
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		unlock, err = s.waitLock(wctx, v.ID, op)
+		cancel()
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -70,7 +81,8 @@ func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error)
 	}
 	v.State = "paused"
 	s.logEvent(v.ID, "paused")
-	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(ctx, v)
+	// Records of effects that happened do not depend on the caller staying.
+	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
 }
 
 // Resume continues a paused VM.
@@ -101,7 +113,7 @@ func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
 	}
 	v.State = "running"
 	s.logEvent(v.ID, "resumed")
-	return s.store.UpdateVM(ctx, v)
+	return s.store.UpdateVM(context.Background(), v)
 }
 
 func (s *Service) suspendPath(id string) string {
@@ -133,6 +145,9 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	os.Remove(tmp)
 	start := time.Now()
 	res, err := in.machine.SaveStopped(ctx, tmp)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
 	if err != nil {
 		os.Remove(tmp)
 		if v.State == "running" {
@@ -140,10 +155,8 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 		} else {
 			in.machine.Repause(context.Background())
 		}
-		return nil, fmt.Errorf("suspend %s: %w", v.Name, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return nil, err
+		s.resumeStoppedOnFullDisk(v.ID)
+		return nil, fmt.Errorf("suspend %s: %w", v.Name, s.noSpace(crashedDuring(in, v, err)))
 	}
 	in.mu.Lock()
 	in.expectExit = true
@@ -154,7 +167,78 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	os.RemoveAll(s.paths(v.ID).Run)
 	v.State, v.PID = "suspended", 0
 	s.logEvent(v.ID, "suspended: %d MiB of state in %d ms", res.Bytes>>20, time.Since(start).Milliseconds())
-	return &OpResult{VM: v, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(ctx, v)
+	// QEMU is gone: the record says so whatever the caller does (with the
+	// request's context a client hanging up here left a VM listed running
+	// without a QEMU until the next daemon start).
+	return &OpResult{VM: v, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
+}
+
+// noSpace makes a save that failed for lack of disk space a 507 that says so.
+func (s *Service) noSpace(err error) error {
+	if err != nil && (errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "No space left on device")) {
+		return fmt.Errorf("%w: not enough disk space: %s filled up while the memory state was written (%v); nothing was kept, free some space and retry",
+			ErrInsufficient, s.cfg.DataDir, err)
+	}
+	return err
+}
+
+// crashedDuring says so when an operation failed because its QEMU died
+// under it, and what to do.
+func crashedDuring(in *instance, v *store.VM, err error) error {
+	if err == nil {
+		return nil
+	}
+	err = in.machine.ExitedDuringSave(err)
+	select {
+	case <-in.machine.Done():
+		return fmt.Errorf("%w; %s crashed (its disk is intact): start it with: agentvm start %s", err, v.Name, v.Name)
+	default:
+		return err
+	}
+}
+
+// resumeStoppedOnFullDisk runs after a failed save has removed its partial
+// state. QEMU stops a guest whose disk write fails for lack of space (run
+// state "io-error") rather than fail the write; a save that filled the data
+// dir stops that way the VM it saves and any other running VM that wrote to
+// its disk meanwhile. With the space back, cont retries those writes and the
+// guest runs on. The caller holds self's lock; other VMs busy with an
+// operation are left to it.
+func (s *Service) resumeStoppedOnFullDisk(self string) {
+	s.mu.Lock()
+	ins := make(map[string]*instance, len(s.instances))
+	for id, in := range s.instances {
+		ins[id] = in
+	}
+	s.mu.Unlock()
+	for id, in := range ins {
+		unlock := func() {}
+		if id != self {
+			l, err := s.tryLock(id, id, "resume after a full disk")
+			if err != nil {
+				continue
+			}
+			unlock = l
+		}
+		func() {
+			defer unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			v, err := s.store.GetVM(ctx, id)
+			if err != nil || (v.State != "running" && v.State != statePool) || s.instance(id) != in {
+				return
+			}
+			if st, err := in.machine.Status(ctx); err != nil || st != "io-error" {
+				return
+			}
+			if err := in.machine.Resume(ctx); err != nil {
+				s.log.Warn("cannot resume a guest stopped on a full disk", "vm", id, "err", err)
+				return
+			}
+			s.log.Warn("resumed a guest QEMU had stopped on a full disk", "vm", id)
+			s.logEvent(id, "resumed: QEMU had stopped the guest when a disk write found the data dir full")
+		}()
+	}
 }
 
 // wakeLocked restores a suspended VM from its state file.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"sync"
 	"time"
 )
 
@@ -34,7 +36,13 @@ type SaveResult struct {
 // (precopy). When the stream completes, QEMU leaves the guest stopped; atStop then
 // runs (for example to freeze the disk at exactly this point) before the guest is
 // resumed. The pause is measured from QEMU's STOP event to the end of `cont`.
+//
+// Under TCG the save is stop-and-copy instead (see precopyUnreliable): the
+// guest is paused for the whole save, but the state is exact.
 func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (_ SaveResult, err error) {
+	if precopyUnreliable(m.cfg.Binary, m.cfg.Accel) {
+		return m.saveStoppedAndResume(ctx, path, atStop)
+	}
 	defer func() { err = m.exitedDuringSave(err) }()
 	stopped := make(chan time.Time, 1)
 	defer m.OnEvent(func(e Event) {
@@ -66,11 +74,70 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 	if err == nil && atStop != nil {
 		err = atStop()
 	}
+	if err != nil {
+		discardPartial(path)
+	}
 	// Always resume the source, even when the save failed.
 	if _, cerr := m.qmp.Execute(context.Background(), "cont", nil); cerr != nil && err == nil {
 		err = cerr
 	}
 	return SaveResult{Paused: time.Since(stopAt), Bytes: bytes, Total: time.Since(start)}, err
+}
+
+// precopyUnreliable reports whether a live (precopy) save can lose guest
+// writes with this accelerator. QEMU before 9.0 does not reset TCG's TLB when
+// a migration dirty-bitmap sync clears a page's bit (the 64-page fast path of
+// cpu_physical_memory_sync_dirty_bitmap; fixed upstream by "physmem: Fix
+// migration dirty bitmap coherency with TCG memory access"), so a vCPU that
+// keeps a page in its TLB writes it without marking it dirty again: the last
+// copy in the stream is stale. A busy guest's kernel stacks are such pages,
+// and its forks came up with an oops (a return to address 0) or rebooted on
+// the panic. With KVM the kernel tracks dirty pages and precopy is exact.
+func precopyUnreliable(binary, accel string) bool {
+	if accel != "tcg" {
+		return false
+	}
+	v, err := cachedVersion(binary)
+	return err != nil || !atLeast(v, 9, 0)
+}
+
+var versions sync.Map // QEMU binary -> its version string
+
+func cachedVersion(binary string) (string, error) {
+	if v, ok := versions.Load(binary); ok {
+		return v.(string), nil
+	}
+	v, err := Version(binary)
+	if err == nil {
+		versions.Store(binary, v)
+	}
+	return v, err
+}
+
+// atLeast reports whether version ("9.2.1") is at least major.minor.
+func atLeast(version string, major, minor int) bool {
+	var maj, min int
+	if _, err := fmt.Sscanf(version, "%d.%d", &maj, &min); err != nil {
+		return false
+	}
+	return maj > major || maj == major && min >= minor
+}
+
+// saveStoppedAndResume is SaveLive as stop-and-copy: the guest is stopped,
+// its whole state written, atStop run and the guest resumed (also when the
+// save failed). Paused covers the whole save.
+func (m *Machine) saveStoppedAndResume(ctx context.Context, path string, atStop func() error) (SaveResult, error) {
+	start := time.Now()
+	res, err := m.saveStopped(ctx, path, false)
+	if err == nil && atStop != nil {
+		err = atStop()
+	}
+	// cont is harmless if the stop never happened.
+	if _, cerr := m.qmp.Execute(context.Background(), "cont", nil); cerr != nil && err == nil {
+		err = m.exitedDuringSave(cerr)
+	}
+	res.Paused, res.Total = time.Since(start), time.Since(start)
+	return res, err
 }
 
 // SaveStopped pauses the guest and writes its RAM and device state to path; the guest
@@ -80,7 +147,12 @@ func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, err
 }
 
 func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (_ SaveResult, err error) {
-	defer func() { err = m.exitedDuringSave(err) }()
+	defer func() {
+		if err != nil {
+			discardPartial(path)
+		}
+		err = m.exitedDuringSave(err)
+	}()
 	start := time.Now()
 	if err := m.setFileMigration(ctx, ignoreShared, 0); err != nil {
 		return SaveResult{}, err
@@ -98,6 +170,16 @@ func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared boo
 	bytes, err := m.waitMigration(ctx)
 	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start)}, err
 }
+
+// discardPartial empties the file of a failed save before the guest may run
+// again. QEMU may still hold it open for a moment after it reports the
+// failure, so removing it would not give its blocks back yet; on a full disk
+// those blocks are what the guests' disk writes need (QEMU stops a guest whose
+// write finds no space). The caller removes the empty file.
+func discardPartial(path string) { os.Truncate(path, 0) }
+
+// ExitedDuringSave is exitedDuringSave for callers that saw a save fail.
+func (m *Machine) ExitedDuringSave(err error) error { return m.exitedDuringSave(err) }
 
 // exitedDuringSave turns the error of a save whose QEMU died under it (a QMP
 // command that found the connection closed) into one that says so.

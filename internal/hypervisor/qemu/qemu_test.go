@@ -113,3 +113,20 @@ func TestQMP(t *testing.T) {
 		t.Fatal("execute after close succeeded")
 	}
 }
+
+func TestAtLeast(t *testing.T) {
+	for _, c := range []struct {
+		v    string
+		want bool
+	}{{"7.2.22", false}, {"8.2.0", false}, {"9.0.0", true}, {"10.0.3", true}, {"garbage", false}} {
+		if got := atLeast(c.v, 9, 0); got != c.want {
+			t.Errorf("atLeast(%q, 9, 0) = %v", c.v, got)
+		}
+	}
+	if precopyUnreliable("/nonexistent/qemu", "kvm") {
+		t.Error("KVM precopy counted as unreliable")
+	}
+	if !precopyUnreliable("/nonexistent/qemu", "tcg") {
+		t.Error("TCG with an unknown QEMU version counted as reliable")
+	}
+}
