@@ -4,23 +4,31 @@ package api
 
 import "time"
 
+// State is a VM's lifecycle state. Which operation may start from which
+// state, and where it leaves the VM, is the daemon's state table
+// (internal/vm/states.go).
+type State string
+
 // VM states.
 const (
-	StateCreating  = "creating"
-	StateRunning   = "running"
-	StatePaused    = "paused"
-	StateSuspended = "suspended"
-	StateStopped   = "stopped"
-	StateCrashed   = "crashed"
-	StateDeleting  = "deleting"
-	StateError     = "error"
+	StateCreating  State = "creating"
+	StateRunning   State = "running"
+	StatePaused    State = "paused"
+	StateSuspended State = "suspended"
+	StateStopped   State = "stopped"
+	StateCrashed   State = "crashed"
+	StateDeleting  State = "deleting"
+	StateError     State = "error"
 )
+
+// States lists every state a VM can be seen in.
+var States = []State{StateCreating, StateRunning, StatePaused, StateSuspended, StateStopped, StateCrashed, StateDeleting, StateError}
 
 // VM is the public view of a virtual machine.
 type VM struct {
 	ID        string            `json:"id"`
 	Name      string            `json:"name"`
-	State     string            `json:"state"`
+	State     State             `json:"state"`
 	CPUs      int               `json:"cpus"`
 	MemoryMiB int64             `json:"memory_mib"`
 	DiskBytes int64             `json:"disk_bytes"`

@@ -120,7 +120,7 @@ func TestGuestPoweroffAndQEMUCrash(t *testing.T) {
 	}
 }
 
-func waitState(t *testing.T, s *testenv.Server, vm, state string, timeout time.Duration) *api.VM {
+func waitState(t *testing.T, s *testenv.Server, vm string, state api.State, timeout time.Duration) *api.VM {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {

@@ -15,7 +15,7 @@ import (
 
 // stateOf reads a VM's state from the list (which, unlike GET of the VM,
 // is not activity on it).
-func stateOf(t *testing.T, s *testenv.Server, id string) string {
+func stateOf(t *testing.T, s *testenv.Server, id string) api.State {
 	t.Helper()
 	vms, err := s.Client.ListVMs(context.Background())
 	if err != nil {
@@ -29,7 +29,7 @@ func stateOf(t *testing.T, s *testenv.Server, id string) string {
 	return "gone"
 }
 
-func waitListState(t *testing.T, s *testenv.Server, id, want string, d time.Duration) {
+func waitListState(t *testing.T, s *testenv.Server, id string, want api.State, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {

@@ -279,8 +279,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer done()
 	}
-	switch v.State {
-	case "stopped", "crashed", "error", "creating", "deleting":
+	if !vm.Reachable(v.State) {
 		page(w, http.StatusServiceUnavailable, "VM not running", fmt.Sprintf("%s is %s", v.Name, v.State))
 		return
 	}

@@ -3,8 +3,10 @@ package server
 import (
 	"bufio"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,8 +62,8 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), 500)
 		return
 	}
-	byState := map[string]int{}
-	for _, st := range []string{"creating", "running", "paused", "suspended", "stopped", "crashed", "deleting", "error"} {
+	byState := map[api.State]int{}
+	for _, st := range api.States {
 		byState[st] = 0
 	}
 	var committed int64
@@ -73,11 +75,11 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprintln(bw, "# HELP agentvm_vms VMs by state.")
 	fmt.Fprintln(bw, "# TYPE agentvm_vms gauge")
-	states := make([]string, 0, len(byState))
+	states := make([]api.State, 0, len(byState))
 	for st := range byState {
 		states = append(states, st)
 	}
-	sort.Strings(states)
+	slices.Sort(states)
 	for _, st := range states {
 		fmt.Fprintf(bw, "agentvm_vms{state=%q} %d\n", st, byState[st])
 	}

@@ -27,7 +27,7 @@ var (
 type VM struct {
 	ID             string            `json:"id"`
 	Name           string            `json:"name"`
-	State          string            `json:"state"`
+	State          api.State         `json:"state"`
 	CPUs           int               `json:"cpus"`
 	MemoryMiB      int64             `json:"memory_mib"`
 	DiskBytes      int64             `json:"disk_bytes"`

@@ -164,7 +164,7 @@ func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 // "creating". If the idempotency key was used before, it returns that VM as prev.
 func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *store.VM, err error) {
 	id := "vm-" + randHex(6)
-	state := "creating"
+	state := api.StateCreating
 	if o.pool {
 		o.Name, state = "pool-"+id, statePool
 	}
@@ -341,7 +341,7 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	}
 	s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "identity_ms", (time.Since(t0) - tAgent).Milliseconds(), "guest_identity_ms", idr.MS, "steps_us", idr.StepsUS, "restore", mc.Incoming != "")
 	now := time.Now().UTC()
-	v.State, v.PID, v.StartedAt, v.Error = "running", m.PID(), &now, ""
+	v.State, v.PID, v.StartedAt, v.Error = api.StateRunning, m.PID(), &now, ""
 	s.setInstance(v.ID, in)
 	go s.monitor(v.ID, in)
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"os"
@@ -16,37 +17,6 @@ import (
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
-
-// transitions lists, per operation, the states it may start from.
-var transitions = map[string][]string{
-	"start":    {"stopped", "crashed"},
-	"stop":     {"running", "paused", "suspended"},
-	"exec":     {"running"},
-	"pause":    {"running"},
-	"resume":   {"paused"},
-	"suspend":  {"running", "paused"},
-	"wake":     {"suspended"},
-	"snapshot": {"running", "paused"},
-	"fork":     {"running", "paused"},
-	"resize":   {"running", "paused", "stopped", "crashed"},
-	"delete":   {"running", "paused", "stopped", "crashed", "error", "suspended"},
-}
-
-func checkTransition(op string, v *store.VM) error {
-	for _, st := range transitions[op] {
-		if v.State == st {
-			return nil
-		}
-	}
-	hint := ""
-	switch {
-	case op == "exec" && (v.State == "stopped" || v.State == "crashed"):
-		hint = "; start it first with: agentvm start " + v.Name
-	case v.State == "creating":
-		hint = "; it is still being created"
-	}
-	return fmt.Errorf("%w: cannot %s VM %s: it is %s%s", ErrConflict, op, v.Name, v.State, hint)
-}
 
 // Get finds a VM by id or name.
 func (s *Service) Get(ctx context.Context, idOrName string) (*store.VM, error) {
@@ -74,15 +44,15 @@ func (s *Service) List(ctx context.Context) ([]*store.VM, error) {
 
 // Stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
 func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) {
-	v, unlock, err := s.take(ctx, idOrName, "stop")
+	v, unlock, err := s.take(ctx, idOrName, opStop)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if v.State == "stopped" {
+	if done(opStop, v) {
 		return v, nil // stopping twice is a no-op
 	}
-	if err := checkTransition("stop", v); err != nil {
+	if err := checkTransition(opStop, v); err != nil {
 		return nil, err
 	}
 	os.Remove(s.suspendPath(v.ID)) // a suspended VM's saved memory is dropped; its disk stays
@@ -95,7 +65,7 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 		s.setInstance(v.ID, nil)
 	}
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID, v.ColdBoot = "stopped", 0, true
+	v.State, v.PID, v.ColdBoot = api.StateStopped, 0, true
 	s.logEvent(v.ID, "stopped")
 	return v, s.store.UpdateVM(ctx, v)
 }
@@ -103,18 +73,18 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 // Start cold-boots a stopped VM from its own disk; a paused or suspended VM is
 // resumed or woken instead.
 func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error) {
-	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == "paused" || v.State == "suspended") {
+	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == api.StatePaused || v.State == api.StateSuspended) {
 		return s.Wake(ctx, v.ID)
 	}
-	v, unlock, err := s.take(ctx, idOrName, "start")
+	v, unlock, err := s.take(ctx, idOrName, opStart)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if v.State == "running" {
+	if done(opStart, v) {
 		return v, nil
 	}
-	if err := checkTransition("start", v); err != nil {
+	if err := checkTransition(opStart, v); err != nil {
 		return nil, err
 	}
 	if v.NextCPUs != 0 {
@@ -134,7 +104,7 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 	os.MkdirAll(p.Run, 0o700)
 	mc := s.machineConfig(v, p, img)
 	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: s.cfg.BootTimeout, baseDisk: v.DiskBytes, identity: identitySame, growFS: true}); err != nil {
-		v.State, v.Error = "stopped", "start failed: "+err.Error()
+		v.State, v.Error = api.StateStopped, "start failed: "+err.Error()
 		s.store.UpdateVM(context.Background(), v)
 		return nil, err
 	}
@@ -157,10 +127,10 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	if v, err = s.Get(ctx, v.ID); err != nil { // deleted while we waited
 		return err
 	}
-	if err := checkTransition("delete", v); err != nil {
+	if err := checkTransition(opDelete, v); err != nil {
 		return err
 	}
-	v.State = "deleting"
+	v.State = table[opDelete].during
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return err
 	}
@@ -200,10 +170,10 @@ func (s *Service) monitor(id string, in *instance) {
 		s.destroy(context.Background(), v)
 		return
 	}
-	v.State, v.PID, v.ColdBoot = "crashed", 0, true
+	v.State, v.PID, v.ColdBoot = api.StateCrashed, 0, true
 	v.Error = "QEMU exited unexpectedly" + qemu.LogTail(s.paths(id).Log)
 	if clean && reason != "host-error" {
-		v.State, v.Error = "stopped", ""
+		v.State, v.Error = api.StateStopped, ""
 	}
 	s.store.UpdateVM(context.Background(), v)
 	os.RemoveAll(s.paths(id).Run)
@@ -216,7 +186,7 @@ func (s *Service) monitor(id string, in *instance) {
 	}
 	s.Event(id, "lifecycle", ActorSystem, "QEMU exited: %s (%s)", v.State, why)
 	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", why)
-	s.maybeRestart(v, v.State == "crashed", why)
+	s.maybeRestart(v, v.State == api.StateCrashed, why)
 }
 
 // Guest returns the agent session of a running VM, resuming a paused VM and waking
@@ -226,7 +196,7 @@ func (s *Service) Guest(ctx context.Context, idOrName string) (*store.VM, *guest
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkTransition("exec", v); err != nil {
+	if err := checkTransition(opExec, v); err != nil {
 		return nil, nil, err
 	}
 	in := s.instance(v.ID)
@@ -243,7 +213,7 @@ func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net
 	if err != nil {
 		return nil, err
 	}
-	if err := checkTransition("exec", v); err != nil {
+	if err := checkTransition(opExec, v); err != nil {
 		return nil, err
 	}
 	in, err := s.attached(v)
@@ -282,18 +252,18 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		switch v.State {
-		case "suspended", "stopped", "crashed":
+		case api.StateSuspended, api.StateStopped, api.StateCrashed, api.StateError:
 			// A wake or start the daemon did not finish: its QEMU (recorded or
 			// not) goes, see killStrays below.
-		case "creating", "deleting", statePool:
+		case api.StateCreating, api.StateDeleting, statePool:
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)
-		case "running", "paused":
+		case api.StateRunning, api.StatePaused:
 			os.Remove(s.suspendPath(v.ID) + ".tmp")
 			if !qemu.IsOurs(v.PID, v.ID) {
 				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
 					// the daemon died between writing the suspend state and recording it
-					v.State, v.PID = "suspended", 0
+					v.State, v.PID = api.StateSuspended, 0
 					s.store.UpdateVM(ctx, v)
 					s.log.Info("finished an interrupted suspend", "vm", v.ID)
 					continue
@@ -302,7 +272,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			os.Remove(s.suspendPath(v.ID))
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
-				v.State, v.PID, v.ColdBoot, v.Error = "crashed", 0, true, "lost while the daemon was down: "+err.Error()
+				v.State, v.PID, v.ColdBoot, v.Error = api.StateCrashed, 0, true, "lost while the daemon was down: "+err.Error()
 				s.store.UpdateVM(ctx, v)
 				os.RemoveAll(s.paths(v.ID).Run)
 			}
@@ -316,7 +286,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		keep := 0
-		if v.State == "running" || v.State == "paused" {
+		if v.State == api.StateRunning || v.State == api.StatePaused {
 			keep = v.PID
 		}
 		s.killStrays(v, keep)
@@ -399,14 +369,14 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	if st, err := m.Status(actx); err == nil {
 		var err error
 		switch {
-		case v.State == "running" && st != "running":
+		case v.State == api.StateRunning && st != "running":
 			err = m.Resume(actx)
-		case v.State == "paused" && st == "postmigrate":
+		case v.State == api.StatePaused && st == "postmigrate":
 			err = m.Repause(actx)
 		}
 		if err != nil {
 			s.log.Warn("cannot restore the recorded state after an interrupted operation", "vm", v.ID, "status", st, "state", v.State, "err", err)
-		} else if st != v.State {
+		} else if api.State(st) != v.State {
 			s.log.Info("restored the recorded state after an interrupted operation", "vm", v.ID, "status", st, "state", v.State)
 		}
 	}

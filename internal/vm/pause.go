@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,10 +64,10 @@ func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, 
 // Pause freezes a running VM's vCPUs; memory stays in RAM.
 func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)
-	if err == nil && v.State == "paused" {
+	if err == nil && done(opPause, v) {
 		return &OpResult{VM: v}, nil
 	}
-	v, unlock, err := s.settled(ctx, idOrName, "pause")
+	v, unlock, err := s.settled(ctx, idOrName, opPause)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +80,7 @@ func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error)
 	if err := in.machine.Pause(ctx); err != nil {
 		return nil, err
 	}
-	v.State = "paused"
+	v.State = api.StatePaused
 	s.logEvent(v.ID, "paused")
 	// Records of effects that happened do not depend on the caller staying.
 	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
@@ -88,10 +89,10 @@ func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error)
 // Resume continues a paused VM.
 func (s *Service) Resume(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)
-	if err == nil && v.State == "running" {
+	if err == nil && done(opResume, v) {
 		return &OpResult{VM: v}, nil
 	}
-	v, unlock, err := s.settled(ctx, idOrName, "resume")
+	v, unlock, err := s.settled(ctx, idOrName, opResume)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +112,7 @@ func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
 	if err := in.machine.Resume(ctx); err != nil {
 		return err
 	}
-	v.State = "running"
+	v.State = api.StateRunning
 	s.logEvent(v.ID, "resumed")
 	return s.store.UpdateVM(context.Background(), v)
 }
@@ -124,10 +125,10 @@ func (s *Service) suspendPath(id string) string {
 // freeing its RAM. The next request wakes it where it was.
 func (s *Service) Suspend(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)
-	if err == nil && v.State == "suspended" {
+	if err == nil && done(opSuspend, v) {
 		return &OpResult{VM: v}, nil
 	}
-	v, unlock, err := s.settled(ctx, idOrName, "suspend")
+	v, unlock, err := s.settled(ctx, idOrName, opSuspend)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +151,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	}
 	if err != nil {
 		os.Remove(tmp)
-		if v.State == "running" {
+		if v.State == api.StateRunning {
 			in.machine.Resume(context.Background()) // leave it as it was
 		} else {
 			in.machine.Repause(context.Background())
@@ -165,7 +166,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	in.detach()
 	s.setInstance(v.ID, nil)
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID = "suspended", 0
+	v.State, v.PID = api.StateSuspended, 0
 	s.logEvent(v.ID, "suspended: %d MiB of state in %d ms", res.Bytes>>20, time.Since(start).Milliseconds())
 	// QEMU is gone: the record says so whatever the caller does (with the
 	// request's context a client hanging up here left a VM listed running
@@ -225,7 +226,7 @@ func (s *Service) resumeStoppedOnFullDisk(self string) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			v, err := s.store.GetVM(ctx, id)
-			if err != nil || (v.State != "running" && v.State != statePool) || s.instance(id) != in {
+			if err != nil || (v.State != api.StateRunning && v.State != statePool) || s.instance(id) != in {
 				return
 			}
 			if st, err := in.machine.Status(ctx); err != nil || st != "io-error" {
@@ -256,7 +257,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		// Without its memory state the VM can only boot from its disk,
 		// which keeps everything but the processes: say so, and let start
 		// do it.
-		v.State, v.PID, v.ColdBoot = "stopped", 0, true
+		v.State, v.PID, v.ColdBoot = api.StateStopped, 0, true
 		v.Error = "memory state lost (" + err.Error() + "); start boots it from its disk"
 		s.store.UpdateVM(context.Background(), v)
 		s.logEvent(v.ID, "wake impossible: %s", v.Error)
@@ -272,7 +273,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	defer cancel()
 	if err := s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock}); err != nil {
 		s.killStrays(v, 0)
-		v.State, v.PID, v.Error = "suspended", 0, "wake failed: "+err.Error()
+		v.State, v.PID, v.Error = api.StateSuspended, 0, "wake failed: "+err.Error()
 		s.store.UpdateVM(context.Background(), v)
 		return err
 	}
@@ -286,7 +287,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 			s.setInstance(v.ID, nil)
 		}
 		s.killStrays(v, 0)
-		v.State, v.PID = "suspended", 0
+		v.State, v.PID = api.StateSuspended, 0
 		return fmt.Errorf("wake %s: record it running: %w", v.Name, err)
 	}
 	os.Remove(s.suspendPath(v.ID))
@@ -302,7 +303,7 @@ const wakeTimeout = 3 * time.Minute
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, err := s.Get(ctx, idOrName)
-	if err != nil || (v.State != "paused" && v.State != "suspended" && !s.isBusy(v.ID)) {
+	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.isBusy(v.ID)) {
 		return v, err
 	}
 	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
@@ -311,9 +312,9 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 		return nil, err
 	}
 	switch v.State {
-	case "paused":
+	case api.StatePaused:
 		err = s.resumeLocked(ctx, v)
-	case "suspended":
+	case api.StateSuspended:
 		err = s.wakeLocked(ctx, v)
 	}
 	return v, err
@@ -327,7 +328,7 @@ func (s *Service) SuspendAll(ctx context.Context) {
 		return
 	}
 	for _, v := range vms {
-		if v.State != "running" && v.State != "paused" {
+		if v.State != api.StateRunning && v.State != api.StatePaused {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -353,7 +354,7 @@ func (s *Service) WakeMarked(ctx context.Context) {
 		return
 	}
 	for _, v := range vms {
-		if v.State != "suspended" || !v.ResumeOnStart {
+		if v.State != api.StateSuspended || !v.ResumeOnStart {
 			continue
 		}
 		if w, err := s.Wake(ctx, v.ID); err != nil {

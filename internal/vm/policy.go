@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"sync"
 	"time"
 
@@ -119,7 +120,7 @@ func (s *Service) applyPolicy(ctx context.Context, v *store.VM) {
 		}
 		return
 	}
-	if v.IdleTimeoutSec <= 0 || (v.State != "running" && v.State != "paused") {
+	if v.IdleTimeoutSec <= 0 || (v.State != api.StateRunning && v.State != api.StatePaused) {
 		return
 	}
 	idle := s.idleFor(v)
@@ -217,7 +218,7 @@ func (s *Service) maybeRestart(v *store.VM, crashed bool, reason string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		cur, err := s.store.GetVM(ctx, v.ID)
-		if err != nil || (cur.State != "crashed" && cur.State != "stopped") {
+		if err != nil || (cur.State != api.StateCrashed && cur.State != api.StateStopped) {
 			return // deleted or started by someone meanwhile
 		}
 		if _, err := s.Start(ctx, v.ID); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"slices"
 	"time"
 
@@ -17,8 +18,6 @@ import (
 // for the first time in the new process; a pooled VM has done that ahead of time, so
 // a create that finds one only pushes the new identity. Pool VMs are rows in state
 // "pool", hidden from the API; they are destroyed when the server stops or restarts.
-
-const statePool = "pool"
 
 type poolKey struct {
 	cpus int
@@ -73,7 +72,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
 	v.Network, v.Egress = o.Network, o.Egress
 	v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart = int64(o.IdleTimeout.Seconds()), int64(o.DeleteAfter.Seconds()), o.Restart
-	v.State = "creating"
+	v.State = api.StateCreating
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		// the name or key was taken meanwhile: the pool VM is still good
 		v.Name, v.IdempotencyKey, v.State = "pool-"+v.ID, "", statePool
@@ -108,7 +107,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		return fail(fmt.Errorf("set guest identity: %w", err))
 	}
 	now := time.Now().UTC()
-	v.State, v.StartedAt, v.CreatedAt = "running", &now, now
+	v.State, v.StartedAt, v.CreatedAt = api.StateRunning, &now, now
 	v.Source = "warm pool (template " + v.Template + ")"
 	if err := s.finishCreate(ctx, v, start); err != nil {
 		return nil, false, err

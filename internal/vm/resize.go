@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"io"
 	"os/exec"
 	"strings"
@@ -43,12 +44,12 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	// A suspended VM is woken to grow online; a paused one stays paused.
 	if v, err := s.Get(ctx, idOrName); err != nil {
 		return nil, err
-	} else if v.State == "suspended" {
+	} else if v.State == api.StateSuspended {
 		if _, err := s.Wake(ctx, idOrName); err != nil {
 			return nil, err
 		}
 	}
-	v, unlock, err := s.settled(ctx, idOrName, "resize")
+	v, unlock, err := s.settled(ctx, idOrName, opResize)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +82,7 @@ func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	return &ResizeResult{VM: v, Message: strings.Join(msgs, "; ")}, s.store.UpdateVM(ctx, v)
 }
 
-func live(v *store.VM) bool { return v.State == "running" || v.State == "paused" }
+func live(v *store.VM) bool { return v.State == api.StateRunning || v.State == api.StatePaused }
 
 // growDisk grows v's disk to size: online through QEMU and the guest, or
 // offline with qemu-img.
@@ -99,7 +100,7 @@ func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string
 			return "", fmt.Errorf("grow disk: %w", err)
 		}
 		msg = "disk grown; the filesystem grows when the VM resumes"
-		if v.State == "running" {
+		if v.State == api.StateRunning {
 			c, err := in.guestClient(ctx)
 			if err == nil {
 				err = c.SetIdentity(ctx, guest.Identity{DiskResize: true})
@@ -133,7 +134,7 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 	case !live(v):
 		v.CPUs = cpus
 		return []string{"CPUs set; they apply when the VM starts"}, nil
-	case cpus > v.CPUs && v.State == "running" && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
+	case cpus > v.CPUs && v.State == api.StateRunning && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
 		if err := s.growCPUs(ctx, v, cpus); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/api"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,7 +39,7 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	}
 	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
 	freeze := func() error { return in.machine.FreezeDisk(ctx, newTop) }
-	if v.State == "paused" {
+	if v.State == api.StatePaused {
 		res, err = in.machine.SaveStopped(ctx, statePath)
 		if err == nil {
 			err = freeze()
@@ -81,7 +82,7 @@ func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.S
 			return nil, fmt.Errorf("%w: a snapshot named %q already exists", ErrConflict, name)
 		}
 	}
-	v, unlock, err := s.settled(ctx, idOrName, "snapshot")
+	v, unlock, err := s.settled(ctx, idOrName, opSnapshot)
 	if err != nil {
 		return nil, err
 	}
@@ -295,7 +296,7 @@ func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkRe
 	if count < 1 || count > 32 {
 		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)
 	}
-	parent, unlock, err := s.settled(ctx, idOrName, "fork")
+	parent, unlock, err := s.settled(ctx, idOrName, opFork)
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +426,7 @@ func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(
 	}
 	v, err := s.Get(ctx, id)
 	if err == nil {
-		err = checkTransition("fork", v)
+		err = checkTransition(opFork, v)
 	}
 	if err != nil {
 		unlock()

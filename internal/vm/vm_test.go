@@ -2,6 +2,8 @@ package vm
 
 import (
 	"errors"
+	"github.com/agentvm/agentvm/api"
+	"slices"
 	"testing"
 
 	"github.com/agentvm/agentvm/internal/store"
@@ -31,8 +33,9 @@ func TestValidate(t *testing.T) {
 
 func TestTransitions(t *testing.T) {
 	for _, c := range []struct {
-		op, state string
-		ok        bool
+		op    string
+		state api.State
+		ok    bool
 	}{
 		{"exec", "running", true}, {"exec", "stopped", false}, {"exec", "creating", false},
 		{"start", "stopped", true}, {"start", "crashed", true}, {"start", "running", false},
@@ -42,6 +45,42 @@ func TestTransitions(t *testing.T) {
 		err := checkTransition(c.op, &store.VM{Name: "v", State: c.state})
 		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrConflict)) {
 			t.Errorf("%s from %s: %v", c.op, c.state, err)
+		}
+	}
+}
+
+// The table is consistent: an operation's no-op states are not states it
+// starts from, its target is a real state, every state a VM can be in
+// is either reachable or explicitly not, and every operation can start.
+func TestStateTable(t *testing.T) {
+	known := map[api.State]bool{statePool: true}
+	for _, st := range api.States {
+		known[st] = true
+	}
+	for op, r := range table {
+		if len(r.from) == 0 {
+			t.Errorf("%s starts from no state", op)
+		}
+		for _, st := range append(append([]api.State{}, r.from...), r.noop...) {
+			if !known[st] {
+				t.Errorf("%s names unknown state %q", op, st)
+			}
+		}
+		for _, st := range r.noop {
+			if slices.Contains(r.from, st) {
+				t.Errorf("%s: %s is both a start state and a no-op", op, st)
+			}
+		}
+		for _, st := range []api.State{r.to, r.during} {
+			if st != "" && !known[st] {
+				t.Errorf("%s leads to unknown state %q", op, st)
+			}
+		}
+	}
+	for st, want := range map[api.State]bool{api.StateRunning: true, api.StatePaused: true, api.StateSuspended: true,
+		api.StateStopped: false, api.StateCrashed: false, api.StateError: false, api.StateCreating: false, api.StateDeleting: false} {
+		if Reachable(st) != want {
+			t.Errorf("Reachable(%s) = %v", st, !want)
 		}
 	}
 }
