@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
 type principalKey struct{}
@@ -46,6 +47,8 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+		// Lifecycle operations record who asked (vm/ops.go).
+		r = r.WithContext(vm.WithActor(r.Context(), actor(r)))
 		// A scoped token's revoke or expiry ends its requests that are still
 		// running (streams, upgraded connections), not just its next login.
 		w, r, done, err := s.tokens.TrackHTTP(w, r, p)

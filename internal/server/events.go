@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -128,80 +127,4 @@ func (s *Server) setPolicy(w http.ResponseWriter, r *http.Request) {
 	}
 	s.svc.Event(v.ID, "policy", actor(r), "policy set: %s", strings.Join(parts, ", "))
 	writeJSON(w, 200, s.toAPI(v))
-}
-
-// recordOp records a lifecycle event after a successful API operation.
-func (s *Server) recordOp(r *http.Request, vmID, op string, took time.Duration, extra string) {
-	msg := fmt.Sprintf("%s (%s)", op, took.Round(time.Millisecond))
-	if extra != "" {
-		msg += ": " + extra
-	}
-	s.svc.EventData(vmID, "lifecycle", actor(r), map[string]string{"op": op, "ms": strconv.FormatInt(took.Milliseconds(), 10)}, "%s", msg)
-	s.metrics.observe(op, took)
-}
-
-// opRecorder captures the status and (small) body of a lifecycle answer.
-type opRecorder struct {
-	http.ResponseWriter
-	status int
-	body   []byte
-}
-
-func (o *opRecorder) WriteHeader(code int) {
-	o.status = code
-	o.ResponseWriter.WriteHeader(code)
-}
-
-func (o *opRecorder) Write(b []byte) (int, error) {
-	if o.status == 0 {
-		o.status = 200
-	}
-	if len(o.body) < 64<<10 {
-		o.body = append(o.body, b...)
-	}
-	return o.ResponseWriter.Write(b)
-}
-
-// recorded wraps a lifecycle handler: a successful call becomes an event
-// (with who asked) and a latency sample.
-func (s *Server) recorded(op string, h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		vmID := ""
-		if ref := r.PathValue("id"); ref != "" {
-			if v, err := s.svc.Get(r.Context(), ref); err == nil {
-				vmID = v.ID
-			}
-		}
-		rec := &opRecorder{ResponseWriter: w}
-		start := time.Now()
-		h(rec, r)
-		took := time.Since(start)
-		if rec.status < 200 || rec.status >= 300 {
-			return
-		}
-		extra := ""
-		var out struct {
-			ID       string `json:"id"`
-			Name     string `json:"name"`
-			Children []struct {
-				Name string `json:"name"`
-			} `json:"children"`
-		}
-		json.Unmarshal(rec.body, &out)
-		switch op {
-		case "create":
-			vmID, extra = out.ID, "as "+out.Name
-		case "snapshot":
-			extra = "snapshot " + out.Name
-		case "fork":
-			names := make([]string, 0, len(out.Children))
-			for _, c := range out.Children {
-				names = append(names, c.Name)
-			}
-			extra = "children " + strings.Join(names, ", ")
-		}
-		if vmID != "" {
-			s.recordOp(r, vmID, op, took, extra)
-		}
-	}
 }

@@ -195,6 +195,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.svc.SetDaemonListeners(own)
 	s.svc.OnDelete(s.forgetDeletedVM)
+	s.svc.OnOp(s.metrics.observe) // lifecycle latencies; exec and other relays observe their own
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, err
 	}

@@ -109,9 +109,9 @@ func (o *CreateOptions) Validate() error {
 	return nil
 }
 
-// Create makes a running VM by restoring the template of its shape onto a fresh
+// create makes a running VM by restoring the template of its shape onto a fresh
 // overlay and giving it its own identity. On any failure nothing is left behind.
-func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool, error) {
+func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool, error) {
 	if err := o.Validate(); err != nil {
 		return nil, false, err
 	}

@@ -42,8 +42,8 @@ func (s *Service) List(ctx context.Context) ([]*store.VM, error) {
 	return out, err
 }
 
-// Stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
-func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) {
+// stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
+func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, unlock, err := s.take(ctx, idOrName, opStop)
 	if err != nil {
 		return nil, err
@@ -70,9 +70,9 @@ func (s *Service) Stop(ctx context.Context, idOrName string) (*store.VM, error) 
 	return v, s.store.UpdateVM(ctx, v)
 }
 
-// Start cold-boots a stopped VM from its own disk; a paused or suspended VM is
+// start cold-boots a stopped VM from its own disk; a paused or suspended VM is
 // resumed or woken instead.
-func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error) {
+func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error) {
 	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == api.StatePaused || v.State == api.StateSuspended) {
 		return s.Wake(ctx, v.ID)
 	}
@@ -113,8 +113,8 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 	return v, s.store.UpdateVM(ctx, v)
 }
 
-// Delete removes a VM in any settled state.
-func (s *Service) Delete(ctx context.Context, idOrName string) error {
+// remove removes a VM in any settled state.
+func (s *Service) remove(ctx context.Context, idOrName string) error {
 	v, err := s.Get(ctx, idOrName)
 	if err != nil {
 		return err

@@ -61,8 +61,8 @@ func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, 
 	return v, unlock, nil
 }
 
-// Pause freezes a running VM's vCPUs; memory stays in RAM.
-func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error) {
+// pause freezes a running VM's vCPUs; memory stays in RAM.
+func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)
 	if err == nil && done(opPause, v) {
 		return &OpResult{VM: v}, nil
@@ -86,8 +86,8 @@ func (s *Service) Pause(ctx context.Context, idOrName string) (*OpResult, error)
 	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
 }
 
-// Resume continues a paused VM.
-func (s *Service) Resume(ctx context.Context, idOrName string) (*OpResult, error) {
+// resume continues a paused VM.
+func (s *Service) resume(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)
 	if err == nil && done(opResume, v) {
 		return &OpResult{VM: v}, nil
@@ -121,9 +121,9 @@ func (s *Service) suspendPath(id string) string {
 	return filepath.Join(s.paths(id).Dir, "suspend.state")
 }
 
-// Suspend writes the VM's memory and device state to disk and ends its QEMU process,
+// suspend writes the VM's memory and device state to disk and ends its QEMU process,
 // freeing its RAM. The next request wakes it where it was.
-func (s *Service) Suspend(ctx context.Context, idOrName string) (*OpResult, error) {
+func (s *Service) suspend(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)
 	if err == nil && done(opSuspend, v) {
 		return &OpResult{VM: v}, nil

@@ -27,11 +27,11 @@ type ResizeResult struct {
 	Message string
 }
 
-// Resize grows a VM. The disk grows online (block_resize, then the guest grows its
+// resize grows a VM. The disk grows online (block_resize, then the guest grows its
 // filesystem), vCPUs are hot-added to a running VM up to qemu.MaxCPUs; other CPU
 // changes and memory changes of a running VM apply at its next start. Shrinking
 // the disk is refused.
-func (s *Service) Resize(ctx context.Context, idOrName string, o ResizeOptions) (*ResizeResult, error) {
+func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) (*ResizeResult, error) {
 	if o.CPUs == 0 && o.MemoryMiB == 0 && o.DiskBytes == 0 {
 		return nil, fmt.Errorf("%w: nothing to resize: give cpus, memory or disk", ErrInvalid)
 	}

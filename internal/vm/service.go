@@ -65,8 +65,9 @@ type Service struct {
 	activity  activity
 	started   time.Time
 	locks     map[string]*sync.Mutex
-	busy      map[string]string   // VM id -> the operation holding its lock, for 409 messages
-	onDelete  []func(vmID string) // see OnDelete
+	busy      map[string]string                     // VM id -> the operation holding its lock, for 409 messages
+	onDelete  []func(vmID string)                   // see OnDelete
+	onOp      []func(op string, took time.Duration) // see OnOp
 	snapLocks map[string]*sync.RWMutex
 
 	imgOnce sync.Mutex

@@ -72,8 +72,8 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	return frozen, res, nil
 }
 
-// Snapshot captures a running or paused VM (memory, processes and disk).
-func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error) {
+// snapshot captures a running or paused VM (memory, processes and disk).
+func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error) {
 	if name != "" {
 		if err := ValidateName(name); err != nil {
 			return nil, err
@@ -169,8 +169,8 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	return nil
 }
 
-// CreateFrom makes a new VM from a snapshot: its processes and files, a fresh identity.
-func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
+// createFrom makes a new VM from a snapshot: its processes and files, a fresh identity.
+func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
 	if o.IdempotencyKey != "" {
 		if v, err := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); err == nil {
 			return v, false, nil
@@ -287,12 +287,12 @@ type ForkResult struct {
 // children that failed their check.
 const forkAttempts = 3
 
-// Fork copies a running VM into count new running VMs (memory, processes, disk);
+// fork copies a running VM into count new running VMs (memory, processes, disk);
 // the parent keeps running. Each child gets its own identity and copy-on-write disk.
 // A child that does not come up as a healthy copy of its parent (see checkChild)
 // is deleted and made again from a new capture of the parent; after forkAttempts
 // captures the fork fails and leaves no child behind. The parent is only captured.
-func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkResult, error) {
+func (s *Service) fork(ctx context.Context, idOrName string, count int) (*ForkResult, error) {
 	if count < 1 || count > 32 {
 		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)
 	}
