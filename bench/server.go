@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	agentvmserver "github.com/agentvm/agentvm/internal/server"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	agentvmserver "github.com/agentvm/agentvm/internal/server"
 	"github.com/agentvm/agentvm/pkg/client"
 )
 

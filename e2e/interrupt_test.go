@@ -68,12 +68,16 @@ func TestDaemonInterruptedLifecycle(t *testing.T) {
 	// A save that QEMU carries on after the daemon died completes later and
 	// stops the guest: the restarted daemon must end it. The test plays the
 	// dead daemon's part over QMP: a live save into a pipe that drains only
-	// after a few seconds, so it is still running when the daemon is back.
+	// once the daemon is back (the gate), so it is still running then.
 	s.Kill9()
-	done := filepath.Join(t.TempDir(), "save-over")
+	dir := t.TempDir()
+	gate, done := filepath.Join(dir, "gate"), filepath.Join(dir, "save-over")
 	qmp(t, filepath.Join(server.RunDir(s.DataDir), v.ID, "qmp.sock"),
-		`{"execute":"migrate","arguments":{"uri":"exec:sleep 4; cat >/dev/null; touch `+done+`"}}`)
+		`{"execute":"migrate","arguments":{"uri":"exec:until [ -e `+gate+` ]; do sleep 0.1; done; cat >/dev/null; touch `+done+`"}}`)
 	s.Restart()
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		if _, err := os.Stat(done); err == nil {
 			break

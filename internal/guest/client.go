@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/hashicorp/yamux"
 )
 

@@ -3,13 +3,14 @@ package guest
 import (
 	"context"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"net/url"
 	"path"
 	"strconv"
 	"time"
+
+	"github.com/agentvm/agentvm/api"
 )
 
 func fileQuery(user, p string) url.Values {

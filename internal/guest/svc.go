@@ -3,12 +3,13 @@ package guest
 import (
 	"context"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/agentvm/agentvm/api"
 )
 
 func servicePath(name string) string { return PathServices + "/" + url.PathEscape(name) }

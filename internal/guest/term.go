@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"net"
 	"net/http"
 	"net/url"
@@ -18,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/hashicorp/yamux"
 )
 

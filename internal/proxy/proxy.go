@@ -319,7 +319,7 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, vm.ErrNoListener):
 		page(w, http.StatusBadGateway, "Nothing is listening", fmt.Sprintf("nothing is listening on port %d in %s (start your server on 0.0.0.0:%d or 127.0.0.1:%d)", t.port, name, t.port, t.port))
-	case errors.Is(err, vm.ErrConflict), errors.Is(err, vm.ErrUnavailable):
+	case (errors.Is(err, vm.ErrConflict) || errors.Is(err, vm.ErrUnavailable)) && !errors.Is(err, vm.ErrGuestDial):
 		page(w, http.StatusServiceUnavailable, "VM not running", err.Error())
 	default:
 		p.log.Info("preview proxy error", "vm", name, "port", t.port, "err", err)

@@ -3,7 +3,6 @@ package server
 import (
 	"bufio"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"net/http"
 	"os"
 	"slices"
@@ -13,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/network"
 )
 

@@ -3,12 +3,12 @@ package sshgw
 import (
 	"context"
 	"encoding/json"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"strings"
 	"sync"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"

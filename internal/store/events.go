@@ -21,15 +21,6 @@ type Event struct {
 // (every 100 inserts). A variable so tests can use a small bound.
 var MaxEventsPerVM = 5000
 
-const eventSchema = `
-CREATE TABLE IF NOT EXISTS events (
-	seq INTEGER PRIMARY KEY AUTOINCREMENT,
-	vm_id TEXT NOT NULL,
-	time INTEGER NOT NULL,
-	data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_vm ON events (vm_id, seq);`
-
 // AddEvent appends an event (setting its Seq) and prunes the VM's oldest
 // events beyond MaxEventsPerVM now and then.
 func (s *Store) AddEvent(ctx context.Context, e *Event) error {

@@ -13,7 +13,57 @@ import (
 var migrations = []string{
 	// 1: the tables. A database from before numbered migrations (version 0,
 	// its tables already there) passes through unchanged.
-	schema + tokenSchema + portSchema + networkSchema + eventSchema,
+	`CREATE TABLE IF NOT EXISTS snapshots (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS vms (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	idempotency_key TEXT UNIQUE,
+	net_index INTEGER NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+	id TEXT PRIMARY KEY,
+	hash TEXT NOT NULL UNIQUE,
+	vm_id TEXT NOT NULL,
+	expires_at INTEGER NOT NULL,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tokens_vm ON tokens (vm_id);
+CREATE TABLE IF NOT EXISTS ports (
+	vm_id TEXT NOT NULL,
+	port INTEGER NOT NULL,
+	kind TEXT NOT NULL,
+	public INTEGER NOT NULL,
+	host_addr TEXT NOT NULL,
+	host_port INTEGER NOT NULL,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (vm_id, port, kind)
+);
+CREATE TABLE IF NOT EXISTS domains (
+	domain TEXT PRIMARY KEY,
+	vm_id TEXT NOT NULL,
+	port INTEGER NOT NULL,
+	created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS networks (
+	name TEXT PRIMARY KEY,
+	created_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+	seq INTEGER PRIMARY KEY AUTOINCREMENT,
+	vm_id TEXT NOT NULL,
+	time INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_vm ON events (vm_id, seq);`,
 	// 2: a VM's state as a real column, filled from the JSON record, so
 	// that queries (and other stores) need not parse it.
 	`ALTER TABLE vms ADD COLUMN state TEXT NOT NULL DEFAULT '';
@@ -49,5 +99,9 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			return fmt.Errorf("schema migration %d: %w", v+1, err)
 		}
 	}
-	return nil
+	// An agentvm from before migration 2 knows no state column and may
+	// have written since: bring the column back in line with the records.
+	_, err := db.ExecContext(ctx, `UPDATE vms SET state = COALESCE(json_extract(data, '$.state'), '')
+WHERE state IS NOT COALESCE(json_extract(data, '$.state'), '')`)
+	return err
 }

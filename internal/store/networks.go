@@ -17,13 +17,6 @@ type Network struct {
 	CreatedAt time.Time   `json:"created_at"`
 }
 
-const networkSchema = `
-CREATE TABLE IF NOT EXISTS networks (
-	name TEXT PRIMARY KEY,
-	created_at INTEGER NOT NULL,
-	data TEXT NOT NULL
-);`
-
 // CreateNetwork inserts a network; ErrConflict if the name is taken.
 func (s *Store) CreateNetwork(ctx context.Context, n *Network) error {
 	data, _ := json.Marshal(n)

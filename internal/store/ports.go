@@ -27,24 +27,6 @@ type Domain struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-const portSchema = `
-CREATE TABLE IF NOT EXISTS ports (
-	vm_id TEXT NOT NULL,
-	port INTEGER NOT NULL,
-	kind TEXT NOT NULL,
-	public INTEGER NOT NULL,
-	host_addr TEXT NOT NULL,
-	host_port INTEGER NOT NULL,
-	created_at INTEGER NOT NULL,
-	PRIMARY KEY (vm_id, port, kind)
-);
-CREATE TABLE IF NOT EXISTS domains (
-	domain TEXT PRIMARY KEY,
-	vm_id TEXT NOT NULL,
-	port INTEGER NOT NULL,
-	created_at INTEGER NOT NULL
-);`
-
 // PutPort inserts or replaces an exposure.
 func (s *Store) PutPort(ctx context.Context, p *Port) error {
 	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO ports (vm_id, port, kind, public, host_addr, host_port, created_at) VALUES (?,?,?,?,?,?,?)`,

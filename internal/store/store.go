@@ -101,22 +101,6 @@ type Snapshot struct {
 // Store is a SQLite-backed metadata store.
 type Store struct{ db *sql.DB }
 
-const schema = `
-CREATE TABLE IF NOT EXISTS snapshots (
-	id TEXT PRIMARY KEY,
-	name TEXT NOT NULL UNIQUE,
-	created_at INTEGER NOT NULL,
-	data TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS vms (
-	id TEXT PRIMARY KEY,
-	name TEXT NOT NULL UNIQUE,
-	idempotency_key TEXT UNIQUE,
-	net_index INTEGER NOT NULL UNIQUE,
-	created_at INTEGER NOT NULL,
-	data TEXT NOT NULL
-);`
-
 // Open opens (creating if needed) the database at path.
 func Open(path string) (*Store, error) {
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")

@@ -23,17 +23,6 @@ type Token struct {
 	SSHKeys []string `json:"ssh_keys,omitempty"`
 }
 
-const tokenSchema = `
-CREATE TABLE IF NOT EXISTS tokens (
-	id TEXT PRIMARY KEY,
-	hash TEXT NOT NULL UNIQUE,
-	vm_id TEXT NOT NULL,
-	expires_at INTEGER NOT NULL,
-	created_at INTEGER NOT NULL,
-	data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tokens_vm ON tokens (vm_id);`
-
 // CreateToken inserts a token.
 func (s *Store) CreateToken(ctx context.Context, t *Token) error {
 	data, _ := json.Marshal(t)

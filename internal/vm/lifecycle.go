@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"net"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/network"
@@ -65,7 +65,7 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 		s.setInstance(v.ID, nil)
 	}
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID, v.ColdBoot = api.StateStopped, 0, true
+	v.State, v.PID, v.ColdBoot = table[opStop].to, 0, true
 	s.logEvent(v.ID, "stopped")
 	return v, s.store.UpdateVM(ctx, v)
 }
@@ -222,7 +222,7 @@ func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net
 	}
 	c, err := in.net.DialGuest(ctx, port)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect to port %d in %s: %w", ErrUnavailable, port, v.Name, err)
+		return nil, fmt.Errorf("%w: %w: connect to port %d in %s: %w", ErrUnavailable, ErrGuestDial, port, v.Name, err)
 	}
 	return c, nil
 }

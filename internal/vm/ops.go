@@ -10,11 +10,12 @@ import (
 	"github.com/agentvm/agentvm/internal/store"
 )
 
-// A user-requested lifecycle operation that succeeds becomes an event naming
-// who asked and how long it took, and a latency sample for the OnOp
-// subscribers (the metrics): the operation records it where it happens,
-// not the HTTP layer. Internal callers (policies, shutdown, pool) carry no
-// actor and record their own events.
+// A user-requested lifecycle operation that succeeds (a no-op and an
+// idempotent replay included: the caller asked and got an answer) becomes an
+// event naming who asked and how long it took, and a latency sample for the
+// OnOp subscribers (the metrics): the operation records it where it
+// happens, not the HTTP layer. Internal callers (policies, shutdown, pool)
+// carry no actor and record their own events.
 
 type actorKey struct{}
 
@@ -35,50 +36,31 @@ func (s *Service) OnOp(fn func(op string, took time.Duration)) {
 	s.onOp = append(s.onOp, fn)
 }
 
-// opRecord is one operation under way; see startOp.
-type opRecord struct {
-	s     *Service
-	ctx   context.Context
-	op    string
-	start time.Time
-	vm    string // set once the operation does something: no-ops are not recorded
-	extra string
-}
-
-// startOp begins the record of op; the caller sets vm (and extra) once it
-// acts and defers done with its error.
-func (s *Service) startOp(ctx context.Context, op string) *opRecord {
-	return &opRecord{s: s, ctx: ctx, op: op, start: time.Now()}
-}
-
-func (r *opRecord) done(err *error) {
-	actor := actorOf(r.ctx)
-	if *err != nil || r.vm == "" || actor == "" {
-		return
-	}
-	took := time.Since(r.start)
-	msg := fmt.Sprintf("%s (%s)", r.op, took.Round(time.Millisecond))
-	if r.extra != "" {
-		msg += ": " + r.extra
-	}
-	r.s.EventData(r.vm, "lifecycle", actor, map[string]string{"op": r.op, "ms": strconv.FormatInt(took.Milliseconds(), 10)}, "%s", msg)
-	r.s.mu.Lock()
-	fns := append([]func(string, time.Duration){}, r.s.onOp...)
-	r.s.mu.Unlock()
-	for _, fn := range fns {
-		fn(r.op, took)
-	}
-}
-
 // record runs a user-requested operation and records it (see opRecord):
 // what names the VM it acted on and the event's detail.
 func record[T any](s *Service, ctx context.Context, op string, run func() (T, error), what func(T) (vmID, extra string)) (T, error) {
-	rec := s.startOp(ctx, op)
+	start := time.Now()
 	res, err := run()
-	if err == nil {
-		rec.vm, rec.extra = what(res)
+	actor := actorOf(ctx)
+	if err != nil || actor == "" {
+		return res, err
 	}
-	rec.done(&err)
+	vmID, extra := what(res)
+	if vmID == "" {
+		return res, err
+	}
+	took := time.Since(start)
+	msg := fmt.Sprintf("%s (%s)", op, took.Round(time.Millisecond))
+	if extra != "" {
+		msg += ": " + extra
+	}
+	s.EventData(vmID, "lifecycle", actor, map[string]string{"op": op, "ms": strconv.FormatInt(took.Milliseconds(), 10)}, "%s", msg)
+	s.mu.Lock()
+	fns := append([]func(string, time.Duration){}, s.onOp...)
+	s.mu.Unlock()
+	for _, fn := range fns {
+		fn(op, took)
+	}
 	return res, err
 }
 
@@ -87,22 +69,22 @@ func opVM(r *OpResult) (string, string) { return r.VM.ID, "" }
 
 // Create makes a VM (see create).
 func (s *Service) Create(ctx context.Context, o CreateOptions) (*store.VM, bool, error) {
-	var replay bool
+	var created bool
 	v, err := record(s, ctx, "create", func() (v *store.VM, err error) {
-		v, replay, err = s.create(ctx, o)
+		v, created, err = s.create(ctx, o)
 		return v, err
 	}, func(v *store.VM) (string, string) { return v.ID, "as " + v.Name })
-	return v, replay, err
+	return v, created, err
 }
 
 // CreateFrom makes a VM from a snapshot (see createFrom).
 func (s *Service) CreateFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
-	var replay bool
+	var created bool
 	v, err := record(s, ctx, "create", func() (v *store.VM, err error) {
-		v, replay, err = s.createFrom(ctx, snap, o)
+		v, created, err = s.createFrom(ctx, snap, o)
 		return v, err
 	}, func(v *store.VM) (string, string) { return v.ID, "as " + v.Name })
-	return v, replay, err
+	return v, created, err
 }
 
 // Stop shuts a VM down (see stop).

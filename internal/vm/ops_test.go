@@ -43,3 +43,26 @@ func TestOperationsRecordThemselves(t *testing.T) {
 		t.Fatalf("latency samples: %v", samples)
 	}
 }
+
+// The service's writes outlive a caller that hung up.
+func TestWritesOutliveTheCaller(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "agentvm.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d := durable{st}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	v := &store.VM{ID: "vm1", Name: "web", State: "running", NetIndex: 1, CreatedAt: time.Now()}
+	if err := d.CreateVM(ctx, v); err != nil {
+		t.Fatalf("create with a cancelled context: %v", err)
+	}
+	v.State = "stopped"
+	if err := d.UpdateVM(ctx, v); err != nil {
+		t.Fatalf("update with a cancelled context: %v", err)
+	}
+	if got, err := st.GetVM(context.Background(), "vm1"); err != nil || got.State != "stopped" {
+		t.Fatalf("record: %+v %v", got, err)
+	}
+}

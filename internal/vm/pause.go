@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -23,7 +23,8 @@ type OpResult struct {
 }
 
 // take finds a VM and takes it for a user-requested operation (409 if another one
-// is in progress), returning the record as it is once the VM is held.
+// is in progress; the handling of an unexpected exit is waited for, up to
+// 30 s), returning the record as it is once the VM is held.
 func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
 	v, err := s.Get(ctx, idOrName)
 	if err != nil {
@@ -80,7 +81,7 @@ func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error)
 	if err := in.machine.Pause(ctx); err != nil {
 		return nil, err
 	}
-	v.State = api.StatePaused
+	v.State = table[opPause].to
 	s.logEvent(v.ID, "paused")
 	// Records of effects that happened do not depend on the caller staying.
 	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
@@ -112,7 +113,7 @@ func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
 	if err := in.machine.Resume(ctx); err != nil {
 		return err
 	}
-	v.State = api.StateRunning
+	v.State = table[opResume].to
 	s.logEvent(v.ID, "resumed")
 	return s.store.UpdateVM(context.Background(), v)
 }
@@ -166,7 +167,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	in.detach()
 	s.setInstance(v.ID, nil)
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID = api.StateSuspended, 0
+	v.State, v.PID = table[opSuspend].to, 0
 	s.logEvent(v.ID, "suspended: %d MiB of state in %d ms", res.Bytes>>20, time.Since(start).Milliseconds())
 	// QEMU is gone: the record says so whatever the caller does (with the
 	// request's context a client hanging up here left a VM listed running

@@ -3,10 +3,10 @@ package vm
 import (
 	"context"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"sync"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 

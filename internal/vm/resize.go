@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"os/exec"
 	"strings"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
@@ -41,13 +41,10 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	if o.MemoryMiB != 0 && o.MemoryMiB < MinMemoryMiB {
 		return nil, fmt.Errorf("%w: memory must be at least %d MiB", ErrInvalid, MinMemoryMiB)
 	}
-	// A suspended VM is woken to grow online; a paused one stays paused.
-	if v, err := s.Get(ctx, idOrName); err != nil {
+	// A suspended or paused VM is woken: its filesystem grows and vCPUs
+	// are added online, which needs the guest running.
+	if _, err := s.Wake(ctx, idOrName); err != nil {
 		return nil, err
-	} else if v.State == api.StateSuspended {
-		if _, err := s.Wake(ctx, idOrName); err != nil {
-			return nil, err
-		}
 	}
 	v, unlock, err := s.settled(ctx, idOrName, opResize)
 	if err != nil {
@@ -56,6 +53,12 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	defer unlock()
 	if o.DiskBytes != 0 && o.DiskBytes < v.DiskBytes {
 		return nil, fmt.Errorf("%w: shrinking the disk is not supported (it is %d MiB, asked for %d MiB)", ErrInvalid, v.DiskBytes>>20, o.DiskBytes>>20)
+	}
+	// Everything that can refuse does so before anything changes.
+	if mem, disk := max(o.MemoryMiB-v.MemoryMiB, 0), max(o.DiskBytes-v.DiskBytes, 0); mem > 0 || disk > 0 {
+		if err := s.admit(mem, disk); err != nil {
+			return nil, err
+		}
 	}
 	var msgs []string
 	if o.DiskBytes > v.DiskBytes {
@@ -70,11 +73,7 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 		return nil, err
 	}
 	msgs = append(msgs, m...)
-	m, err = s.resizeMemory(v, o.MemoryMiB)
-	if err != nil {
-		return nil, err
-	}
-	msgs = append(msgs, m...)
+	msgs = append(msgs, s.resizeMemory(v, o.MemoryMiB)...)
 	if len(msgs) == 0 {
 		msgs = append(msgs, "nothing changed")
 	}
@@ -87,9 +86,6 @@ func live(v *store.VM) bool { return v.State == api.StateRunning || v.State == a
 // growDisk grows v's disk to size: online through QEMU and the guest, or
 // offline with qemu-img.
 func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string, error) {
-	if err := s.admit(0, size-v.DiskBytes); err != nil {
-		return "", err
-	}
 	msg := "disk grown; the filesystem grows at the next start"
 	if live(v) {
 		in, err := s.attached(v)
@@ -132,7 +128,7 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 	case cpus == v.CPUs:
 		return nil, nil
 	case !live(v):
-		v.CPUs = cpus
+		v.CPUs, v.NextCPUs = cpus, 0
 		return []string{"CPUs set; they apply when the VM starts"}, nil
 	case cpus > v.CPUs && v.State == api.StateRunning && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
 		if err := s.growCPUs(ctx, v, cpus); err != nil {
@@ -156,27 +152,22 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 
 // resizeMemory sets v's memory (0: unchanged): at once for a VM that is not
 // running, else for its next start.
-func (s *Service) resizeMemory(v *store.VM, mib int64) ([]string, error) {
+func (s *Service) resizeMemory(v *store.VM, mib int64) []string {
 	switch {
 	case mib == 0:
-		return nil, nil
+		return nil
 	case mib == v.MemoryMiB && v.NextMemoryMiB != 0:
 		v.NextMemoryMiB = 0
-		return []string{"the pending memory change is cancelled"}, nil
+		return []string{"the pending memory change is cancelled"}
 	case mib == v.MemoryMiB:
-		return nil, nil
-	}
-	if mib > v.MemoryMiB {
-		if err := s.admit(mib-v.MemoryMiB, 0); err != nil {
-			return nil, err
-		}
+		return nil
 	}
 	if !live(v) {
-		v.MemoryMiB = mib
-		return []string{"memory set; it applies when the VM starts"}, nil
+		v.MemoryMiB, v.NextMemoryMiB = mib, 0
+		return []string{"memory set; it applies when the VM starts"}
 	}
 	v.NextMemoryMiB = mib
-	return []string{"memory changes apply at the next start (stop and start the VM)"}, nil
+	return []string{"memory changes apply at the next start (stop and start the VM)"}
 }
 
 // growCPUs hot-adds vCPUs to a running VM and brings them online in the

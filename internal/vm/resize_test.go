@@ -23,6 +23,7 @@ func TestResizeCPUsDecisions(t *testing.T) {
 	}{
 		{"unchanged", store.VM{State: "running", CPUs: 2}, 0, 2, 0, ""},
 		{"stopped: set now", store.VM{State: "stopped", CPUs: 2}, 4, 4, 0, "apply when the VM starts"},
+		{"stopped with a pending change: the new count wins", store.VM{State: "stopped", CPUs: 2, NextCPUs: 8}, 4, 4, 0, "apply when the VM starts"},
 		{"pending change cancelled", store.VM{State: "running", CPUs: 2, NextCPUs: 4}, 2, 2, 0, "cancelled"},
 		{"paused: next start", store.VM{State: "paused", CPUs: 2}, 3, 2, 3, "added live only to a running VM"},
 		{"fewer: next start", store.VM{State: "running", CPUs: 4}, 2, 4, 2, "never removed live"},
@@ -42,15 +43,15 @@ func TestResizeCPUsDecisions(t *testing.T) {
 func TestResizeMemoryDecisions(t *testing.T) {
 	s := &Service{}
 	v := store.VM{State: "running", MemoryMiB: 1024, NextMemoryMiB: 2048}
-	if msgs, _ := s.resizeMemory(&v, 1024); v.NextMemoryMiB != 0 || len(msgs) != 1 {
+	if msgs := s.resizeMemory(&v, 1024); v.NextMemoryMiB != 0 || len(msgs) != 1 {
 		t.Fatalf("cancel: %+v %q", v, msgs)
 	}
 	v = store.VM{State: "paused", MemoryMiB: 1024}
-	if msgs, _ := s.resizeMemory(&v, 512); v.MemoryMiB != 1024 || v.NextMemoryMiB != 512 || len(msgs) != 1 {
+	if msgs := s.resizeMemory(&v, 512); v.MemoryMiB != 1024 || v.NextMemoryMiB != 512 || len(msgs) != 1 {
 		t.Fatalf("live shrink: %+v %q", v, msgs)
 	}
-	v = store.VM{State: "stopped", MemoryMiB: 1024}
-	if msgs, _ := s.resizeMemory(&v, 512); v.MemoryMiB != 512 || v.NextMemoryMiB != 0 || len(msgs) != 1 {
+	v = store.VM{State: "stopped", MemoryMiB: 1024, NextMemoryMiB: 4096}
+	if msgs := s.resizeMemory(&v, 512); v.MemoryMiB != 512 || v.NextMemoryMiB != 0 || len(msgs) != 1 {
 		t.Fatalf("offline shrink: %+v %q", v, msgs)
 	}
 }

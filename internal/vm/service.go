@@ -31,6 +31,9 @@ var (
 	// ErrNoListener: the VM runs but nothing accepts connections on the
 	// port (always together with ErrUnavailable).
 	ErrNoListener = errors.New("nothing listens on the port")
+	// ErrGuestDial: the VM runs but a connection into it failed otherwise
+	// (always together with ErrUnavailable).
+	ErrGuestDial = errors.New("cannot connect into the VM")
 )
 
 // Config configures the service.
@@ -100,7 +103,7 @@ func New(cfg Config, st Store) (*Service, error) {
 			return nil, err
 		}
 	}
-	return &Service{cfg: cfg, store: st, log: cfg.Log, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
+	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
 		pool: map[poolKey][]string{}, poolFilling: map[poolKey]bool{}}, nil
 }
 
@@ -152,7 +155,7 @@ func (s *Service) waitLock(ctx context.Context, id, op string) (func(), error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("%s VM %s: waiting for %s: %w", op, id, s.busyWith(id), ctx.Err())
+			return nil, fmt.Errorf("%w: cannot %s VM %s: %s is still in progress (waited: %v); retry when it is done", ErrConflict, op, id, s.busyWith(id), ctx.Err())
 		case <-t.C:
 		}
 	}

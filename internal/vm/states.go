@@ -36,7 +36,8 @@ type rule struct {
 }
 
 // table is the VM state machine: every user-facing operation's row. The
-// API, the proxy and the metrics read it through the functions below.
+// operations read their start, no-op and target states from it; the proxy
+// reads it through Reachable.
 // Internal transitions: create records creating, then running (pool for a
 // warm-pool VM); an exit nobody asked for records crashed, or stopped after
 // a clean guest shutdown; a restart of the daemon finishes or rolls back

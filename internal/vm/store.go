@@ -36,3 +36,43 @@ type Store interface {
 }
 
 var _ Store = (*store.Store)(nil)
+
+// durable is the service's view of its store: writes do not depend on the
+// caller staying. A record follows an effect that already happened (a QEMU
+// quit, a disk frozen, a vCPU added): with the request's context a client
+// hanging up at the wrong moment lost it, and left a VM listed running
+// without a QEMU, or a layer no record names. Reads still end with ctx.
+type durable struct{ Store }
+
+func keep(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+func (d durable) CreateVM(ctx context.Context, v *store.VM) error {
+	return d.Store.CreateVM(keep(ctx), v)
+}
+func (d durable) UpdateVM(ctx context.Context, v *store.VM) error {
+	return d.Store.UpdateVM(keep(ctx), v)
+}
+func (d durable) DeleteVM(ctx context.Context, id string) error {
+	return d.Store.DeleteVM(keep(ctx), id)
+}
+func (d durable) CreateSnapshot(ctx context.Context, sn *store.Snapshot) error {
+	return d.Store.CreateSnapshot(keep(ctx), sn)
+}
+func (d durable) DeleteSnapshot(ctx context.Context, id string) error {
+	return d.Store.DeleteSnapshot(keep(ctx), id)
+}
+func (d durable) CreateNetwork(ctx context.Context, n *store.Network) error {
+	return d.Store.CreateNetwork(keep(ctx), n)
+}
+func (d durable) UpdateNetwork(ctx context.Context, n *store.Network) error {
+	return d.Store.UpdateNetwork(keep(ctx), n)
+}
+func (d durable) DeleteNetwork(ctx context.Context, name string) error {
+	return d.Store.DeleteNetwork(keep(ctx), name)
+}
+func (d durable) DeletePorts(ctx context.Context, vmID string) error {
+	return d.Store.DeletePorts(keep(ctx), vmID)
+}
+func (d durable) AddEvent(ctx context.Context, e *store.Event) error {
+	return d.Store.AddEvent(keep(ctx), e)
+}

@@ -2,10 +2,10 @@ package vm
 
 import (
 	"errors"
-	"github.com/agentvm/agentvm/api"
 	"slices"
 	"testing"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 

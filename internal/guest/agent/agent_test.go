@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"log"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 )
 

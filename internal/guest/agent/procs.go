@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"errors"
-	"github.com/agentvm/agentvm/api"
 	"net/http"
 	"os"
 	"sort"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/agentvm/agentvm/api"
 )
 
 // procRoot is where processes are read (tests may point it elsewhere).

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentvm/agentvm/api"
 	"io"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/agentvm/agentvm/api"
 )
 
 // fakeSystemd imitates systemctl, systemd-run and journalctl closely enough

@@ -3,9 +3,9 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 )
 
@@ -40,7 +40,7 @@ type SaveResult struct {
 // Under TCG the save is stop-and-copy instead (see precopyUnreliable): the
 // guest is paused for the whole save, but the state is exact.
 func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (_ SaveResult, err error) {
-	if precopyUnreliable(m.cfg.Binary, m.cfg.Accel) {
+	if m.precopyUnreliable(ctx) {
 		return m.saveStoppedAndResume(ctx, path, atStop)
 	}
 	defer func() { err = m.exitedDuringSave(err) }()
@@ -93,25 +93,27 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 // copy in the stream is stale. A busy guest's kernel stacks are such pages,
 // and its forks came up with an oops (a return to address 0) or rebooted on
 // the panic. With KVM the kernel tracks dirty pages and precopy is exact.
-func precopyUnreliable(binary, accel string) bool {
-	if accel != "tcg" {
-		return false
-	}
-	v, err := cachedVersion(binary)
-	return err != nil || !atLeast(v, 9, 0)
+func precopyUnreliable(accel, version string) bool {
+	return accel == "tcg" && !atLeast(version, 9, 0)
 }
 
-var versions sync.Map // QEMU binary -> its version string
-
-func cachedVersion(binary string) (string, error) {
-	if v, ok := versions.Load(binary); ok {
-		return v.(string), nil
+// precopyUnreliable asks the running QEMU its version (the binary on disk
+// may have been upgraded since it started); a QEMU that does not say is
+// taken to be affected.
+func (m *Machine) precopyUnreliable(ctx context.Context) bool {
+	if m.cfg.Accel != "tcg" {
+		return false
 	}
-	v, err := Version(binary)
-	if err == nil {
-		versions.Store(binary, v)
+	r, err := m.qmp.Execute(ctx, "query-version", nil)
+	var v struct {
+		QEMU struct {
+			Major, Minor, Micro int
+		} `json:"qemu"`
 	}
-	return v, err
+	if err != nil || json.Unmarshal(r, &v) != nil {
+		return true
+	}
+	return precopyUnreliable(m.cfg.Accel, fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro))
 }
 
 // atLeast reports whether version ("9.2.1") is at least major.minor.
@@ -184,8 +186,8 @@ func (m *Machine) ExitedDuringSave(err error) error { return m.exitedDuringSave(
 // exitedDuringSave turns the error of a save whose QEMU died under it (a QMP
 // command that found the connection closed) into one that says so.
 func (m *Machine) exitedDuringSave(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || errors.Is(err, ErrExitedDuringSave) {
+		return err
 	}
 	select {
 	case <-m.qmp.Done():
@@ -198,10 +200,13 @@ func (m *Machine) exitedDuringSave(err error) error {
 		return err
 	}
 	if st := m.ExitStatus(); st != "" {
-		return fmt.Errorf("qemu exited during the save (%s)", st)
+		return fmt.Errorf("%w (%s)", ErrExitedDuringSave, st)
 	}
-	return fmt.Errorf("qemu exited during the save")
+	return ErrExitedDuringSave
 }
+
+// ErrExitedDuringSave: QEMU exited while it was saving the guest's state.
+var ErrExitedDuringSave = errors.New("qemu exited during the save")
 
 // setFileMigration prepares a migration to a local file: RAM included unless
 // ignoreShared, no bandwidth cap (QEMU's default is 128 MiB/s).

@@ -123,10 +123,10 @@ func TestAtLeast(t *testing.T) {
 			t.Errorf("atLeast(%q, 9, 0) = %v", c.v, got)
 		}
 	}
-	if precopyUnreliable("/nonexistent/qemu", "kvm") {
+	if precopyUnreliable("kvm", "7.2.22") {
 		t.Error("KVM precopy counted as unreliable")
 	}
-	if !precopyUnreliable("/nonexistent/qemu", "tcg") {
-		t.Error("TCG with an unknown QEMU version counted as reliable")
+	if !precopyUnreliable("tcg", "7.2.22") || precopyUnreliable("tcg", "9.0.0") {
+		t.Error("TCG precopy judged wrongly by version")
 	}
 }

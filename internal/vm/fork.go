@@ -1,0 +1,235 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// ForkResult is the outcome of a live fork.
+type ForkResult struct {
+	Parent   *store.VM
+	Children []*store.VM
+	PausedMs int64 // how long the parent's vCPUs were stopped
+	Bytes    int64
+	TookMs   int64
+}
+
+// forkAttempts bounds how often Fork captures the parent again for the
+// children that failed their check.
+const forkAttempts = 3
+
+// fork copies a running VM into count new running VMs (memory, processes, disk);
+// the parent keeps running. Each child gets its own identity and copy-on-write disk.
+// A child that does not come up as a healthy copy of its parent (see checkChild)
+// is deleted and made again from a new capture of the parent; after forkAttempts
+// captures the fork fails and leaves no child behind. The parent is only captured.
+func (s *Service) fork(ctx context.Context, idOrName string, count int) (*ForkResult, error) {
+	if count < 1 || count > 32 {
+		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)
+	}
+	parent, unlock, err := s.settled(ctx, idOrName, opFork)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.admit(parent.MemoryMiB*int64(count), 0); err != nil {
+		unlock()
+		return nil, err
+	}
+	start := time.Now()
+	out := &ForkResult{Parent: parent}
+	children := make([]*store.VM, count)
+	var errs []error
+	for attempt := 1; ; attempt++ {
+		if attempt > 1 {
+			if parent, unlock, err = s.relockParent(ctx, parent.ID); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			out.Parent = parent
+		}
+		var retry bool
+		errs, retry = s.forkOnce(ctx, parent, unlock, children, out)
+		if len(errs) == 0 || !retry || attempt == forkAttempts || ctx.Err() != nil {
+			break
+		}
+		s.log.Warn("fork: children failed; capturing the parent again", "vm", parent.ID, "attempt", attempt+1, "err", errors.Join(errs...))
+		s.logEvent(parent.ID, "fork: %d of %d children failed (%v); capturing the parent again (attempt %d of %d)",
+			len(errs), count, errors.Join(errs...), attempt+1, forkAttempts)
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range children {
+			if c != nil {
+				s.Delete(context.Background(), c.ID)
+			}
+		}
+		return nil, fmt.Errorf("fork %s: %w", out.Parent.Name, err)
+	}
+	out.Children, out.TookMs = children, time.Since(start).Milliseconds()
+	return out, nil
+}
+
+// forkOnce captures parent (releasing its lock once the capture is taken) and
+// restores a checked child into every empty slot of children. It returns the
+// errors of the slots it left empty, and whether another capture may fill them.
+func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(), children []*store.VM, out *ForkResult) ([]error, bool) {
+	dir := filepath.Join(s.cfg.DataDir, "snapshots", "fork-"+randHex(6))
+	os.MkdirAll(dir, 0o700)
+	defer os.RemoveAll(dir) // children have loaded the state when we return
+	state := filepath.Join(dir, "state")
+	frozen, res, err := s.capture(ctx, parent, state)
+	var want *guest.Info
+	if err == nil {
+		want = s.parentInfo(ctx, parent)
+	}
+	unlock() // the parent runs on; children only need the state file and frozen layer
+	if err != nil {
+		return []error{err}, false
+	}
+	missing := 0
+	for _, c := range children {
+		if c == nil {
+			missing++
+		}
+	}
+	s.logEvent(parent.ID, "forked x%d: %d MiB of state, parent paused %d ms", missing, res.Bytes>>20, res.Paused.Milliseconds())
+	out.PausedMs += res.Paused.Milliseconds()
+	out.Bytes = res.Bytes
+	errs := make([]error, len(children))
+	retry := make([]bool, len(children))
+	var wg sync.WaitGroup
+	for i := range children {
+		if children[i] != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := CreateOptions{Name: fmt.Sprintf("%s-fork-%s", truncate(parent.Name, 40), randHex(3)), CPUs: parent.CPUs,
+				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env,
+				Network: parent.Network, Egress: parent.Egress, Restart: parent.Restart,
+				IdleTimeout: time.Duration(parent.IdleTimeoutSec) * time.Second}
+			v, _, err := s.insertRow(ctx, o)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer s.lock(v.ID, "create")()
+			t0 := time.Now()
+			v.Source, v.Layout = "fork of "+parent.Name, parent.Layout
+			err = s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes)
+			if err == nil {
+				err = s.checkChild(ctx, v, want)
+			}
+			if err != nil {
+				s.log.Warn("fork child failed", "vm", v.ID, "parent", parent.ID, "err", err)
+				s.destroy(context.Background(), v)
+				errs[i], retry[i] = err, true
+				return
+			}
+			if err := s.finishCreate(ctx, v, t0); err != nil {
+				errs[i] = err
+				return
+			}
+			children[i] = v
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	again := true
+	for i, err := range errs {
+		if err != nil {
+			failed = append(failed, err)
+			again = again && retry[i]
+		}
+	}
+	return failed, again
+}
+
+// relockParent takes the parent's lock again for another capture. It waits
+// for whoever holds it now (a flatten that the last capture started) instead
+// of failing with a conflict, but not forever.
+func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(), error) {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	unlock, err := s.waitLock(wctx, id, "fork")
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := s.Get(ctx, id)
+	if err == nil {
+		err = checkTransition(opFork, v)
+	}
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return v, unlock, nil
+}
+
+// parentInfo asks the parent's agent who its guest is (boot id, kernel taint),
+// right after a capture: what every child restored from it must still be.
+// nil when the agent does not answer (the children are then not checked).
+func (s *Service) parentInfo(ctx context.Context, parent *store.VM) *guest.Info {
+	in := s.instance(parent.ID)
+	if in == nil || parent.State == api.StatePaused {
+		// A paused guest's agent cannot answer: waiting for it would hold
+		// the parent's lock for the whole timeout.
+		return nil
+	}
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := in.guestClient(ictx)
+	if err == nil {
+		var info *guest.Info
+		if info, err = c.Info(ictx); err == nil {
+			return info
+		}
+	}
+	s.log.Warn("fork: parent agent did not say who its guest is; children are not checked", "vm", parent.ID, "err", err)
+	return nil
+}
+
+// checkChild makes sure a restored child runs its parent's kernel, alive: its
+// guest's boot id must be the parent's (a kernel that panicked on the restore
+// reboots, and its agent answers again from a fresh boot, every process gone)
+// and the kernel must not have oopsed since the parent's state was taken.
+// A child that passes has already taken its identity (the handshake and the
+// identity push of the launch).
+func (s *Service) checkChild(ctx context.Context, v *store.VM, want *guest.Info) error {
+	if want == nil {
+		return nil
+	}
+	in := s.instance(v.ID)
+	if in == nil {
+		return fmt.Errorf("%w: fork child %s is not attached", ErrUnavailable, v.Name)
+	}
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := in.guestClient(ictx)
+	if err != nil {
+		return err
+	}
+	got, err := c.Info(ictx)
+	if err != nil {
+		return fmt.Errorf("fork child %s: guest info: %w", v.Name, err)
+	}
+	logf := s.paths(v.ID).Log
+	if want.BootID != "" && got.BootID != want.BootID {
+		return fmt.Errorf("fork child %s rebooted during its restore (boot id %s, the parent's is %s)%s",
+			v.Name, got.BootID, want.BootID, qemu.LogTail(logf))
+	}
+	if got.Tainted&^want.Tainted&guest.TaintDie != 0 {
+		return fmt.Errorf("fork child %s: guest kernel oopsed during the restore (taint %#x)%s", v.Name, got.Tainted, qemu.LogTail(logf))
+	}
+	return nil
+}
