@@ -57,20 +57,28 @@ func WriteJSONFrame(w io.Writer, typ byte, v any) error {
 	return WriteFrame(w, typ, b)
 }
 
+// readHeader reads a frame header and checks the length it claims.
+func readHeader(r io.Reader) (typ byte, n uint32, err error) {
+	var h [FrameHeaderLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, err
+	}
+	n = binary.BigEndian.Uint32(h[1:5])
+	if n > MaxFramePayload {
+		return 0, 0, ErrFrameTooLarge
+	}
+	return h[0], n, nil
+}
+
 // ReadFrame reads one frame. It returns io.EOF only on a clean end of stream
 // before a header, io.ErrUnexpectedEOF for a truncated frame.
 func ReadFrame(r io.Reader) (Frame, error) {
-	var h [FrameHeaderLen]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	typ, n, err := readHeader(r)
+	if err != nil {
 		return Frame{}, err
 	}
-	n := binary.BigEndian.Uint32(h[1:5])
-	if n > MaxFramePayload {
-		return Frame{}, ErrFrameTooLarge
-	}
-	f := Frame{Type: h[0]}
+	f := Frame{Type: typ}
 	if n > 0 {
-		var err error
 		if f.Data, err = readPayload(r, int(n)); err != nil {
 			return Frame{}, err
 		}
@@ -108,18 +116,14 @@ func readPayload(r io.Reader, n int) ([]byte, error) {
 // ReadFrameReuse is ReadFrame reading the payload into *buf (grown as
 // needed) instead of a new slice: f.Data is valid until the next call.
 func ReadFrameReuse(r io.Reader, buf *[]byte) (Frame, error) {
-	var h [FrameHeaderLen]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	typ, n, err := readHeader(r)
+	if err != nil {
 		return Frame{}, err
-	}
-	n := binary.BigEndian.Uint32(h[1:5])
-	if n > MaxFramePayload {
-		return Frame{}, ErrFrameTooLarge
 	}
 	if uint32(cap(*buf)) < n {
 		*buf = make([]byte, n)
 	}
-	f := Frame{Type: h[0], Data: (*buf)[:n]}
+	f := Frame{Type: typ, Data: (*buf)[:n]}
 	if _, err := io.ReadFull(r, f.Data); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
