@@ -2,6 +2,7 @@ package network
 
 import (
 	"encoding/binary"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -106,5 +107,71 @@ func TestLinkWriteWithoutConnection(t *testing.T) {
 	list.DecRef()
 	if l.sent.Load() != 0 {
 		t.Fatal("counted a frame sent with no connection")
+	}
+}
+
+// arpReply is an ARP reply claiming ip, as the stack would send it.
+func arpReply(ip tcpip.Address) *stack.PacketBuffer {
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{ReserveHeaderBytes: header.EthernetMinimumSize + header.ARPSize})
+	h := header.ARP(pkt.NetworkHeader().Push(header.ARPSize))
+	h.SetIPv4OverEthernet()
+	h.SetOp(header.ARPReply)
+	copy(h.HardwareAddressSender(), testGatewayMAC)
+	copy(h.ProtocolAddressSender(), ip.AsSlice())
+	pkt.NetworkProtocolNumber = header.ARPProtocolNumber
+	pkt.EgressRoute.RemoteLinkAddress = tcpip.LinkAddress(testGuestMAC)
+	return pkt
+}
+
+// The gateway answers ARP only for its own addresses: in spoofing mode the
+// stack would otherwise claim every address the guest asks about.
+func TestLinkSendsOnlyItsOwnARPReplies(t *testing.T) {
+	gw := tcpip.AddrFrom4([4]byte{10, 200, 1, 1})
+	l := newLink(testGatewayMAC, 1500, gw)
+	l.Attach(&recorder{seen: make(chan struct{}, 1)})
+	qemu, ours := net.Pipe()
+	defer qemu.Close()
+	go l.serve(ours)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l.mu.Lock()
+		up := l.conn != nil
+		l.mu.Unlock()
+		if up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the link never took the connection")
+		}
+	}
+	got := make(chan []byte, 2)
+	go func() {
+		var p [4]byte
+		for {
+			if _, err := io.ReadFull(qemu, p[:]); err != nil {
+				return
+			}
+			f := make([]byte, binary.BigEndian.Uint32(p[:]))
+			if _, err := io.ReadFull(qemu, f); err != nil {
+				return
+			}
+			got <- f
+		}
+	}()
+	for _, ip := range []tcpip.Address{tcpip.AddrFrom4([4]byte{10, 200, 1, 9}), gw} {
+		var list stack.PacketBufferList
+		list.PushBack(arpReply(ip))
+		l.WritePackets(list)
+		list.DecRef()
+	}
+	select {
+	case f := <-got:
+		if sender := header.ARP(f[header.EthernetMinimumSize:]).ProtocolAddressSender(); tcpip.AddrFromSlice(sender) != gw {
+			t.Fatalf("the first frame on the wire claims %v, want only the gateway's reply", tcpip.AddrFromSlice(sender))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gateway's own ARP reply never left")
+	}
+	if l.dropped.Load() != 1 {
+		t.Fatalf("dropped %d ARP replies, want 1", l.dropped.Load())
 	}
 }
