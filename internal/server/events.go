@@ -44,12 +44,12 @@ func eventFilter(r *http.Request) func(*store.Event) bool {
 }
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
-	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeErr(w, err)
-		return
+	// Events are kept by VM id, and outlive the VM: the path may name a
+	// VM that exists, or be the id of one that is gone.
+	id := r.PathValue("id")
+	if v, err := s.svc.Get(r.Context(), id); err == nil {
+		id = v.ID
 	}
-	id := v.ID // events are kept by ID; the path may name the VM
 	q := r.URL.Query()
 	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
 	if q.Get("after") != "" && (err != nil || after < 0) {
