@@ -370,7 +370,9 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		var err error
 		switch {
 		case v.State == api.StateRunning && st != "running":
-			err = m.Resume(actx)
+			if err = m.Resume(actx); err == nil && st == "postmigrate" {
+				bounceAgentChannel(p.Agent)
+			}
 		case v.State == api.StatePaused && st == "postmigrate":
 			err = m.Repause(actx)
 		}
@@ -404,6 +406,23 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)
 	s.logEvent(v.ID, "daemon restarted: reattached to qemu pid %d", v.PID)
 	return nil
+}
+
+// bounceAgentChannel opens and closes the host end of the guest agent's
+// channel once the guest runs again after a save that completed while the
+// daemon was gone. The guest can miss the close of the dead daemon's
+// connection (it happened while the guest was stopped for the save) and
+// keep its old session, which then never answers a new host: a close it
+// does see ends that session (after the agent's EOF debounce), so the next
+// connection finds the agent listening for a handshake.
+func bounceAgentChannel(sock string) {
+	c, err := net.DialTimeout("unix", sock, 2*time.Second)
+	if err != nil {
+		return
+	}
+	time.Sleep(100 * time.Millisecond)
+	c.Close()
+	time.Sleep(400 * time.Millisecond) // longer than the agent's EOF debounce
 }
 
 // DialPort connects to a TCP port inside a VM, waking it first: through
