@@ -286,7 +286,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		keep := 0
-		if v.State == api.StateRunning || v.State == api.StatePaused {
+		if live(v) {
 			keep = v.PID
 		}
 		s.killStrays(v, keep)

@@ -81,6 +81,7 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	return &ResizeResult{VM: v, Message: strings.Join(msgs, "; ")}, s.store.UpdateVM(ctx, v)
 }
 
+// live reports whether v has a QEMU running its guest (running or paused).
 func live(v *store.VM) bool { return v.State == api.StateRunning || v.State == api.StatePaused }
 
 // growDisk grows v's disk to size: online through QEMU and the guest, or
