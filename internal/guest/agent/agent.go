@@ -95,6 +95,7 @@ func New(opts Options) (*Agent, error) {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	a.registerFiles(mux)
 	a.registerTerms(mux)
+	a.registerProcs(mux)
 	a.registerServices(mux)
 	a.srv = &http.Server{
 		Handler:     mux,

@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+)
+
+// collect reads a process stream to its end event (or EOF).
+func collect(t *testing.T, s *guest.ProcStream) (pid int, out map[string]string, end *guest.ProcEvent) {
+	t.Helper()
+	out = map[string]string{}
+	for {
+		ev, err := s.Next()
+		if errors.Is(err, io.EOF) {
+			return pid, out, nil
+		}
+		if err != nil {
+			t.Fatalf("next: %v", err)
+		}
+		switch ev.Type {
+		case guest.ProcEventStart:
+			pid = ev.PID
+		case guest.ProcEventEnd:
+			return pid, out, &ev
+		default:
+			out[ev.Type] += string(ev.Data)
+		}
+	}
+}
+
+func TestManagedProcesses(t *testing.T) {
+	e := startAgent(t)
+	e.connect(e.port.Attach(t), "")
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+
+	t.Run("run", func(t *testing.T) {
+		s, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"/bin/sh", "-c", "echo out; echo err >&2; exit 3"}, Env: map[string]string{"X": "y"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, out, end := collect(t, s)
+		if pid <= 0 || out["stdout"] != "out\n" || out["stderr"] != "err\n" || end == nil || end.ExitCode != 3 || end.Status != "exit status 3" {
+			t.Fatalf("pid %d out %q end %+v", pid, out, end)
+		}
+	})
+
+	t.Run("reattach, stdin, list, signal", func(t *testing.T) {
+		s, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"/bin/cat"}, Stdin: true, Tag: "cat1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ := s.Next()
+		s.Close() // detach: the process keeps running
+		pid := first.PID
+		l, err := e.c.ListProcs(ctx)
+		if err != nil || len(l.Processes) != 1 || l.Processes[0].PID != pid || l.Processes[0].Tag != "cat1" {
+			t.Fatalf("list = %+v, %v", l, err)
+		}
+		c, err := e.c.ConnectProc(ctx, guest.ProcSelector{Tag: "cat1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.ProcInput(ctx, guest.ProcInput{ProcSelector: guest.ProcSelector{PID: pid}, Data: []byte("hello\n")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.ProcCloseStdin(ctx, guest.ProcSelector{PID: pid}); err != nil {
+			t.Fatal(err)
+		}
+		_, out, end := collect(t, c)
+		if out["stdout"] != "hello\n" || end == nil || end.ExitCode != 0 {
+			t.Fatalf("out %q end %+v", out, end)
+		}
+		waitFor(t, "the ended process to leave the list", func() bool {
+			l, err := e.c.ListProcs(ctx)
+			return err == nil && len(l.Processes) == 0
+		})
+		if _, err := e.c.ConnectProc(ctx, guest.ProcSelector{PID: pid}); err == nil {
+			t.Fatal("connect to an ended process succeeded")
+		}
+
+		s, err = e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"sleep", "60"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ = s.Next()
+		if err := e.c.ProcSignal(ctx, guest.ProcSignal{ProcSelector: guest.ProcSelector{PID: first.PID}, Signal: "SIGKILL"}); err != nil {
+			t.Fatal(err)
+		}
+		_, _, end = collect(t, s)
+		if end == nil || end.Status != "signal: killed" || end.ExitCode != -1 {
+			t.Fatalf("end %+v", end)
+		}
+	})
+
+	t.Run("pty", func(t *testing.T) {
+		s, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"/bin/sh", "-c", "stty size; read x; stty size"}, PTY: &guest.PTYSize{Cols: 80, Rows: 24}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ := s.Next()
+		var got strings.Builder
+		for !strings.Contains(got.String(), "24 80") {
+			ev, err := s.Next()
+			if err != nil {
+				t.Fatalf("next: %v (so far %q)", err, got.String())
+			}
+			got.Write(ev.Data)
+		}
+		sel := guest.ProcSelector{PID: first.PID}
+		if err := e.c.ProcResize(ctx, guest.ProcResize{ProcSelector: sel, PTYSize: guest.PTYSize{Cols: 100, Rows: 30}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.ProcInput(ctx, guest.ProcInput{ProcSelector: sel, Data: []byte("\n")}); err != nil {
+			t.Fatal(err)
+		}
+		_, out, end := collect(t, s)
+		if !strings.Contains(out["pty"], "30 100") || end == nil || end.ExitCode != 0 {
+			t.Fatalf("out %q end %+v", out, end)
+		}
+	})
+
+	t.Run("time limit", func(t *testing.T) {
+		s, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"sleep", "60"}, TimeoutMS: 200})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, end := collect(t, s)
+		if end == nil || !end.TimedOut {
+			t.Fatalf("end %+v", end)
+		}
+	})
+
+	t.Run("background child keeps the pipe", func(t *testing.T) {
+		s, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"/bin/sh", "-c", "sleep 30 & echo done"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, out, end := collect(t, s)
+		if out["stdout"] != "done\n" || end == nil || end.ExitCode != 0 || time.Since(start) > 20*time.Second {
+			t.Fatalf("out %q end %+v after %v", out, end, time.Since(start))
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		for _, req := range []guest.ProcStart{{}, {Argv: []string{"no-such-program-x"}}, {Argv: []string{"true"}, PTY: &guest.PTYSize{}}, {Argv: []string{"true"}, User: "nobody-here"}} {
+			if s, err := e.c.StartProc(ctx, req); err == nil {
+				s.Close()
+				t.Errorf("start %+v succeeded", req)
+			}
+		}
+		if err := e.c.ProcSignal(ctx, guest.ProcSignal{ProcSelector: guest.ProcSelector{PID: 999999}, Signal: "TERM"}); err == nil {
+			t.Error("signal to an unknown pid succeeded")
+		}
+		if err := e.c.ProcInput(ctx, guest.ProcInput{}); err == nil {
+			t.Error("input without a selector succeeded")
+		}
+	})
+}
