@@ -52,3 +52,32 @@ const (
 	PathSFTP    = "/v1/sftp"
 	SFTPUpgrade = "agentvm-sftp"
 )
+
+// PathWatch: POST /v1/files/watch?path=&user=&recursive= streams the changes
+// in a directory as NDJSON WatchEvents: first one of op "start" once the
+// watch is in place, then one per change, with names relative to the
+// watched directory; "error" ends the stream (its name says why).
+const PathWatch = "/v1/files/watch"
+
+// Watch operations.
+const (
+	WatchStart  = "start"
+	WatchCreate = "create"
+	WatchWrite  = "write"
+	WatchRemove = "remove"
+	WatchRename = "rename"
+	WatchChmod  = "chmod"
+	WatchError  = "error"
+)
+
+// Limits of directory watches.
+const (
+	MaxWatchStreams = 64   // open watch streams per VM
+	MaxWatchDirs    = 8192 // directories one recursive watch covers
+)
+
+// WatchEvent is one line of a watch stream.
+type WatchEvent struct {
+	Op   string `json:"op"`
+	Name string `json:"name,omitempty"`
+}

@@ -9,36 +9,51 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 )
 
 // maxProcEventLine bounds one line of a managed process stream read from
 // the guest (an output chunk is at most 32 KiB, 44 KiB in base64).
 const maxProcEventLine = 1 << 20
 
-// ProcStream is an attached managed process stream.
-type ProcStream struct {
+// ndjson reads a guest's NDJSON stream one bounded line at a time.
+type ndjson struct {
 	body io.ReadCloser
 	br   *bufio.Reader
 }
 
-// Next returns the next event; io.EOF when the stream ended without an end
-// event (the stream was dropped, or the agent went away).
-func (s *ProcStream) Next() (ProcEvent, error) {
+func newNDJSON(body io.ReadCloser) ndjson {
+	return ndjson{body: body, br: bufio.NewReaderSize(body, maxProcEventLine)}
+}
+
+// next decodes the next line into v; io.EOF at a clean end.
+func (s ndjson) next(v any) error {
 	line, err := s.br.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
-		return ProcEvent{}, fmt.Errorf("guest: process event longer than %d bytes", maxProcEventLine)
+		return fmt.Errorf("guest: stream line longer than %d bytes", maxProcEventLine)
 	}
 	if err != nil {
 		if len(bytes.TrimSpace(line)) == 0 {
-			return ProcEvent{}, io.EOF
+			return io.EOF
 		}
-		return ProcEvent{}, err
+		return err
 	}
+	if err := json.Unmarshal(line, v); err != nil {
+		return fmt.Errorf("guest: bad stream line: %w", err)
+	}
+	return nil
+}
+
+// ProcStream is an attached managed process stream.
+type ProcStream struct{ ndjson }
+
+// Next returns the next event; io.EOF when the stream ended without an end
+// event (the stream was dropped, or the agent went away).
+func (s *ProcStream) Next() (ProcEvent, error) {
 	var ev ProcEvent
-	if err := json.Unmarshal(line, &ev); err != nil {
-		return ProcEvent{}, fmt.Errorf("guest: bad process event: %w", err)
-	}
-	return ev, nil
+	err := s.next(&ev)
+	return ev, err
 }
 
 // Close detaches; the process keeps running.
@@ -62,7 +77,7 @@ func (c *Client) procStream(ctx context.Context, path string, in any) (*ProcStre
 		defer resp.Body.Close()
 		return nil, decodeAPIError(resp)
 	}
-	return &ProcStream{body: resp.Body, br: bufio.NewReaderSize(resp.Body, maxProcEventLine)}, nil
+	return &ProcStream{newNDJSON(resp.Body)}, nil
 }
 
 // StartProc starts a managed process; the stream's first event is its start.
@@ -103,3 +118,49 @@ func (c *Client) ProcSignal(ctx context.Context, req ProcSignal) error {
 func (c *Client) ProcResize(ctx context.Context, req ProcResize) error {
 	return c.do(ctx, http.MethodPost, PathProcsResize, req, nil)
 }
+
+// WatchStream is an open directory watch.
+type WatchStream struct{ ndjson }
+
+// WatchDir opens a watch on the directory path as user (see PathWatch); it
+// returns once the watch is in place.
+func (c *Client) WatchDir(ctx context.Context, path, user string, recursive bool) (*WatchStream, error) {
+	q := url.Values{"path": {path}, "user": {user}, "recursive": {strconv.FormatBool(recursive)}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+PathWatch+"?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("guest: watch: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeAPIError(resp)
+	}
+	s := &WatchStream{newNDJSON(resp.Body)}
+	ev, err := s.Next()
+	if err == nil && ev.Op != WatchStart {
+		err = fmt.Errorf("guest: watch: unexpected first event %q", ev.Op)
+	}
+	if err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Next returns the next change; an "error" event is returned as an error.
+func (s *WatchStream) Next() (WatchEvent, error) {
+	var ev WatchEvent
+	if err := s.next(&ev); err != nil {
+		return ev, err
+	}
+	if ev.Op == WatchError {
+		return ev, errors.New("guest: watch: " + ev.Name)
+	}
+	return ev, nil
+}
+
+// Close ends the watch.
+func (s *WatchStream) Close() error { return s.body.Close() }

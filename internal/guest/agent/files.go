@@ -44,6 +44,7 @@ func (a *Agent) registerFiles(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE "+guest.PathFiles, a.handleFileDelete)
 	mux.HandleFunc("POST "+guest.PathFilesMkdir, a.handleFileMkdir)
 	mux.HandleFunc("POST "+guest.PathFilesMove, a.handleFileRename)
+	mux.HandleFunc("POST "+guest.PathWatch, a.handleWatch)
 	mux.HandleFunc("GET "+guest.PathFilesTar, a.handleTarRead)
 	mux.HandleFunc("PUT "+guest.PathFilesTar, a.handleTarWrite)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -163,4 +165,65 @@ func TestManagedProcesses(t *testing.T) {
 			t.Error("input without a selector succeeded")
 		}
 	})
+}
+
+func TestWatchDir(t *testing.T) {
+	e := startAgent(t)
+	e.connect(e.port.Attach(t), "")
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "old"), 0o755)
+	s, err := e.c.WatchDir(ctx, dir, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	events := make(chan string, 100)
+	go func() {
+		defer close(events)
+		for {
+			ev, err := s.Next()
+			if err != nil {
+				return
+			}
+			events <- ev.Op + " " + ev.Name
+		}
+	}()
+	seen := map[string]bool{}
+	await := func(want string, poke func()) {
+		t.Helper()
+		poke()
+		for !seen[want] {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					t.Fatalf("stream ended waiting for %q (seen %v)", want, seen)
+				}
+				seen[ev] = true
+			case <-time.After(200 * time.Millisecond):
+				poke() // e.g. the new directory's watch was not in place yet
+			case <-ctx.Done():
+				t.Fatalf("no %q (seen %v)", want, seen)
+			}
+		}
+	}
+	nop := func() {}
+	await("create a.txt", func() { os.WriteFile(filepath.Join(dir, "a.txt"), []byte("x"), 0o644) })
+	await("create new", func() { os.Mkdir(filepath.Join(dir, "new"), 0o755) })
+	await("create old/b.txt", func() { os.WriteFile(filepath.Join(dir, "old", "b.txt"), []byte("x"), 0o644) })
+	await("write new/c.txt", func() { os.WriteFile(filepath.Join(dir, "new", "c.txt"), []byte("x"), 0o644) })
+	os.Rename(filepath.Join(dir, "a.txt"), filepath.Join(dir, "d.txt"))
+	await("rename a.txt", nop)
+	await("create d.txt", nop)
+	os.Chmod(filepath.Join(dir, "d.txt"), 0o600)
+	await("chmod d.txt", nop)
+	os.Remove(filepath.Join(dir, "d.txt"))
+	await("remove d.txt", nop)
+	if _, err := e.c.WatchDir(ctx, filepath.Join(dir, "old", "b.txt"), "", false); err == nil {
+		t.Error("watching a file succeeded")
+	}
+	if _, err := e.c.WatchDir(ctx, filepath.Join(dir, "missing"), "", false); err == nil {
+		t.Error("watching a missing directory succeeded")
+	}
 }
