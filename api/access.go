@@ -28,6 +28,10 @@ type CreateTokenRequest struct {
 	// SSHKeys are public keys in authorized_keys format that log in to the
 	// SSH gateway with this token's scope.
 	SSHKeys []string `json:"ssh_keys,omitempty"`
+	// E2B makes the secret an E2B API key (e2b_ and 40 hex digits), for the
+	// E2B-compatible API. Without a VM it is an admin key (default TTL
+	// 8760h): it creates and manages every sandbox.
+	E2B bool `json:"e2b,omitempty"`
 }
 
 // Token describes a scoped token. Secret is only returned by create.

@@ -29,11 +29,18 @@ func tokenCmd() *cobra.Command {
 		asJSON      bool
 	)
 	create := &cobra.Command{
-		Use:   "create VM",
-		Short: "Create a scoped token for one VM and print it",
-		Args:  cobra.ExactArgs(1),
+		Use:   "create [VM]",
+		Short: "Create a scoped token for one VM and print it (--e2b without a VM: an E2B admin API key)",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req.VM = args[0]
+			if len(args) == 1 {
+				req.VM = args[0]
+			} else if !req.E2B {
+				return fmt.Errorf("name the VM the token opens (or use --e2b for an E2B admin API key)")
+			}
+			if req.E2B && !cmd.Flags().Changed("ttl") {
+				req.TTL = ""
+			}
 			for _, a := range allow {
 				for _, p := range strings.Split(a, ",") {
 					if p = strings.TrimSpace(p); p != "" {
@@ -56,6 +63,10 @@ func tokenCmd() *cobra.Command {
 				return printJSON(t)
 			}
 			fmt.Println(t.Secret)
+			if t.VMID == "" {
+				fmt.Fprintf(os.Stderr, "E2B admin API key %s, expires %s (revoke: agentvm token rm %s)\n", t.ID, t.ExpiresAt.Local().Format(time.RFC3339), t.ID)
+				return nil
+			}
 			fmt.Fprintf(os.Stderr, "token %s for VM %s allows %s, expires %s\n", t.ID, t.VMID, strings.Join(t.Allow, ","), t.ExpiresAt.Local().Format(time.RFC3339))
 			return nil
 		},
@@ -67,6 +78,7 @@ func tokenCmd() *cobra.Command {
 	f.StringVar(&req.Name, "name", "", "a label for the token")
 	f.StringArrayVar(&keys, "ssh-key", nil, "public key file that logs in to the SSH gateway with this token's scope (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the token as JSON")
+	f.BoolVar(&req.E2B, "e2b", false, "make an E2B API key (e2b_<40 hex>): for one VM, or without a VM an admin key for the E2B-compatible API")
 
 	var vmFilter string
 	var lsJSON bool

@@ -65,6 +65,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.SSHListen, "ssh-listen", envOr("AGENTVM_SSH_LISTEN", "127.0.0.1:2222"), `SSH gateway address ("" disables it)`)
 	f.StringVar(&cfg.ProxyListen, "proxy-listen", envOr("AGENTVM_PROXY_LISTEN", "127.0.0.1:7080"), `preview proxy address ("" disables it)`)
 	f.StringVar(&cfg.Domain, "domain", envOr("AGENTVM_DOMAIN", "localhost"), "preview host suffix: http://<port>-<vm>.<domain>/")
+	f.StringVar(&cfg.E2BDomain, "e2b-domain", envOr("AGENTVM_E2B_DOMAIN", ""), "the domain E2B sandboxes report (default: the preview domain and the proxy's port, e.g. localhost:7080)")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }

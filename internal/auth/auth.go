@@ -31,8 +31,16 @@ var (
 	ErrInvalid = errors.New("invalid")
 )
 
-// TokenPrefix starts every scoped token.
-const TokenPrefix = "avt_"
+// TokenPrefix starts every scoped token; E2BPrefix starts the tokens made
+// as E2B API keys.
+const (
+	TokenPrefix = "avt_"
+	E2BPrefix   = "e2b_"
+)
+
+// AdminKeyAllow is the Allow of a stored admin key (an E2B key made without
+// a VM): it acts as the admin.
+const AdminKeyAllow = "admin"
 
 // MaxTTL bounds a token's lifetime.
 const MaxTTL = 365 * 24 * time.Hour
@@ -129,7 +137,7 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 	if subtle.ConstantTimeCompare([]byte(secret), []byte(s.admin)) == 1 {
 		return Admin, nil
 	}
-	if !strings.HasPrefix(secret, TokenPrefix) {
+	if !strings.HasPrefix(secret, TokenPrefix) && !strings.HasPrefix(secret, E2BPrefix) {
 		return nil, ErrUnauthenticated
 	}
 	t, err := s.store.TokenByHash(ctx, hash(secret), s.now())
@@ -143,6 +151,9 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (*Principal, 
 }
 
 func principalOf(t *store.Token) *Principal {
+	if t.VMID == "" && slices.Equal(t.Allow, []string{AdminKeyAllow}) {
+		return &Principal{Admin: true, TokenID: t.ID, ExpiresAt: t.ExpiresAt}
+	}
 	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, ExpiresAt: t.ExpiresAt}
 }
 
@@ -184,6 +195,13 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 	if len(allow) == 0 {
 		allow = api.AllPerms
 	}
+	adminKey := vmID == ""
+	if adminKey && (!req.E2B || len(req.Allow) > 0 || req.User != "" || len(req.SSHKeys) > 0) {
+		return nil, fmt.Errorf("%w: a token without a VM is an E2B admin key: only --e2b, --ttl and --name apply", ErrInvalid)
+	}
+	if adminKey {
+		allow = nil
+	}
 	var clean []string
 	for _, a := range allow {
 		a = strings.TrimSpace(strings.ToLower(a))
@@ -195,6 +213,9 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 		}
 	}
 	ttl := time.Hour
+	if req.E2B {
+		ttl = MaxTTL
+	}
 	if req.TTL != "" {
 		d, err := time.ParseDuration(req.TTL)
 		if err != nil || d <= 0 {
@@ -228,6 +249,14 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 	id := make([]byte, 6)
 	rand.Read(id)
 	secret := TokenPrefix + hex.EncodeToString(b)
+	if req.E2B {
+		b = make([]byte, 20)
+		rand.Read(b)
+		secret = E2BPrefix + hex.EncodeToString(b)
+	}
+	if adminKey {
+		clean = []string{AdminKeyAllow}
+	}
 	now := s.now().UTC()
 	t := &store.Token{ID: "tok_" + hex.EncodeToString(id), Hash: hash(secret), VMID: vmID, Allow: clean, User: req.User,
 		Name: req.Name, CreatedAt: now, ExpiresAt: now.Add(ttl), SSHKeys: keys}

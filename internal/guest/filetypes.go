@@ -42,6 +42,7 @@ const (
 	CodeIsDirectory  = "is_directory"
 	CodeNotDirectory = "not_directory"
 	CodeNoSpace      = "no_space"
+	CodeUnknownUser  = "unknown_user" // 400: the guest has no such user
 )
 
 // PathSFTP: POST /v1/sftp?user=U with Upgrade: agentvm-sftp turns the

@@ -35,6 +35,8 @@ var packages = []string{
 	"ca-certificates", "python3", "git", "curl", "wget", "sudo",
 	"procps", "iproute2", "less", "vim-tiny", "unzip", "xz-utils", "jq",
 	"rsync", "openssh-client", "netbase",
+	// E2B's base template: Node.js with npm next to python3 and git.
+	"nodejs", "npm",
 }
 
 // maskedUnits are linked to /dev/null so they never run (timers firing after
@@ -81,6 +83,8 @@ var rootfsFiles = []recipeFile{
 	// A plain file (not a symlink to resolved); the guest agent rewrites it.
 	{"/etc/resolv.conf", 0o644, "# written by agentvm-guest at boot\n"},
 	{"/etc/sudoers.d/agent", 0o440, "agent ALL=(ALL:ALL) NOPASSWD: ALL\n"},
+	// user is the default user of E2B's SDKs (their base template's).
+	{"/etc/sudoers.d/user", 0o440, "user ALL=(ALL:ALL) NOPASSWD: ALL\n"},
 	{"/etc/initramfs-tools/modules", 0o644, "# agentvm: virtio and root fs drivers\n" +
 		strings.Join(initramfsModules, "\n") + "\n"},
 	{"/etc/sysctl.d/10-agentvm.conf", 0o644, "kernel.printk = 3 4 1 3\n"},
@@ -94,6 +98,9 @@ echo "step: users"
 passwd -l root >/dev/null
 if ! id agent >/dev/null 2>&1; then
 	useradd -m -u 1000 -U -d /home/agent -s /bin/bash -G sudo agent
+fi
+if ! id user >/dev/null 2>&1; then
+	useradd -m -u 1001 -U -d /home/user -s /bin/bash -G sudo user
 fi
 echo "step: services"
 # eth0 is configured by the guest agent from the identity the host pushes after

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -33,6 +34,20 @@ type VMs interface {
 	Hold(id string) func()
 }
 
+// Compat is a compatibility layer (internal/e2b) that owns some VMs'
+// previews: their ports are public, their errors are its own, and one port
+// of theirs (CompatPort) it serves itself.
+type Compat interface {
+	// Route names the VM and port of a request whose Host is not a preview
+	// host, from the layer's own headers.
+	Route(r *http.Request) (ref string, port int, ok bool)
+	Owns(ctx context.Context, v *store.VM) bool
+	// Serve answers a request for CompatPort of a running VM it owns.
+	Serve(w http.ResponseWriter, r *http.Request, v *store.VM)
+	NotFound(w http.ResponseWriter, ref string)
+	PortClosed(w http.ResponseWriter, ref string, port int)
+}
+
 // Config configures a Proxy.
 type Config struct {
 	Listen string // e.g. 127.0.0.1:7080
@@ -41,6 +56,9 @@ type Config struct {
 	Store  *store.Store
 	VMs    VMs
 	Log    *slog.Logger
+	// Compat, when set, serves CompatPort of the VMs it owns.
+	Compat     Compat
+	CompatPort int
 }
 
 // Proxy is the preview router.
@@ -75,8 +93,9 @@ const cookieName = "agentvm_preview"
 type ctxKey struct{}
 
 type target struct {
-	vm   *store.VM
-	port int
+	vm     *store.VM
+	port   int
+	compat bool // a VM the compatibility layer owns
 }
 
 // New binds the listener.
@@ -242,8 +261,68 @@ func stripToken(r *http.Request) {
 	}
 }
 
+// serveCompat answers the requests of the compatibility layer: those it
+// routes by its headers and those for VMs it owns. It reports whether it
+// answered.
+func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v *store.VM, port int) bool {
+	ctx := r.Context()
+	ref := ""
+	if v == nil {
+		var ok bool
+		if ref, port, ok = c.Route(r); !ok {
+			if p.hostPort(r) == p.cfg.CompatPort {
+				c.NotFound(w, "")
+				return true
+			}
+			return false
+		}
+		var err error
+		if v, err = p.cfg.VMs.Get(ctx, ref); err != nil {
+			c.NotFound(w, ref)
+			return true
+		}
+	}
+	if !c.Owns(ctx, v) {
+		if ref != "" || port == p.cfg.CompatPort {
+			c.NotFound(w, v.Name) // not a sandbox
+			return true
+		}
+		return false
+	}
+	if v.State != api.StateRunning {
+		c.NotFound(w, v.Name) // a paused sandbox is unreachable until connect resumes it
+		return true
+	}
+	defer p.cfg.VMs.Hold(v.ID)()
+	if port == p.cfg.CompatPort {
+		c.Serve(w, r, v)
+		return true
+	}
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, ctxKey{}, target{vm: v, port: port, compat: true})))
+	return true
+}
+
+// hostPort is the port named by a preview host "<port>-<vm>.<domain>" (0
+// when the host is not one).
+func (p *Proxy) hostPort(r *http.Request) int {
+	host := strings.ToLower(r.Host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, ok := strings.CutSuffix(strings.TrimSuffix(host, "."), "."+p.cfg.Domain)
+	if !ok {
+		return 0
+	}
+	portStr, _, _ := strings.Cut(label, "-")
+	port, _ := strconv.Atoi(portStr)
+	return port
+}
+
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	v, port, status, msg := p.route(r)
+	if p.cfg.Compat != nil && p.serveCompat(w, r, p.cfg.Compat, v, port) {
+		return
+	}
 	if v == nil {
 		page(w, status, "Not found", msg)
 		return
@@ -315,6 +394,14 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if r.Context().Err() != nil {
 		return // the client went away
+	}
+	if t.compat {
+		if errors.Is(err, vm.ErrNoListener) {
+			p.cfg.Compat.PortClosed(w, name, t.port)
+		} else {
+			p.cfg.Compat.NotFound(w, name)
+		}
+		return
 	}
 	switch {
 	case errors.Is(err, vm.ErrNoListener):

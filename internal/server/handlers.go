@@ -32,6 +32,9 @@ func (s *Server) routes() http.Handler {
 		}
 		writeJSON(w, 200, h)
 	})
+	if s.e2b != nil {
+		s.e2b.Routes(mux) // E2B's API, authenticated by X-API-KEY
+	}
 	authed := http.NewServeMux()
 	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
 	authed.HandleFunc("GET /v1/vms", admin(s.listVMs))

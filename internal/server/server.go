@@ -26,6 +26,7 @@ import (
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/e2b"
 	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
@@ -57,7 +58,11 @@ type Config struct {
 	// is the preview host suffix (<port>-<vm>.<domain>).
 	ProxyListen string
 	Domain      string
-	Log         *slog.Logger
+	// E2BDomain is the domain E2B sandboxes report ("" = the preview
+	// domain with the proxy's port, e.g. localhost:7080); the E2B API
+	// needs the preview proxy.
+	E2BDomain string
+	Log       *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.
@@ -78,6 +83,7 @@ type Server struct {
 	tokens  *auth.Service
 	ssh     *sshgw.Gateway
 	proxy   *proxy.Proxy
+	e2b     *e2b.Server
 	metrics metrics
 	lock    *os.File
 	http    *http.Server
@@ -181,10 +187,22 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Log.Info("ssh gateway ready", "listen", s.ssh.Addr())
 	}
 	if cfg.ProxyListen != "" {
-		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log})
+		key, err := loadOrCreateToken(filepath.Join(cfg.DataDir, "e2b.key"))
 		if err != nil {
 			return nil, err
 		}
+		s.e2b = e2b.New(e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log})
+		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log,
+			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort})
+		if err != nil {
+			return nil, err
+		}
+		domain := cfg.E2BDomain
+		if domain == "" {
+			_, port, _ := net.SplitHostPort(s.proxy.Addr())
+			domain = s.proxy.Domain() + ":" + port
+		}
+		s.e2b.SetDomain(domain)
 		cfg.Log.Info("preview proxy ready", "listen", s.proxy.Addr(), "domain", s.proxy.Domain())
 	}
 	// No VM reaches agentvm's own listeners, whatever its egress policy,
@@ -257,6 +275,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)
 	go s.svc.RunLogCap(ctx, time.Second)
+	if s.e2b != nil {
+		go s.e2b.Run(ctx, time.Second)
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -329,6 +350,9 @@ func (s *Server) forgetDeletedVM(id string) {
 	}
 	if s.proxy != nil {
 		s.proxy.ForgetVM(id)
+	}
+	if s.e2b != nil {
+		s.e2b.Forget(id)
 	}
 }
 

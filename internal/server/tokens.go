@@ -16,16 +16,20 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	if req.VM == "" {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, "vm is required: a token opens exactly one VM")
+	if req.VM == "" && !req.E2B {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "vm is required: a token opens exactly one VM (only an E2B admin key, e2b: true, has none)")
 		return
 	}
-	v, err := s.svc.Get(r.Context(), req.VM)
-	if err != nil {
-		writeErr(w, err)
-		return
+	vmID := ""
+	if req.VM != "" {
+		v, err := s.svc.Get(r.Context(), req.VM)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		vmID = v.ID
 	}
-	t, err := s.tokens.Create(r.Context(), v.ID, req)
+	t, err := s.tokens.Create(r.Context(), vmID, req)
 	if err != nil {
 		writeErr(w, err)
 		return

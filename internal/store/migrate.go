@@ -69,6 +69,16 @@ CREATE INDEX IF NOT EXISTS events_vm ON events (vm_id, seq);`,
 	`ALTER TABLE vms ADD COLUMN state TEXT NOT NULL DEFAULT '';
 UPDATE vms SET state = COALESCE(json_extract(data, '$.state'), '');
 CREATE INDEX vms_state ON vms(state);`,
+	// 3: E2B-compatible sandboxes: what the E2B API keeps about a VM beyond
+	// agentvm's own record.
+	`CREATE TABLE sandboxes (
+	vm_id TEXT PRIMARY KEY,
+	template_id TEXT NOT NULL,
+	metadata TEXT NOT NULL,
+	end_at INTEGER NOT NULL,
+	auto_pause INTEGER NOT NULL,
+	created_at INTEGER NOT NULL
+);`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

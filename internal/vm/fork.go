@@ -24,6 +24,13 @@ type ForkResult struct {
 	TookMs   int64
 }
 
+// ForkOptions are the inputs of a fork.
+type ForkOptions struct {
+	Count int
+	// Name names a child; nil: <parent>-fork-<6 hex digits>.
+	Name func() string
+}
+
 // forkAttempts bounds how often Fork captures the parent again for the
 // children that failed their check.
 const forkAttempts = 3
@@ -33,7 +40,8 @@ const forkAttempts = 3
 // A child that does not come up as a healthy copy of its parent (see checkChild)
 // is deleted and made again from a new capture of the parent; after forkAttempts
 // captures the fork fails and leaves no child behind. The parent is only captured.
-func (s *Service) fork(ctx context.Context, idOrName string, count int) (*ForkResult, error) {
+func (s *Service) fork(ctx context.Context, idOrName string, fo ForkOptions) (*ForkResult, error) {
+	count := fo.Count
 	if count < 1 || count > 32 {
 		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)
 	}
@@ -58,7 +66,7 @@ func (s *Service) fork(ctx context.Context, idOrName string, count int) (*ForkRe
 			out.Parent = parent
 		}
 		var retry bool
-		errs, retry = s.forkOnce(ctx, parent, unlock, children, out)
+		errs, retry = s.forkOnce(ctx, parent, unlock, children, out, fo.Name)
 		if len(errs) == 0 || !retry || attempt == forkAttempts || ctx.Err() != nil {
 			break
 		}
@@ -81,7 +89,7 @@ func (s *Service) fork(ctx context.Context, idOrName string, count int) (*ForkRe
 // forkOnce captures parent (releasing its lock once the capture is taken) and
 // restores a checked child into every empty slot of children. It returns the
 // errors of the slots it left empty, and whether another capture may fill them.
-func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(), children []*store.VM, out *ForkResult) ([]error, bool) {
+func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(), children []*store.VM, out *ForkResult, nameFn func() string) ([]error, bool) {
 	dir := filepath.Join(s.cfg.DataDir, "snapshots", "fork-"+randHex(6))
 	os.MkdirAll(dir, 0o700)
 	defer os.RemoveAll(dir) // children have loaded the state when we return
@@ -114,7 +122,11 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := CreateOptions{Name: fmt.Sprintf("%s-fork-%s", truncate(parent.Name, 40), randHex(3)), CPUs: parent.CPUs,
+			name := fmt.Sprintf("%s-fork-%s", truncate(parent.Name, 40), randHex(3))
+			if nameFn != nil {
+				name = nameFn()
+			}
+			o := CreateOptions{Name: name, CPUs: parent.CPUs,
 				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env,
 				Network: parent.Network, Egress: parent.Egress, Restart: parent.Restart,
 				IdleTimeout: time.Duration(parent.IdleTimeoutSec) * time.Second}

@@ -137,7 +137,12 @@ func (s *Service) Snapshot(ctx context.Context, idOrName, name string) (*store.S
 
 // Fork makes running copies of a VM (see fork).
 func (s *Service) Fork(ctx context.Context, idOrName string, count int) (*ForkResult, error) {
-	return record(s, ctx, opFork, func() (*ForkResult, error) { return s.fork(ctx, idOrName, count) },
+	return s.ForkWith(ctx, idOrName, ForkOptions{Count: count})
+}
+
+// ForkWith is Fork with options.
+func (s *Service) ForkWith(ctx context.Context, idOrName string, o ForkOptions) (*ForkResult, error) {
+	return record(s, ctx, opFork, func() (*ForkResult, error) { return s.fork(ctx, idOrName, o) },
 		func(r *ForkResult) (string, string) {
 			names := make([]string, 0, len(r.Children))
 			for _, c := range r.Children {

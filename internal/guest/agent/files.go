@@ -142,7 +142,7 @@ func (a *Agent) fileTarget(w http.ResponseWriter, r *http.Request) (*userInfo, s
 	q := r.URL.Query()
 	u, err := a.users.lookup(q.Get("user"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, guest.CodeInvalid, err.Error())
+		writeError(w, http.StatusBadRequest, userCode(err), err.Error())
 		return nil, "", false
 	}
 	p, err := resolvePath(u, q.Get("path"))

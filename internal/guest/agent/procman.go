@@ -95,6 +95,10 @@ func (m *procManager) handleStart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid", "timeout_ms must be >= 0")
 		return
 	}
+	if _, err := m.a.users.lookup(req.User); err != nil {
+		writeError(w, http.StatusBadRequest, userCode(err), err.Error())
+		return
+	}
 	sp, err := m.a.prepareExec(&guest.ExecRequest{Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, User: req.User})
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid", err.Error())

@@ -2,7 +2,9 @@ package agent
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"github.com/agentvm/agentvm/internal/guest"
 	"os"
 	"strconv"
 	"strings"
@@ -45,6 +47,17 @@ func stampOf(path string) fileStamp {
 	return fileStamp{fi.ModTime(), fi.Size()}
 }
 
+// errUnknownUser: the guest has no such user (code guest.CodeUnknownUser).
+var errUnknownUser = errors.New("unknown user")
+
+// userCode is the error code of a failed user lookup.
+func userCode(err error) string {
+	if errors.Is(err, errUnknownUser) {
+		return guest.CodeUnknownUser
+	}
+	return guest.CodeInvalid
+}
+
 func (d *userDB) lookup(name string) (*userInfo, error) {
 	if name == "" {
 		name = "root"
@@ -70,9 +83,9 @@ func (d *userDB) lookup(name string) (*userInfo, error) {
 		return &userInfo{Name: "root", Home: "/root", Shell: "/bin/sh", Groups: []uint32{0}}, nil
 	}
 	if d.loadErr != nil {
-		return nil, fmt.Errorf("unknown user %q (%v)", name, d.loadErr)
+		return nil, fmt.Errorf("%w %q (%v)", errUnknownUser, name, d.loadErr)
 	}
-	return nil, fmt.Errorf("unknown user %q", name)
+	return nil, fmt.Errorf("%w %q", errUnknownUser, name)
 }
 
 func (d *userDB) load(passwd, group string) {

@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+)
+
+// The published E2B SDKs, pinned. They are installed from the registries
+// into temp dirs by this test; nothing of them is kept in the repository.
+const (
+	e2bNPM  = "e2b@2.51.0"
+	e2bPyPI = "e2b==2.63.0"
+)
+
+// e2bEnv is a server with an E2B admin key and the SDK environment.
+type e2bEnv struct {
+	s   *testenv.Server
+	env []string
+}
+
+func startE2B(t *testing.T) *e2bEnv {
+	t.Helper()
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	h, err := s.Client.Health(ctx)
+	if err != nil || h.Proxy == "" {
+		t.Fatalf("health: %v %+v", err, h)
+	}
+	key, errOut, code := s.CLI("", "token", "create", "--e2b")
+	if code != 0 || !strings.HasPrefix(strings.TrimSpace(key), "e2b_") || len(strings.TrimSpace(key)) != 44 {
+		t.Fatalf("token create --e2b: %q %q %d", key, errOut, code)
+	}
+	// A key scoped to another VM (not a sandbox) must not see sandboxes.
+	other := s.CreateVM(ctx, api.CreateVMRequest{Name: "not-a-sandbox"})
+	scoped, err := s.Client.CreateToken(ctx, api.CreateTokenRequest{VM: other.ID, E2B: true})
+	if err != nil || !strings.HasPrefix(scoped.Secret, "e2b_") {
+		t.Fatalf("scoped e2b key: %v %+v", err, scoped)
+	}
+	_, port, _ := strings.Cut(h.Proxy, ":")
+	env := append(os.Environ(),
+		"E2B_API_KEY="+strings.TrimSpace(key),
+		"E2B_API_URL="+s.URL,
+		"E2B_SANDBOX_URL=http://"+h.Proxy,
+		"E2B_DOMAIN="+h.Domain+":"+port,
+		"AGENTVM_PROXY="+h.Proxy,
+		"AGENTVM_SCOPED_KEY="+scoped.Secret,
+		"RUN="+strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")),
+	)
+	return &e2bEnv{s: s, env: env}
+}
+
+// run runs a command with the SDK environment, logging its output.
+func (e *e2bEnv) run(t *testing.T, dir string, timeout time.Duration, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Env = dir, e.env
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
+	if err != nil {
+		t.Fatalf("%s: %v\nserver log:\n%s", name, err, tail(e.s.Logs()))
+	}
+}
+
+// install runs an installer (npm, pip) with a generous deadline.
+func install(t *testing.T, dir string, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestE2BSDKNode drives agentvm with the published e2b npm package.
+func TestE2BSDKNode(t *testing.T) {
+	if _, err := exec.LookPath("npm"); err != nil {
+		t.Fatal("npm is needed to install the e2b SDK (scripts/setup.sh installs Node.js)")
+	}
+	e := startE2B(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"e2b-compat-test","private":true,"type":"module"}`), 0o644)
+	install(t, dir, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error", e2bNPM)
+	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "sdk.test.mjs"), filepath.Join(dir, "sdk.test.mjs"))
+	e.run(t, dir, 30*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "sdk.test.mjs")
+}
+
+// TestE2BSDKPython drives agentvm with the published e2b PyPI package,
+// sync and async clients, in a throwaway virtualenv.
+func TestE2BSDKPython(t *testing.T) {
+	e := startE2B(t)
+	dir := t.TempDir()
+	install(t, dir, "python3", "-m", "venv", filepath.Join(dir, "venv"))
+	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI)
+	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "sdk_test.py"), filepath.Join(dir, "sdk_test.py"))
+	e.run(t, dir, 30*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "sdk_test")
+}

@@ -1,0 +1,676 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// The E2B control plane: sandboxes are VMs named with E2B-style ids,
+// templates are the base image ("base") or agentvm snapshots, pause is
+// suspend to disk, fork is agentvm's live fork. Errors are always
+// {"code": <status>, "message": "..."}: the JS SDK reads the body's code,
+// the Python SDK the status.
+
+const (
+	defaultTimeout = 300 * time.Second
+	maxTimeout     = 30 * 24 * time.Hour
+	baseTemplate   = "base"
+	clientID       = "agentvm"
+	maxListLimit   = 1000
+	maxMetadata    = 64
+)
+
+// Routes registers the control plane on mux (outside agentvm's own auth:
+// these calls authenticate with X-API-KEY).
+func (s *Server) Routes(mux *http.ServeMux) {
+	h := func(admin bool, fn func(w http.ResponseWriter, r *http.Request, p *auth.Principal)) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			p, err := s.cfg.Tokens.Authenticate(r.Context(), r.Header.Get("X-API-KEY"))
+			if err != nil {
+				apiError(w, http.StatusUnauthorized, "invalid API key: send X-API-KEY with an agentvm token (agentvm token create --e2b)")
+				return
+			}
+			if admin && !p.Admin {
+				apiError(w, http.StatusForbidden, "this call needs the admin key; a key scoped to one sandbox reads and connects only to that sandbox")
+				return
+			}
+			r = r.WithContext(vm.WithActor(r.Context(), "e2b"))
+			fn(w, r, p)
+		}
+	}
+	mux.HandleFunc("POST /sandboxes", h(true, s.create))
+	mux.HandleFunc("POST /v2/sandboxes", h(true, s.create))
+	mux.HandleFunc("GET /sandboxes", h(true, s.list))
+	mux.HandleFunc("GET /v2/sandboxes", h(true, s.list))
+	mux.HandleFunc("GET /sandboxes/{id}", h(false, s.info))
+	mux.HandleFunc("DELETE /sandboxes/{id}", h(true, s.kill))
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", h(false, s.setTimeout))
+	mux.HandleFunc("POST /sandboxes/{id}/pause", h(true, s.pause))
+	mux.HandleFunc("POST /sandboxes/{id}/connect", h(false, s.connect))
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h(false, s.connect))
+	mux.HandleFunc("POST /sandboxes/{id}/resume", h(false, s.connect))
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", h(false, s.metrics))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h(true, s.snapshot))
+	mux.HandleFunc("GET /snapshots", h(true, s.listSnapshots))
+	mux.HandleFunc("DELETE /templates/{id}", h(true, s.deleteTemplate))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", h(true, s.fork))
+}
+
+type apiErr struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func apiError(w http.ResponseWriter, status int, format string, args ...any) {
+	if status == http.StatusServiceUnavailable || status >= 500 {
+		// The Python SDK retries these, POSTs included, unless told not to:
+		// a create may have been half done.
+		w.Header().Set("Should-Retry", "false")
+	}
+	writeJSON(w, status, apiErr{Code: status, Message: fmt.Sprintf(format, args...)})
+}
+
+// vmError answers with the status of a vm error.
+func vmError(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, vm.ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, vm.ErrNotFound), errors.Is(err, store.ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, vm.ErrConflict), errors.Is(err, store.ErrConflict):
+		status = http.StatusConflict
+	case errors.Is(err, vm.ErrInsufficient):
+		status = http.StatusTooManyRequests
+	case errors.Is(err, vm.ErrUnavailable):
+		status = http.StatusServiceUnavailable
+	case errors.Is(err, auth.ErrForbidden):
+		status = http.StatusForbidden
+	}
+	apiError(w, status, "%s", err.Error())
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "read body: %v", err)
+		return false
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return true
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		apiError(w, http.StatusBadRequest, "invalid JSON body: %v", err)
+		return false
+	}
+	return true
+}
+
+// sandboxOf resolves the {id} of a request to an E2B sandbox the caller may
+// see; it answers the request itself when there is none.
+func (s *Server) sandboxOf(w http.ResponseWriter, r *http.Request, p *auth.Principal) (*store.VM, *store.Sandbox, bool) {
+	id := r.PathValue("id")
+	v, err := s.cfg.VMs.Get(r.Context(), id)
+	var sb *store.Sandbox
+	if err == nil {
+		sb, err = s.cfg.Store.GetSandbox(r.Context(), v.ID)
+	}
+	if err != nil || v.Name != id {
+		apiError(w, http.StatusNotFound, "sandbox %q not found", id)
+		return nil, nil, false
+	}
+	if err := p.Can(v.ID, ""); err != nil {
+		apiError(w, http.StatusNotFound, "sandbox %q not found (the key is scoped to another sandbox)", id)
+		return nil, nil, false
+	}
+	return v, sb, true
+}
+
+type createRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           bool              `json:"autoPause"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Secure              *bool             `json:"secure"`
+	// Not supported: refused when set, rather than silently ignored.
+	MCP          json.RawMessage `json:"mcp"`
+	Network      json.RawMessage `json:"network"`
+	IAM          json.RawMessage `json:"iam"`
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	AutoResume   *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+}
+
+func present(m json.RawMessage) bool {
+	s := strings.TrimSpace(string(m))
+	return s != "" && s != "null" && s != "{}" && s != "[]"
+}
+
+func timeoutOf(sec *int64, def time.Duration) (time.Duration, error) {
+	if sec == nil {
+		return def, nil
+	}
+	if *sec < 0 || time.Duration(*sec)*time.Second > maxTimeout {
+		return 0, fmt.Errorf("timeout must be between 0 and %d seconds, got %d", int64(maxTimeout/time.Second), *sec)
+	}
+	return time.Duration(*sec) * time.Second, nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	var req createRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	switch {
+	case present(req.MCP):
+		apiError(w, http.StatusBadRequest, "mcp gateways are not supported by agentvm")
+		return
+	case present(req.Network):
+		apiError(w, http.StatusBadRequest, "network rules are not supported by agentvm's E2B API: use allow_internet_access, or agentvm's egress policies")
+		return
+	case present(req.IAM):
+		apiError(w, http.StatusBadRequest, "iam tokens are not supported by agentvm")
+		return
+	case present(req.VolumeMounts):
+		apiError(w, http.StatusBadRequest, "volumes are not supported by agentvm")
+		return
+	case req.AutoResume != nil && req.AutoResume.Enabled:
+		apiError(w, http.StatusBadRequest, "autoResume is not supported by agentvm: connect resumes a paused sandbox")
+		return
+	}
+	timeout, err := timeoutOf(req.Timeout, defaultTimeout)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if len(req.Metadata) > maxMetadata {
+		apiError(w, http.StatusBadRequest, "at most %d metadata entries", maxMetadata)
+		return
+	}
+	for k, v := range req.Metadata {
+		if len(k) == 0 || len(k) > 256 || len(v) > 1024 {
+			apiError(w, http.StatusBadRequest, "metadata keys are 1-256 bytes and values at most 1024 bytes (key %q)", k)
+			return
+		}
+	}
+	tmpl := req.TemplateID
+	if tmpl == "" {
+		tmpl = baseTemplate
+	}
+	o := vm.CreateOptions{Name: newSandboxID(), Env: req.EnvVars}
+	if h := r.Header.Get("Idempotency-Key"); h != "" {
+		o.IdempotencyKey = "e2b:" + h
+	}
+	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
+		o.Egress = &api.Egress{Mode: "deny"}
+	}
+	var v *store.VM
+	if tmpl == baseTemplate {
+		v, _, err = s.cfg.VMs.Create(r.Context(), o)
+	} else {
+		if _, gerr := s.cfg.VMs.GetSnapshot(r.Context(), tmpl); gerr != nil {
+			apiError(w, http.StatusNotFound, "template %q not found: use %q or the name of an agentvm snapshot", tmpl, baseTemplate)
+			return
+		}
+		v, _, err = s.cfg.VMs.CreateFrom(r.Context(), tmpl, o)
+	}
+	if err != nil {
+		vmError(w, err)
+		return
+	}
+	sb := &store.Sandbox{VMID: v.ID, TemplateID: tmpl, Metadata: req.Metadata, AutoPause: req.AutoPause, CreatedAt: time.Now().UTC()}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	if timeout > 0 {
+		sb.EndAt = time.Now().Add(timeout)
+	}
+	if err := s.cfg.Store.PutSandbox(r.Context(), sb); err != nil {
+		s.cfg.VMs.Delete(context.Background(), v.ID) // nothing half made
+		apiError(w, http.StatusInternalServerError, "record sandbox: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(v, sb))
+}
+
+// sandbox is the answer of create, connect and fork.
+type sandbox struct {
+	TemplateID      string `json:"templateID"`
+	SandboxID       string `json:"sandboxID"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+	Domain          string `json:"domain,omitempty"`
+	Alias           string `json:"alias,omitempty"`
+}
+
+func (s *Server) sandboxJSON(v *store.VM, sb *store.Sandbox) sandbox {
+	return sandbox{TemplateID: sb.TemplateID, SandboxID: v.Name, ClientID: clientID, EnvdVersion: EnvdVersion,
+		EnvdAccessToken: s.envdToken(v.ID), Domain: s.cfg.Domain}
+}
+
+type lifecycle struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"`
+}
+
+// detail is GET /sandboxes/{id}; listed items are the same less the
+// token and domain.
+type detail struct {
+	TemplateID      string            `json:"templateID"`
+	SandboxID       string            `json:"sandboxID"`
+	ClientID        string            `json:"clientID"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	EnvdVersion     string            `json:"envdVersion"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int64             `json:"memoryMB"`
+	DiskSizeMB      int64             `json:"diskSizeMB"`
+	State           string            `json:"state"`
+	Metadata        map[string]string `json:"metadata"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          string            `json:"domain,omitempty"`
+	Lifecycle       *lifecycle        `json:"lifecycle,omitempty"`
+}
+
+// paused reports whether a VM counts as a paused sandbox. E2B knows only
+// running and paused, so every state but running is paused (a stopped or
+// crashed VM is started again by connect).
+func paused(v *store.VM) bool { return v.State != api.StateRunning }
+
+func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, full bool) detail {
+	d := detail{TemplateID: sb.TemplateID, SandboxID: v.Name, ClientID: clientID, StartedAt: v.CreatedAt, EndAt: sb.EndAt,
+		EnvdVersion: EnvdVersion, CPUCount: v.CPUs, MemoryMB: v.MemoryMiB, DiskSizeMB: v.DiskBytes >> 20,
+		State: "running", Metadata: sb.Metadata}
+	if v.StartedAt != nil {
+		d.StartedAt = *v.StartedAt
+	}
+	if sb.EndAt.IsZero() {
+		d.EndAt = d.StartedAt.Add(maxTimeout) // no end: far away
+	}
+	if paused(v) {
+		d.State = "paused"
+	}
+	if d.Metadata == nil {
+		d.Metadata = map[string]string{}
+	}
+	if full {
+		d.EnvdAccessToken, d.Domain = s.envdToken(v.ID), s.cfg.Domain
+		d.Lifecycle = &lifecycle{OnTimeout: "kill"}
+		if sb.AutoPause {
+			d.Lifecycle.OnTimeout = "pause"
+		}
+	}
+	return d
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, sb, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	writeJSON(w, http.StatusOK, s.detailJSON(v, sb, true))
+}
+
+// metadataFilter parses the list's metadata query: a form-encoded string
+// whose keys and values are escaped once more.
+func metadataFilter(q string) (map[string]string, error) {
+	if q == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for k, vs := range vals {
+		uk, err := url.QueryUnescape(k)
+		if err != nil {
+			return nil, err
+		}
+		uv, err := url.QueryUnescape(vs[0])
+		if err != nil {
+			return nil, err
+		}
+		out[uk] = uv
+	}
+	return out, nil
+}
+
+var nextTokenRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,200}$`)
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	q := r.URL.Query()
+	filter, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "bad metadata filter: %v", err)
+		return
+	}
+	states := map[string]bool{}
+	for _, st := range strings.Split(q.Get("state"), ",") {
+		switch st = strings.TrimSpace(st); st {
+		case "":
+		case "running", "paused":
+			states[st] = true
+		default:
+			apiError(w, http.StatusBadRequest, "unknown state %q: use running or paused", st)
+			return
+		}
+	}
+	limit := maxListLimit
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > maxListLimit {
+			apiError(w, http.StatusBadRequest, "limit must be between 1 and %d", maxListLimit)
+			return
+		}
+	}
+	after := ""
+	if t := q.Get("nextToken"); t != "" {
+		b, err := base64.RawURLEncoding.DecodeString(t)
+		if !nextTokenRe.MatchString(t) || err != nil {
+			apiError(w, http.StatusBadRequest, "bad nextToken")
+			return
+		}
+		after = string(b)
+	}
+	sbs, err := s.cfg.Store.ListSandboxes(r.Context())
+	if err != nil {
+		apiError(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	items := []detail{}
+	for _, sb := range sbs {
+		v, err := s.cfg.VMs.Get(r.Context(), sb.VMID)
+		if err != nil {
+			continue
+		}
+		d := s.detailJSON(v, sb, false)
+		if len(states) > 0 && !states[d.State] {
+			continue
+		}
+		if !matches(sb.Metadata, filter) {
+			continue
+		}
+		items = append(items, d)
+	}
+	// Newest first; the cursor is the last item's start time and id.
+	sort.SliceStable(items, func(i, j int) bool {
+		if !items[i].StartedAt.Equal(items[j].StartedAt) {
+			return items[i].StartedAt.After(items[j].StartedAt)
+		}
+		return items[i].SandboxID < items[j].SandboxID
+	})
+	key := func(d detail) string { return fmt.Sprintf("%020d:%s", d.StartedAt.UnixNano(), d.SandboxID) }
+	if after != "" {
+		i := sort.Search(len(items), func(i int) bool { return key(items[i]) < after })
+		items = items[i:]
+	}
+	if len(items) > limit {
+		items = items[:limit]
+		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(key(items[limit-1]))))
+	}
+	writeJSON(w, http.StatusOK, items)
+}
+
+func matches(md, filter map[string]string) bool {
+	for k, v := range filter {
+		if md[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, _, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	if err := s.cfg.VMs.Delete(r.Context(), v.ID); err != nil {
+		vmError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, _, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Timeout == nil {
+		apiError(w, http.StatusBadRequest, "timeout (seconds) is required")
+		return
+	}
+	d, err := timeoutOf(req.Timeout, 0)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if err := s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Now().Add(d)); err != nil {
+		vmError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, _, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	if v.State == api.StateSuspended || v.State == api.StatePaused {
+		apiError(w, http.StatusConflict, "sandbox %q is already paused", v.Name)
+		return
+	}
+	if _, err := s.cfg.VMs.Suspend(r.Context(), v.ID); err != nil {
+		vmError(w, err)
+		return
+	}
+	// A paused sandbox does not time out; connect sets a new end.
+	s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Time{})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, sb, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	d, err := timeoutOf(req.Timeout, defaultTimeout)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	status := http.StatusOK
+	if v.State != api.StateRunning {
+		if v, err = s.cfg.VMs.Wake(r.Context(), v.ID); err != nil {
+			vmError(w, err)
+			return
+		}
+		status = http.StatusCreated
+	}
+	// Connect only ever extends the end.
+	if end := time.Now().Add(d); d > 0 && (sb.EndAt.IsZero() || end.After(sb.EndAt)) {
+		sb.EndAt = end
+		if err := s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, end); err != nil {
+			vmError(w, err)
+			return
+		}
+	}
+	writeJSON(w, status, s.sandboxJSON(v, sb))
+}
+
+type snapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+var snapshotNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, _, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	var req struct {
+		Name   string `json:"name"`
+		Memory *bool  `json:"memory"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		apiError(w, http.StatusBadRequest, "filesystem-only snapshots are not supported: agentvm snapshots keep memory and processes")
+		return
+	}
+	name := req.Name
+	if name == "" {
+		name = "snap" + newSandboxID()[1:13]
+	}
+	if !snapshotNameRe.MatchString(name) {
+		apiError(w, http.StatusBadRequest, "invalid snapshot name %q: use 1-63 lowercase letters, digits, '.', '_' and '-'", name)
+		return
+	}
+	sn, err := s.cfg.VMs.Snapshot(r.Context(), v.ID, name)
+	if err != nil {
+		vmError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}})
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	q := r.URL.Query()
+	sns, err := s.cfg.VMs.Snapshots(r.Context())
+	if err != nil {
+		apiError(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	var srcID string
+	if id := q.Get("sandboxID"); id != "" {
+		v, err := s.cfg.VMs.Get(r.Context(), id)
+		if err != nil {
+			writeJSON(w, http.StatusOK, []snapshotInfo{})
+			return
+		}
+		srcID = v.ID
+	}
+	limit := maxListLimit
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > maxListLimit {
+			apiError(w, http.StatusBadRequest, "limit must be between 1 and %d", maxListLimit)
+			return
+		}
+	}
+	sort.Slice(sns, func(i, j int) bool { return sns[i].Name < sns[j].Name })
+	after := q.Get("nextToken")
+	out := []snapshotInfo{}
+	for _, sn := range sns {
+		if (srcID != "" && sn.VMID != srcID) || (q.Get("name") != "" && sn.Name != q.Get("name")) || sn.Name <= after {
+			continue
+		}
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", out[len(out)-1].SnapshotID)
+			break
+		}
+		out = append(out, snapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	id := r.PathValue("id")
+	if id == baseTemplate {
+		apiError(w, http.StatusBadRequest, "the base template cannot be deleted")
+		return
+	}
+	if err := s.cfg.VMs.DeleteSnapshot(r.Context(), id); err != nil {
+		vmError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type forkResult struct {
+	Sandbox *sandbox `json:"sandbox,omitempty"`
+	Error   *apiErr  `json:"error,omitempty"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, sb, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	var req struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	if count < 1 || count > 20 {
+		apiError(w, http.StatusBadRequest, "count must be between 1 and 20, got %d", count)
+		return
+	}
+	d, err := timeoutOf(req.Timeout, defaultTimeout)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	res, err := s.cfg.VMs.ForkWith(r.Context(), v.ID, vm.ForkOptions{Count: count, Name: newSandboxID})
+	if err != nil {
+		vmError(w, err)
+		return
+	}
+	out := make([]forkResult, 0, len(res.Children))
+	for _, c := range res.Children {
+		csb := &store.Sandbox{VMID: c.ID, TemplateID: sb.TemplateID, Metadata: sb.Metadata, AutoPause: sb.AutoPause, CreatedAt: time.Now().UTC()}
+		if d > 0 {
+			csb.EndAt = time.Now().Add(d)
+		}
+		if err := s.cfg.Store.PutSandbox(r.Context(), csb); err != nil {
+			s.cfg.VMs.Delete(context.Background(), c.ID)
+			out = append(out, forkResult{Error: &apiErr{Code: http.StatusInternalServerError, Message: "record sandbox: " + err.Error()}})
+			continue
+		}
+		sbx := s.sandboxJSON(c, csb)
+		out = append(out, forkResult{Sandbox: &sbx})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}

@@ -1,0 +1,178 @@
+// Package e2b makes agentvm speak E2B's APIs: the control plane (sandboxes,
+// snapshots, forks) on the API listener and envd (processes, files,
+// watches) behind the preview proxy, both translated to vm and guest calls,
+// so that the unmodified e2b SDKs drive agentvm VMs.
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// EnvdPort is the port envd answers on in a sandbox's preview hosts.
+const EnvdPort = 49983
+
+// EnvdVersion is the envd version agentvm reports: the SDKs enable their
+// features by it (0.6.4 turns on everything up to upload metadata, watch
+// entries and network-mount watches).
+const EnvdVersion = "0.6.4"
+
+// DefaultUser is the user envd calls run as when the caller names none:
+// the base image's default user.
+const DefaultUser = "user"
+
+// VMs is what the E2B layer needs from the VM service.
+type VMs interface {
+	Get(ctx context.Context, idOrName string) (*store.VM, error)
+	Create(ctx context.Context, o vm.CreateOptions) (*store.VM, bool, error)
+	CreateFrom(ctx context.Context, snap string, o vm.CreateOptions) (*store.VM, bool, error)
+	Delete(ctx context.Context, idOrName string) error
+	Suspend(ctx context.Context, idOrName string) (*vm.OpResult, error)
+	Wake(ctx context.Context, idOrName string) (*store.VM, error)
+	Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error)
+	Snapshots(ctx context.Context) ([]*store.Snapshot, error)
+	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, idOrName string) error
+	ForkWith(ctx context.Context, idOrName string, o vm.ForkOptions) (*vm.ForkResult, error)
+	Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error)
+	Hold(id string) func()
+}
+
+// Config configures the E2B layer.
+type Config struct {
+	VMs    VMs
+	Store  *store.Store
+	Tokens *auth.Service
+	// Domain is what sandboxes report as their domain: the preview
+	// domain with the proxy's port, e.g. localhost:7080, so that the SDK's
+	// getHost(port) names a working preview host.
+	Domain string
+	// Key signs envd access tokens (HMAC of the VM id): stable across
+	// restarts, never stored.
+	Key []byte
+	Log *slog.Logger
+}
+
+// Server serves both E2B APIs.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	watchers map[string]*watcher // CreateWatcher's polling watches
+}
+
+// New makes the E2B layer.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Server{cfg: cfg, log: cfg.Log, watchers: map[string]*watcher{}}
+}
+
+// SetDomain sets the domain sandboxes report (known once the proxy listens).
+func (s *Server) SetDomain(d string) { s.cfg.Domain = d }
+
+// envdToken is the access token of a sandbox's envd.
+func (s *Server) envdToken(vmID string) string {
+	m := hmac.New(sha256.New, s.cfg.Key)
+	m.Write([]byte("envd:" + vmID))
+	return hex.EncodeToString(m.Sum(nil))[:40]
+}
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// newSandboxID is a VM name that is also an E2B sandbox id: lowercase
+// letters and digits only (the SDKs and their users split "<port>-<id>").
+func newSandboxID() string {
+	b := make([]byte, 20)
+	rand.Read(b)
+	out := make([]byte, len(b))
+	out[0] = 'i' // a letter first, like E2B's ids
+	for i := 1; i < len(b); i++ {
+		out[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(out)
+}
+
+// Forget drops what the E2B layer keeps about a deleted VM.
+func (s *Server) Forget(vmID string) {
+	s.cfg.Store.DeleteSandbox(context.Background(), vmID)
+	s.mu.Lock()
+	for id, w := range s.watchers {
+		if w.vmID == vmID {
+			w.stop()
+			delete(s.watchers, id)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// Run enforces sandbox timeouts until ctx ends: a sandbox whose end time
+// has passed is deleted, or suspended when it was created with autoPause.
+func (s *Server) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sbs, err := s.cfg.Store.ListSandboxes(ctx)
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		for _, sb := range sbs {
+			if sb.EndAt.IsZero() || sb.EndAt.After(now) {
+				continue
+			}
+			s.expire(ctx, sb)
+		}
+	}
+}
+
+func (s *Server) expire(ctx context.Context, sb *store.Sandbox) {
+	v, err := s.cfg.VMs.Get(ctx, sb.VMID)
+	if err != nil {
+		s.cfg.Store.DeleteSandbox(ctx, sb.VMID)
+		return
+	}
+	if sb.AutoPause {
+		if paused(v) {
+			s.cfg.Store.SetSandboxEnd(ctx, sb.VMID, time.Time{})
+			return
+		}
+		if _, err := s.cfg.VMs.Suspend(vm.WithActor(ctx, "e2b timeout"), sb.VMID); err != nil {
+			s.log.Warn("e2b: auto-pause at timeout failed", "vm", sb.VMID, "err", err)
+			return
+		}
+		s.cfg.Store.SetSandboxEnd(ctx, sb.VMID, time.Time{})
+		return
+	}
+	if err := s.cfg.VMs.Delete(vm.WithActor(ctx, "e2b timeout"), sb.VMID); err != nil {
+		s.log.Warn("e2b: delete at timeout failed", "vm", sb.VMID, "err", err)
+	}
+}
+
+// writeJSON answers with a JSON body.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if v != nil {
+		_ = jsonEncode(w, v)
+	}
+}

@@ -1,0 +1,213 @@
+package e2b
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/guest"
+)
+
+// envd's plain HTTP file endpoints: GET /files downloads, POST /files
+// uploads (multipart or a raw body), both optionally authorised by a
+// signed URL instead of the access token.
+
+// maxUploadParts bounds the files of one multipart upload.
+const maxUploadParts = 1000
+
+// signature is the signature of a file URL: "v1_" and the unpadded base64
+// of SHA-256 over "path:operation:user:token[:expiration]".
+func signature(path, op, user, token string, exp int64) string {
+	raw := path + ":" + op + ":" + user + ":" + token
+	if exp > 0 {
+		raw += ":" + strconv.FormatInt(exp, 10)
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// checkSignature verifies a signed file URL; it answers the request itself
+// when the signature does not hold.
+func (c *envdCall) checkSignature(w http.ResponseWriter, r *http.Request, op string) bool {
+	q := r.URL.Query()
+	var exp int64
+	if e := q.Get("signature_expiration"); e != "" {
+		var err error
+		if exp, err = strconv.ParseInt(e, 10, 64); err != nil || exp <= 0 {
+			envdHTTPError(w, http.StatusBadRequest, "bad signature_expiration")
+			return false
+		}
+		if time.Now().Unix() > exp {
+			envdHTTPError(w, http.StatusUnauthorized, "the signed URL has expired")
+			return false
+		}
+	}
+	want := signature(q.Get("path"), op, q.Get("username"), c.s.envdToken(c.vm.ID), exp)
+	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
+		envdHTTPError(w, http.StatusUnauthorized, "invalid signature")
+		return false
+	}
+	return true
+}
+
+// fileUser is the user of a file request: the username parameter, or the
+// caller's.
+func (c *envdCall) fileUser(r *http.Request, signed bool) string {
+	if u := r.URL.Query().Get("username"); u != "" {
+		return u
+	}
+	if signed {
+		return DefaultUser
+	}
+	return c.user
+}
+
+// fileHTTPError answers a file request with the agent's error.
+func fileHTTPError(w http.ResponseWriter, err error) {
+	var ae *guest.APIError
+	if !errors.As(err, &ae) {
+		envdHTTPError(w, http.StatusBadGateway, "the sandbox's agent: "+err.Error())
+		return
+	}
+	status := http.StatusInternalServerError
+	switch ae.Code {
+	case guest.CodeNotFound:
+		status = http.StatusNotFound
+	case guest.CodeInvalid, guest.CodeIsDirectory, guest.CodeNotDirectory, guest.CodeExists, guest.CodeNotEmpty:
+		status = http.StatusBadRequest
+	case guest.CodePermission:
+		status = http.StatusForbidden
+	case guest.CodeUnknownUser:
+		status = http.StatusUnauthorized
+	case guest.CodeNoSpace:
+		status = http.StatusInsufficientStorage
+	}
+	envdHTTPError(w, status, ae.Message)
+}
+
+func (c *envdCall) download(w http.ResponseWriter, r *http.Request, signed bool) {
+	if signed && !c.checkSignature(w, r, "read") {
+		return
+	}
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		envdHTTPError(w, http.StatusBadRequest, "path is required")
+		return
+	}
+	body, fi, err := c.g.ReadFile(r.Context(), c.fileUser(r, signed), p, 0, -1)
+	if err != nil {
+		fileHTTPError(w, err)
+		return
+	}
+	defer body.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": fi.Name}))
+	if fi.Size >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, body)
+}
+
+type writeInfo struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
+	if signed && !c.checkSignature(w, r, "write") {
+		return
+	}
+	for k := range r.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-metadata-") {
+			envdHTTPError(w, http.StatusBadRequest, "file metadata (X-Metadata-* headers) is not supported by agentvm")
+			return
+		}
+	}
+	user := c.fileUser(r, signed)
+	qpath := r.URL.Query().Get("path")
+	body := io.Reader(r.Body)
+	switch enc := r.Header.Get("Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			envdHTTPError(w, http.StatusBadRequest, "bad gzip body: "+err.Error())
+			return
+		}
+		body = zr
+	default:
+		envdHTTPError(w, http.StatusBadRequest, "unsupported Content-Encoding "+strconv.Quote(enc))
+		return
+	}
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []writeInfo
+	write := func(p string, data io.Reader) bool {
+		fi, err := c.g.WriteFile(r.Context(), user, p, data, 0, true)
+		if err != nil {
+			fileHTTPError(w, err)
+			return false
+		}
+		out = append(out, writeInfo{Name: fi.Name, Type: "file", Path: fi.Path})
+		return true
+	}
+	if mt != "multipart/form-data" {
+		if qpath == "" {
+			envdHTTPError(w, http.StatusBadRequest, "path is required")
+			return
+		}
+		if !write(qpath, body) {
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	mr := multipart.NewReader(body, params["boundary"])
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			envdHTTPError(w, http.StatusBadRequest, "bad multipart body: "+err.Error())
+			return
+		}
+		if part.FormName() != "file" {
+			part.Close()
+			continue
+		}
+		if len(out) >= maxUploadParts {
+			envdHTTPError(w, http.StatusBadRequest, "at most "+strconv.Itoa(maxUploadParts)+" files per upload")
+			return
+		}
+		// The file name is the whole path (Part.FileName would keep only
+		// its last element).
+		_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+		p := dp["filename"]
+		if qpath != "" {
+			p = qpath
+		}
+		if p == "" {
+			envdHTTPError(w, http.StatusBadRequest, "a file part has no file name and the request no path")
+			return
+		}
+		if !write(p, part) {
+			return
+		}
+	}
+	if len(out) == 0 {
+		envdHTTPError(w, http.StatusBadRequest, "no file in the upload (multipart field \"file\")")
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,105 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Sandbox is what the E2B-compatible API keeps about one of its VMs.
+type Sandbox struct {
+	VMID       string
+	TemplateID string
+	Metadata   map[string]string
+	EndAt      time.Time // when the timeout deletes (or, with AutoPause, suspends) it; zero: never
+	AutoPause  bool
+	CreatedAt  time.Time
+}
+
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMs(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+// PutSandbox inserts or replaces a sandbox record.
+func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
+	md, err := json.Marshal(sb.Metadata)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, created_at) VALUES (?,?,?,?,?,?)`,
+		sb.VMID, sb.TemplateID, string(md), unixMs(sb.EndAt), sb.AutoPause, sb.CreatedAt.UnixNano())
+	return err
+}
+
+// SetSandboxEnd changes a sandbox's end time; ErrNotFound if there is no record.
+func (s *Store) SetSandboxEnd(ctx context.Context, vmID string, end time.Time) error {
+	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET end_at=? WHERE vm_id=?`, unixMs(end), vmID)
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteSandbox removes a sandbox record (no error if there was none).
+func (s *Store) DeleteSandbox(ctx context.Context, vmID string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE vm_id=?`, vmID)
+	return err
+}
+
+const sandboxCols = `vm_id, template_id, metadata, end_at, auto_pause, created_at`
+
+func scanSandbox(row interface{ Scan(...any) error }) (*Sandbox, error) {
+	var sb Sandbox
+	var md string
+	var end, created int64
+	if err := row.Scan(&sb.VMID, &sb.TemplateID, &md, &end, &sb.AutoPause, &created); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
+		return nil, err
+	}
+	sb.EndAt, sb.CreatedAt = fromMs(end), time.Unix(0, created).UTC()
+	return &sb, nil
+}
+
+// GetSandbox returns a sandbox record; ErrNotFound if there is none.
+func (s *Store) GetSandbox(ctx context.Context, vmID string) (*Sandbox, error) {
+	sb, err := scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE vm_id=?`, vmID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return sb, err
+}
+
+// ListSandboxes returns every sandbox record, newest first.
+func (s *Store) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at DESC, vm_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
