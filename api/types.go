@@ -223,7 +223,9 @@ type Health struct {
 	// (http://<port>-<vm>.<domain>:<proxy port>/); SSH the SSH gateway's.
 	Proxy  string `json:"proxy,omitempty"`
 	Domain string `json:"domain,omitempty"`
-	SSH    string `json:"ssh,omitempty"`
+	// ProxyTLS: the proxy serves HTTPS only.
+	ProxyTLS bool   `json:"proxy_tls,omitempty"`
+	SSH      string `json:"ssh,omitempty"`
 	// WarmPool counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>".
 	WarmPool map[string]int `json:"warm_pool,omitempty"`
 }

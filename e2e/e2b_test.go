@@ -26,9 +26,9 @@ type e2bEnv struct {
 	env []string
 }
 
-func startE2B(t *testing.T) *e2bEnv {
+func startE2B(t *testing.T, serveArgs ...string) *e2bEnv {
 	t.Helper()
-	s := testenv.Start(t, "")
+	s := testenv.Start(t, "", serveArgs...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	h, err := s.Client.Health(ctx)
@@ -46,10 +46,14 @@ func startE2B(t *testing.T) *e2bEnv {
 		t.Fatalf("scoped e2b key: %v %+v", err, scoped)
 	}
 	_, port, _ := strings.Cut(h.Proxy, ":")
+	scheme := "http"
+	if h.ProxyTLS {
+		scheme = "https"
+	}
 	env := append(os.Environ(),
 		"E2B_API_KEY="+strings.TrimSpace(key),
 		"E2B_API_URL="+s.URL,
-		"E2B_SANDBOX_URL=http://"+h.Proxy,
+		"E2B_SANDBOX_URL="+scheme+"://"+h.Proxy,
 		"E2B_DOMAIN="+h.Domain+":"+port,
 		"AGENTVM_PROXY="+h.Proxy,
 		"AGENTVM_SCOPED_KEY="+scoped.Secret,
@@ -95,17 +99,42 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
-// TestE2BSDKNode drives agentvm with the published e2b npm package.
-func TestE2BSDKNode(t *testing.T) {
+// npmE2B installs the e2b npm package into a temp dir, with the given test
+// scripts from e2e/e2b next to it.
+func npmE2B(t *testing.T, scripts ...string) string {
+	t.Helper()
 	if _, err := exec.LookPath("npm"); err != nil {
 		t.Fatal("npm is needed to install the e2b SDK (scripts/setup.sh installs Node.js)")
 	}
-	e := startE2B(t)
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"e2b-compat-test","private":true,"type":"module"}`), 0o644)
 	install(t, dir, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error", e2bNPM)
-	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "sdk.test.mjs"), filepath.Join(dir, "sdk.test.mjs"))
+	for _, f := range scripts {
+		copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", f), filepath.Join(dir, f))
+	}
+	return dir
+}
+
+// TestE2BSDKNode drives agentvm with the published e2b npm package.
+func TestE2BSDKNode(t *testing.T) {
+	e := startE2B(t)
+	dir := npmE2B(t, "sdk.test.mjs")
 	e.run(t, dir, 30*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "sdk.test.mjs")
+}
+
+// TestE2BSDKNodeTLS runs the SDK against `serve --tls auto`, trusting the
+// CA that `agentvm ca` prints.
+func TestE2BSDKNodeTLS(t *testing.T) {
+	e := startE2B(t, "--tls", "auto")
+	ca, errOut, code := e.s.CLI("", "ca")
+	if code != 0 || !strings.Contains(ca, "BEGIN CERTIFICATE") {
+		t.Fatalf("agentvm ca: %q %q %d", ca, errOut, code)
+	}
+	dir := npmE2B(t, "tls.test.mjs")
+	caFile := filepath.Join(dir, "ca.pem")
+	os.WriteFile(caFile, []byte(ca), 0o644)
+	e.env = append(e.env, "NODE_EXTRA_CA_CERTS="+caFile)
+	e.run(t, dir, 15*time.Minute, "node", "--test", "--test-reporter=spec", "tls.test.mjs")
 }
 
 // TestE2BSDKPython drives agentvm with the published e2b PyPI package,

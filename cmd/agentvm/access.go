@@ -227,3 +227,19 @@ func gatewayHostPort(baseURL, listen string) (string, string, error) {
 	}
 	return host, port, nil
 }
+
+func caCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ca",
+		Short: "Print the server's local CA certificate (serve --tls auto), e.g. for NODE_EXTRA_CA_CERTS or SSL_CERT_FILE",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := client.FromEnv().CA(cmd.Context())
+			if err != nil {
+				return err
+			}
+			_, err = os.Stdout.Write(b)
+			return err
+		},
+	}
+}

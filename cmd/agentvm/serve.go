@@ -21,11 +21,19 @@ func envOr(k, def string) string {
 func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var noWarm bool
+	var tlsMode string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the agentvm daemon",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch tlsMode {
+			case "":
+			case "auto":
+				cfg.TLSAuto = true
+			default:
+				return fmt.Errorf("--tls: want auto (or --tls-cert/--tls-key), got %q", tlsMode)
+			}
 			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			if exe, err := os.Executable(); err == nil {
 				qemu.StateReader = []string{exe, qemu.StateCatArg} // restores read state with splice
@@ -36,7 +44,11 @@ func serveCmd() *cobra.Command {
 			}
 			fmt.Fprintf(os.Stderr, "agentvm listening on http://%s (admin token in %s/admin.token)\n", s.Addr(), cfg.DataDir)
 			if a := s.ProxyAddr(); a != "" {
-				fmt.Fprintf(os.Stderr, "preview proxy on http://%s (http://<port>-<vm>.%s:PORT/)\n", a, cfg.Domain)
+				scheme := "http"
+				if cfg.TLSAuto || cfg.TLSCert != "" {
+					scheme = "https"
+				}
+				fmt.Fprintf(os.Stderr, "preview proxy on %s://%s (%s://<port>-<vm>.%s:PORT/)\n", scheme, a, scheme, cfg.Domain)
 			}
 			if a := s.SSHAddr(); a != "" {
 				fmt.Fprintf(os.Stderr, "ssh gateway on %s (ssh -p PORT VM@HOST, password: a token)\n", a)
@@ -66,6 +78,9 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.ProxyListen, "proxy-listen", envOr("AGENTVM_PROXY_LISTEN", "127.0.0.1:7080"), `preview proxy address ("" disables it)`)
 	f.StringVar(&cfg.Domain, "domain", envOr("AGENTVM_DOMAIN", "localhost"), "preview host suffix: http://<port>-<vm>.<domain>/")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", envOr("AGENTVM_E2B_DOMAIN", ""), "the domain E2B sandboxes report (default: the preview domain and the proxy's port, e.g. localhost:7080)")
+	f.StringVar(&tlsMode, "tls", os.Getenv("AGENTVM_TLS"), "auto: serve previews (and E2B's envd) over HTTPS with a wildcard certificate for *.<domain> from a local CA in the data dir (agentvm ca prints it)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", os.Getenv("AGENTVM_TLS_CERT"), "PEM certificate (e.g. a wildcard for *.<domain>) for HTTPS previews")
+	f.StringVar(&cfg.TLSKey, "tls-key", os.Getenv("AGENTVM_TLS_KEY"), "PEM key of --tls-cert")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }

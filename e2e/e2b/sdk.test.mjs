@@ -266,6 +266,7 @@ test('bad input', async () => {
   await assert.rejects(Sandbox.create('no-such-template-x', { timeoutMs: 10_000 }), /404|not found/i)
   await assert.rejects(Sandbox.connect('nosuchsandbox0000000'), SandboxNotFoundError)
   await assert.rejects(Sandbox.list({ apiKey: 'e2b_' + '0'.repeat(40) }).nextItems(), AuthenticationError)
+  assert.ok(process.env.AGENTVM_SCOPED_KEY, 'a scoped key is given')
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: process.env.AGENTVM_SCOPED_KEY }), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
   const host = `49983-${sbx.sandboxId}.${process.env.E2B_DOMAIN}`
   const bad = await get(host, '/health', { 'X-Access-Token': 'wrong' })

@@ -124,6 +124,15 @@ func (b *builder) buildRootfs(ctx context.Context) (err error) {
 		return err
 	}
 
+	chroot, _ := lookPath("chroot")
+	stepLine := func(l string) {
+		if s, ok := strings.CutPrefix(l, "step: "); ok {
+			b.progress("configure: " + s)
+		}
+	}
+	if err := b.run(ctx, stepLine, chroot, root, "/bin/sh", "-c", lateScript); err != nil {
+		return err
+	}
 	b.progress("configure: writing config files")
 	for _, f := range rootfsFiles {
 		if err := writeFileIn(root, f.Path, f.Content, os.FileMode(f.Mode)); err != nil {
@@ -131,12 +140,6 @@ func (b *builder) buildRootfs(ctx context.Context) (err error) {
 		}
 	}
 	b.progress("configure: running chroot setup (users, services, kernel hold, initramfs)")
-	chroot, _ := lookPath("chroot")
-	stepLine := func(l string) {
-		if s, ok := strings.CutPrefix(l, "step: "); ok {
-			b.progress("configure: " + s)
-		}
-	}
 	if err := b.run(ctx, stepLine, chroot, root, "/bin/sh", "-c", configureScript); err != nil {
 		return err
 	}

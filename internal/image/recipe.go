@@ -35,8 +35,9 @@ var packages = []string{
 	"ca-certificates", "python3", "git", "curl", "wget", "sudo",
 	"procps", "iproute2", "less", "vim-tiny", "unzip", "xz-utils", "jq",
 	"rsync", "openssh-client", "netbase",
-	// E2B's base template: Node.js with npm next to python3 and git.
-	"nodejs", "npm",
+	// E2B's base template has Node.js next to python3 and git (npm is
+	// installed by configureScript: debootstrap cannot configure it).
+	"nodejs",
 }
 
 // maskedUnits are linked to /dev/null so they never run (timers firing after
@@ -58,6 +59,18 @@ var maskedUnits = []string{
 var initramfsModules = []string{
 	"virtio_pci", "virtio_blk", "virtio_net", "virtio_console", "ext4",
 }
+
+// lateScript installs, after debootstrap and before the recipe's files
+// replace its resolv.conf, what debootstrap itself cannot configure.
+var lateScript = `set -eu
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin
+echo "step: npm"
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends ` + strings.Join(latePackages, " ") + ` >/dev/null
+`
+
+// latePackages are installed by lateScript.
+var latePackages = []string{"npm"}
 
 // recipeFile is a file the rootfs stage writes into the tree before the
 // configuration script runs.
@@ -162,6 +175,7 @@ func writeRecipe(w io.Writer) {
 	for _, f := range files {
 		field("file", fmt.Sprintf("%s %o\n%s", f.Path, f.Mode, f.Content))
 	}
+	field("late-script", lateScript)
 	field("script", configureScript)
 }
 

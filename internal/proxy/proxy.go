@@ -5,6 +5,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"context"
 	"errors"
 	"fmt"
@@ -59,6 +60,8 @@ type Config struct {
 	// Compat, when set, serves CompatPort of the VMs it owns.
 	Compat     Compat
 	CompatPort int
+	// TLS, when set, makes the proxy HTTPS only (with HTTP/2 by ALPN).
+	TLS *tls.Config
 }
 
 // Proxy is the preview router.
@@ -138,8 +141,12 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	prot := new(http.Protocols)
 	prot.SetHTTP1(true)
-	prot.SetUnencryptedHTTP2(true) // h2c with prior knowledge
-	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout, Protocols: prot}
+	if cfg.TLS != nil {
+		prot.SetHTTP2(true)
+	} else {
+		prot.SetUnencryptedHTTP2(true) // h2c with prior knowledge
+	}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout, Protocols: prot, TLSConfig: cfg.TLS}
 	return p, nil
 }
 
@@ -148,7 +155,15 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // URL is the preview URL of a VM port.
 func (p *Proxy) URL(vmName string, port int) string {
-	return fmt.Sprintf("http://%d-%s.%s:%s/", port, vmName, p.cfg.Domain, p.port)
+	return fmt.Sprintf("%s://%d-%s.%s:%s/", p.Scheme(), port, vmName, p.cfg.Domain, p.port)
+}
+
+// Scheme is http, or https when the proxy serves TLS.
+func (p *Proxy) Scheme() string {
+	if p.cfg.TLS != nil {
+		return "https"
+	}
+	return "http"
 }
 
 // Domain is the preview host suffix.
@@ -156,7 +171,12 @@ func (p *Proxy) Domain() string { return p.cfg.Domain }
 
 // Serve serves until Close.
 func (p *Proxy) Serve() error {
-	err := p.srv.Serve(p.ln)
+	var err error
+	if p.cfg.TLS != nil {
+		err = p.srv.ServeTLS(p.ln, "", "")
+	} else {
+		err = p.srv.Serve(p.ln)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

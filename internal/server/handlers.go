@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
@@ -28,13 +31,23 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		h := api.Health{Status: "ok", Version: Version, Accel: s.accel, WarmPool: s.svc.PoolReady(), SSH: s.SSHAddr()}
 		if s.proxy != nil {
-			h.Proxy, h.Domain = s.proxy.Addr(), s.proxy.Domain()
+			h.Proxy, h.Domain, h.ProxyTLS = s.proxy.Addr(), s.proxy.Domain(), s.proxy.Scheme() == "https"
 		}
 		writeJSON(w, 200, h)
 	})
 	if s.e2b != nil {
 		s.e2b.Routes(mux) // E2B's API, authenticated by X-API-KEY
 	}
+	// The local CA's certificate (public) that clients trust for --tls auto.
+	mux.HandleFunc("GET /v1/tls/ca", func(w http.ResponseWriter, r *http.Request) {
+		b, err := os.ReadFile(filepath.Join(s.cfg.DataDir, proxy.CAFile))
+		if err != nil || !s.cfg.TLSAuto {
+			writeError(w, http.StatusNotFound, api.CodeNotFound, "no local CA: the server does not run with --tls auto")
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-pem-file")
+		w.Write(b)
+	})
 	authed := http.NewServeMux()
 	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
 	authed.HandleFunc("GET /v1/vms", admin(s.listVMs))

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"bufio"
 	"context"
 	"crypto/rand"
@@ -62,7 +63,12 @@ type Config struct {
 	// domain with the proxy's port, e.g. localhost:7080); the E2B API
 	// needs the preview proxy.
 	E2BDomain string
-	Log       *slog.Logger
+	// TLSCert and TLSKey make the preview proxy serve HTTPS with that
+	// (wildcard) certificate; TLSAuto issues one for *.<Domain> from a
+	// local CA in the data dir instead.
+	TLSCert, TLSKey string
+	TLSAuto         bool
+	Log             *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.
@@ -192,8 +198,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.e2b = e2b.New(e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log})
+		tlsCfg, err := proxyTLS(cfg)
+		if err != nil {
+			return nil, err
+		}
 		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log,
-			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort})
+			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg})
 		if err != nil {
 			return nil, err
 		}
@@ -339,6 +349,32 @@ func loadOrCreateToken(path string) (string, error) {
 		return "", fmt.Errorf("write admin token: %w", err)
 	}
 	return t, nil
+}
+
+// proxyTLS is the preview proxy's TLS configuration (nil: plain HTTP).
+func proxyTLS(cfg Config) (*tls.Config, error) {
+	switch {
+	case cfg.TLSAuto && (cfg.TLSCert != "" || cfg.TLSKey != ""):
+		return nil, errors.New("give either --tls auto or --tls-cert/--tls-key, not both")
+	case cfg.TLSAuto:
+		domain := strings.Trim(strings.ToLower(cfg.Domain), ".")
+		if domain == "" {
+			domain = "localhost"
+		}
+		ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+		if h, _, err := net.SplitHostPort(cfg.ProxyListen); err == nil {
+			if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() && !ip.IsLoopback() {
+				ips = append(ips, ip)
+			}
+		}
+		return proxy.AutoTLS(cfg.DataDir, domain, ips)
+	case cfg.TLSCert != "" || cfg.TLSKey != "":
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return nil, errors.New("--tls-cert and --tls-key go together")
+		}
+		return proxy.LoadTLS(cfg.TLSCert, cfg.TLSKey)
+	}
+	return nil, nil
 }
 
 // forgetDeletedVM ends what outlives a deleted VM outside the VM service,

@@ -284,3 +284,21 @@ func (c *Client) Fork(ctx context.Context, id string, count int) (*api.ForkRespo
 	var out api.ForkResponse
 	return &out, c.do(ctx, "POST", "/v1/vms/"+url.PathEscape(id)+"/fork", api.ForkRequest{Count: count}, &out)
 }
+
+// CA returns the PEM certificate of the server's local CA (serve --tls
+// auto), which clients trust for its HTTPS previews.
+func (c *Client) CA(ctx context.Context) ([]byte, error) {
+	req, err := c.newRequest(ctx, "GET", "/v1/tls/ca", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach agentvm at %s (is `agentvm serve` running?): %w", c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, decodeError(resp)
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+}

@@ -213,6 +213,16 @@ func TestWatchDir(t *testing.T) {
 	await("create new", func() { os.Mkdir(filepath.Join(dir, "new"), 0o755) })
 	await("create old/b.txt", func() { os.WriteFile(filepath.Join(dir, "old", "b.txt"), []byte("x"), 0o644) })
 	await("write new/c.txt", func() { os.WriteFile(filepath.Join(dir, "new", "c.txt"), []byte("x"), 0o644) })
+	// the agent's own atomic writes show as the target written
+	if _, err := e.c.WriteFile(ctx, "", filepath.Join(dir, "w.txt"), strings.NewReader("w"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	await("write w.txt", nop)
+	for ev := range seen {
+		if strings.Contains(ev, ".agentvm-") {
+			t.Fatalf("the agent's temporary file shows: %v", seen)
+		}
+	}
 	os.Rename(filepath.Join(dir, "a.txt"), filepath.Join(dir, "d.txt"))
 	await("rename a.txt", nop)
 	await("create d.txt", nop)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -44,7 +45,7 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 	}
 	f := os.NewFile(uintptr(fd), "inotify") // in the runtime poller: Close ends a pending Read
 	defer f.Close()
-	wt := &watcher{u: u, fd: fd, dirs: map[int]string{}}
+	wt := &watcher{u: u, fd: fd, dirs: map[int]string{}, tempMoves: map[uint32]bool{}}
 	if err := wt.add(root, ""); err != nil {
 		writeFileError(w, err)
 		return
@@ -111,6 +112,23 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 			if rel != "" {
 				full = rel + "/" + name
 			}
+			// The agent writes files through a hidden temporary renamed
+			// over the target: watchers see the target written, not the
+			// temporary (as if it had been written in place).
+			if agentTemp.MatchString(name) {
+				if raw.Mask&unix.IN_MOVED_FROM != 0 {
+					if len(wt.tempMoves) > 1024 { // moved out of the tree: never arriving
+						clear(wt.tempMoves)
+					}
+					wt.tempMoves[raw.Cookie] = true
+				}
+				continue
+			}
+			if raw.Mask&unix.IN_MOVED_TO != 0 && wt.tempMoves[raw.Cookie] {
+				delete(wt.tempMoves, raw.Cookie)
+				evs = append(evs, guest.WatchEvent{Op: guest.WatchCreate, Name: full}, guest.WatchEvent{Op: guest.WatchWrite, Name: full})
+				continue
+			}
 			op := ""
 			switch {
 			case raw.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
@@ -150,7 +168,13 @@ type watcher struct {
 	u    *userInfo
 	fd   int
 	dirs map[int]string // watch descriptor -> path relative to the root
+	// tempMoves are the cookies of renames away from the agent's own
+	// temporaries (tempName), whose arrival is reported as a write.
+	tempMoves map[uint32]bool
 }
+
+// agentTemp matches tempName's names.
+var agentTemp = regexp.MustCompile(`^\..*\.agentvm-[0-9a-f]{12}$`)
 
 // add watches one directory with the user's credentials.
 func (wt *watcher) add(abs, rel string) error {
