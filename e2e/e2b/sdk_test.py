@@ -46,9 +46,12 @@ def wait_for(what, cond, seconds=180):
 def get(host, path, headers=None):
     h, p = PROXY.split(":")
     c = http.client.HTTPConnection(h, int(p), timeout=60)
-    c.request("GET", path, headers={"Host": host, **(headers or {})})
-    r = c.getresponse()
-    return r.status, r.read().decode()
+    try:
+        c.request("GET", path, headers={"Host": host, **(headers or {})})
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
 
 
 class SyncSDK(unittest.TestCase):
