@@ -6,6 +6,7 @@
 //
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
 //	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
+//	go run ./bench -e2b [-creates 10] [-execs 50]  # the published e2b npm SDK vs the Go client (e2b.go)
 //	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
@@ -41,6 +42,7 @@ type options struct {
 	access       bool
 	net          bool
 	stress       bool
+	e2b          bool
 }
 
 func main() {
@@ -58,11 +60,12 @@ func main() {
 	flag.BoolVar(&o.access, "access", false, "run only the interactive-access benchmark (100 MiB through the files API and scp via the gateway vs scp to sshd in the VM, keystroke echo); implies -keep-template unless it is given")
 	flag.BoolVar(&o.net, "net", false, "run only the networking benchmark (preview proxy vs plain TCP exposure, VM -> host loopback throughput); implies -keep-template unless it is given")
 	flag.BoolVar(&o.stress, "stress", false, "run only the stress benchmark (parallel creates and execs, create latency and host memory as running VMs pile up to -stress-vms, suspend/list/wake of all); implies -keep-template unless it is given")
+	flag.BoolVar(&o.e2b, "e2b", false, "run only the E2B benchmark (the published e2b npm SDK vs agentvm's Go client: create-to-first-command and a command round trip); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
-	if o.lifecycle || o.access || o.net || o.stress {
+	if o.lifecycle || o.access || o.net || o.stress || o.e2b {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -151,6 +154,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.stress {
 		phases = b.runStress
 	}
+	if o.e2b {
+		phases = b.runE2B
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -185,6 +191,15 @@ func run(ctx context.Context, o options) (code int) {
 			Access     *AccessReport `json:"access"`
 			Errors     []string      `json:"errors,omitempty"`
 		}{r.StartedAt, r.FinishedAt, r.Host, r.Access, r.Errors}
+	} else if o.e2b {
+		r.PrintE2B(os.Stdout)
+		out = struct {
+			StartedAt  time.Time  `json:"started_at"`
+			FinishedAt time.Time  `json:"finished_at"`
+			Host       Host       `json:"host"`
+			E2B        *E2BReport `json:"e2b"`
+			Errors     []string   `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.E2B, r.Errors}
 	} else if o.stress {
 		r.PrintStress(os.Stdout)
 		out = struct {

@@ -126,6 +126,7 @@ type Report struct {
 	Ratios                Ratios    `json:"ratios"`
 	// Lifecycle is set only by -lifecycle (then the other results are empty).
 	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
+	E2B       *E2BReport       `json:"e2b,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
 	Net       *NetReport       `json:"net,omitempty"`
