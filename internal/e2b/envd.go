@@ -270,6 +270,8 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 	defer stop()
 	events := make(chan guest.ProcEvent, 16)
 	errc := make(chan error, 1)
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		defer close(events)
 		for {
@@ -278,7 +280,11 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 				errc <- err
 				return
 			}
-			events <- ev
+			select {
+			case events <- ev:
+			case <-done:
+				return
+			}
 		}
 	}()
 	tick := time.NewTicker(c.ka)

@@ -172,6 +172,8 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 	}
 	events := make(chan guest.WatchEvent, 64)
 	errc := make(chan error, 1)
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		defer close(events)
 		for {
@@ -180,7 +182,11 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 				errc <- err
 				return
 			}
-			events <- ev
+			select {
+			case events <- ev:
+			case <-done:
+				return
+			}
 		}
 	}()
 	tick := time.NewTicker(c.ka)
