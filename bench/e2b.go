@@ -50,6 +50,7 @@ type E2BReport struct {
 	CreateRatio    float64 `json:"create_ratio"`
 	RunSDK         Stats   `json:"run_true_e2b_sdk"`
 	ExecAgentVM    Stats   `json:"exec_true_agentvm_client"`
+	LoginAgentVM   Stats   `json:"exec_bash_login_true_agentvm_client"`
 	RunRatio       float64 `json:"run_ratio"`
 	SDKVersion     string  `json:"sdk"`
 	NodeVersion    string  `json:"node"`
@@ -85,7 +86,7 @@ func (b *bench) runE2B(ctx context.Context) error {
 	_, port, _ := strings.Cut(h.Proxy, ":")
 
 	// agentvm's own client first: create, first exec, delete.
-	var create, execs []float64
+	var create, execs, login []float64
 	for i := 0; i < b.o.creates; i++ {
 		t0 := time.Now()
 		v, err := b.c.CreateVM(ctx, api.CreateVMRequest{})
@@ -111,14 +112,20 @@ func (b *bench) runE2B(ctx context.Context) error {
 		if _, err := b.c.Exec(ctx, v.ID, api.ExecRequest{Shell: "true"}); err != nil {
 			return err
 		}
+		t1 := time.Now()
+		// What the SDK runs for commands.run('true'): a login shell.
+		if _, err := b.c.Exec(ctx, v.ID, api.ExecRequest{Cmd: []string{"/bin/bash", "-l", "-c", "true"}, User: "user"}); err != nil {
+			return err
+		}
 		if i >= 3 {
-			execs = append(execs, millis(time.Since(t0)))
+			execs = append(execs, millis(t1.Sub(t0)))
+			login = append(login, millis(time.Since(t1)))
 		}
 	}
 	if err := b.remove(v.ID); err != nil {
 		return err
 	}
-	r.CreateAgentVM, r.ExecAgentVM = summarize(create), summarize(execs)
+	r.CreateAgentVM, r.ExecAgentVM, r.LoginAgentVM = summarize(create), summarize(execs), summarize(login)
 
 	logf("e2b SDK: %d creates, %d commands.run('true')", b.o.creates, b.o.execs)
 	cmd := exec.CommandContext(ctx, "node", "bench.mjs", fmt.Sprint(b.o.creates), fmt.Sprint(b.o.execs))
@@ -162,4 +169,8 @@ func (r *Report) PrintE2B(w io.Writer) {
 	statsLine(w, "commands.run('true') (e2b SDK)", e.RunSDK)
 	statsLine(w, "exec true (agentvm)", e.ExecAgentVM)
 	ratioLine(w, "ratio p50 (target <= 1.5)", e.RunRatio)
+	statsLine(w, "exec bash -l -c true as user", e.LoginAgentVM)
+	if e.LoginAgentVM.P50 > 0 {
+		ratioLine(w, "SDK vs the same login shell through exec", e.RunSDK.P50/e.LoginAgentVM.P50)
+	}
 }
