@@ -118,6 +118,12 @@ test('files: text, bytes, list, info, dirs, rename, remove', async () => {
   await sbx.files.remove('/home/user/renamed.txt')
   assert.equal(await sbx.files.exists('/home/user/renamed.txt'), false)
   await assert.rejects(sbx.files.read('/home/user/missing'), FileNotFoundError)
+  const big = 'x'.repeat(300_000) + 'end'
+  await sbx.files.write('/home/user/big.txt', big)
+  assert.equal(await sbx.files.read('/home/user/big.txt'), big)
+  assert.equal(await sbx.files.read('/home/user/big.txt', { gzip: true }), big)
+  await sbx.files.write('/home/user/empty.txt', '')
+  assert.equal(await sbx.files.read('/home/user/empty.txt'), '')
   const multi = await sbx.files.write([{ path: '/home/user/m1.txt', data: 'one' }, { path: '/home/user/m2.txt', data: 'two' }])
   assert.equal(multi.length, 2)
   assert.equal(await sbx.files.read('/home/user/m2.txt'), 'two')
@@ -248,8 +254,11 @@ test('fork', async () => {
 })
 
 test('timeout expiry deletes the sandbox', async () => {
-  const short = await Sandbox.create({ timeoutMs: 3000 })
+  const short = await Sandbox.create({ timeoutMs: 8000 })
   made.push(short.sandboxId)
+  // a stream in flight ends with the sandbox
+  const bg = await short.commands.run('sleep 600', { background: true, timeoutMs: 0 })
+  const ended = bg.wait().then(() => 'finished', (e) => e)
   await waitFor('the sandbox to expire', async () => {
     try {
       await Sandbox.getInfo(short.sandboxId)
@@ -260,6 +269,8 @@ test('timeout expiry deletes the sandbox', async () => {
     }
   })
   await assert.rejects(short.commands.run('true'), (e) => /not (found|running)|timeout|sandbox/i.test(String(e)))
+  const how = await ended
+  assert.ok(how instanceof Error, 'the background command\'s stream ended with an error, not ' + how)
 })
 
 test('bad input', async () => {
@@ -268,6 +279,9 @@ test('bad input', async () => {
   await assert.rejects(Sandbox.list({ apiKey: 'e2b_' + '0'.repeat(40) }).nextItems(), AuthenticationError)
   assert.ok(process.env.AGENTVM_SCOPED_KEY, 'a scoped key is given')
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: process.env.AGENTVM_SCOPED_KEY }), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+  const forged = new Sandbox({ sandboxId: sbx.sandboxId, envdVersion: '0.6.4', envdAccessToken: 'wrong', sandboxDomain: process.env.E2B_DOMAIN })
+  await assert.rejects(forged.commands.run('true'), AuthenticationError)
+  await assert.rejects(forged.files.read('/etc/hostname'), AuthenticationError)
   const host = `49983-${sbx.sandboxId}.${process.env.E2B_DOMAIN}`
   const bad = await get(host, '/health', { 'X-Access-Token': 'wrong' })
   assert.equal(bad.status, 401)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -298,6 +299,7 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 					return ctx.Err()
 				}
 				err := <-errc
+				c.abortIfGone()
 				if errors.Is(err, io.EOF) {
 					return rpcErr(codeUnavailable, "the process stream ended without a result (the agent went away or the stream fell behind)")
 				}
@@ -344,6 +346,16 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+// abortIfGone cuts the connection of a stream whose sandbox was killed or
+// paused under it, as E2B does: the client sees the stream end at the TCP
+// level (and its health probe then finds the sandbox gone).
+func (c *envdCall) abortIfGone() {
+	v, err := c.s.cfg.VMs.Get(context.Background(), c.vm.ID)
+	if err != nil || v.State != api.StateRunning {
+		panic(http.ErrAbortHandler)
 	}
 }
 

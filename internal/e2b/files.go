@@ -24,6 +24,21 @@ import (
 // maxUploadParts bounds the files of one multipart upload.
 const maxUploadParts = 1000
 
+// gzipMin is the smallest download sent compressed when the client accepts
+// gzip (smaller ones are not worth it, and an empty body must keep its
+// Content-Length: 0 for the JS SDK).
+const gzipMin = 1024
+
+func acceptsGzip(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		enc, q, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(enc), "gzip") && strings.ReplaceAll(q, " ", "") != "q=0" {
+			return true
+		}
+	}
+	return false
+}
+
 // signature is the signature of a file URL: "v1_" and the unpadded base64
 // of SHA-256 over "path:operation:user:token[:expiration]".
 func signature(path, op, user, token string, exp int64) string {
@@ -111,6 +126,15 @@ func (c *envdCall) download(w http.ResponseWriter, r *http.Request, signed bool)
 	defer body.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": fi.Name}))
+	w.Header().Add("Vary", "Accept-Encoding")
+	if fi.Size >= gzipMin && acceptsGzip(r) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusOK)
+		zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		io.Copy(zw, body)
+		zw.Close()
+		return
+	}
 	if fi.Size >= 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
 	}

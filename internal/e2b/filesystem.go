@@ -198,7 +198,9 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				return rpcErr(codeUnavailable, "the watch ended: %v", <-errc)
+				err := <-errc
+				c.abortIfGone()
+				return rpcErr(codeUnavailable, "the watch ended: %v", err)
 			}
 			fe, ok := c.fsEvent(ctx, req.Path, ev, req.IncludeEntry)
 			if !ok {
