@@ -73,12 +73,14 @@ test('commands: foreground, env, cwd, user, exit codes', async () => {
 })
 
 test('commands: background, list, reattach, stdin, kill, timeout', async () => {
-  const h = await sbx.commands.run('sleep 2; echo bg', { background: true })
+  // runs until the test says so (a file), however slow the steps between
+  const h = await sbx.commands.run('until [ -e /tmp/go-bg ]; do sleep 0.1; done; echo bg', { background: true })
   assert.ok(h.pid > 0)
   const listed = await sbx.commands.list()
   assert.ok(listed.some((p) => p.pid === h.pid), 'the background command is listed')
   await h.disconnect()
   const again = await sbx.commands.connect(h.pid)
+  await sbx.files.write('/tmp/go-bg', '')
   const r = await again.wait()
   assert.equal(r.stdout, 'bg\n')
 
@@ -254,11 +256,12 @@ test('fork', async () => {
 })
 
 test('timeout expiry deletes the sandbox', async () => {
-  const short = await Sandbox.create({ timeoutMs: 8000 })
+  const short = await Sandbox.create({ timeoutMs: 600_000 })
   made.push(short.sandboxId)
   // a stream in flight ends with the sandbox
   const bg = await short.commands.run('sleep 600', { background: true, timeoutMs: 0 })
   const ended = bg.wait().then(() => 'finished', (e) => e)
+  await short.setTimeout(2000)
   await waitFor('the sandbox to expire', async () => {
     try {
       await Sandbox.getInfo(short.sandboxId)

@@ -79,9 +79,10 @@ class SyncSDK(unittest.TestCase):
 
     def test_02_background_and_stdin(self):
         s = self.sbx
-        h = s.commands.run("sleep 2; echo bg", background=True)
+        h = s.commands.run("until [ -e /tmp/go-bg ]; do sleep 0.1; done; echo bg", background=True)
         self.assertIn(h.pid, [p.pid for p in s.commands.list()])
         again = s.commands.connect(h.pid)
+        s.files.write("/tmp/go-bg", "")
         self.assertEqual(again.wait().stdout, "bg\n")
         cat = s.commands.run("cat", background=True, stdin=True)
         s.commands.send_stdin(cat.pid, "abc\n")

@@ -127,3 +127,58 @@ func TestSSHKeys(t *testing.T) {
 		t.Fatalf("key of a deleted VM: %v", err)
 	}
 }
+
+func TestE2BKeys(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	key, err := s.Create(ctx, "", api.CreateTokenRequest{E2B: true})
+	if err != nil || !strings.HasPrefix(key.Secret, E2BPrefix) || len(key.Secret) != 44 || time.Until(key.ExpiresAt) < 300*24*time.Hour {
+		t.Fatalf("admin key: %v %+v", err, key)
+	}
+	p, err := s.Authenticate(ctx, key.Secret)
+	if err != nil || !p.Admin || p.TokenID != key.ID {
+		t.Fatalf("admin key principal: %v %+v", err, p)
+	}
+	// Only an E2B key may lack a VM, and it takes no scope.
+	for _, req := range []api.CreateTokenRequest{{}, {E2B: true, Allow: []string{"exec"}}, {E2B: true, User: "agent"}} {
+		if _, err := s.Create(ctx, "", req); !errors.Is(err, ErrInvalid) {
+			t.Errorf("create %+v without a VM: %v", req, err)
+		}
+	}
+	// A VM's E2B key is an ordinary scoped token.
+	vk, err := s.Create(ctx, "vmA", api.CreateTokenRequest{E2B: true})
+	if err != nil || !strings.HasPrefix(vk.Secret, E2BPrefix) {
+		t.Fatalf("vm key: %v %+v", err, vk)
+	}
+	if p, err := s.Authenticate(ctx, vk.Secret); err != nil || p.Admin || p.VMID != "vmA" {
+		t.Fatalf("vm key principal: %v %+v", err, p)
+	}
+	// Revoking an admin key ends its open connections, and it is not capped.
+	end, ch := ended()
+	untrack, err := s.Track(p2(t, s, key.Secret), end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untrack()
+	for i := 0; i < MaxConnsPerToken+1; i++ {
+		if _, err := s.Track(p2(t, s, key.Secret), func() {}); err != nil {
+			t.Fatalf("admin key capped at %d: %v", i, err)
+		}
+	}
+	if err := s.Revoke(ctx, key.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ch, "the admin key's connection")
+	if _, err := s.Authenticate(ctx, key.Secret); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("revoked admin key: %v", err)
+	}
+}
+
+func p2(t *testing.T, s *Service, secret string) *Principal {
+	t.Helper()
+	p, err := s.Authenticate(context.Background(), secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -50,13 +50,14 @@ type connRegistry struct {
 // expires, or when its VM's tokens are forgotten. end should cancel the connection's
 // context and close its network connection. The returned func unregisters
 // it; call it when the connection ends on its own. The admin token cannot be
-// revoked and does not expire: for it Track does nothing.
+// revoked and does not expire: for it Track does nothing. Stored admin keys
+// (E2B admin keys) are tracked, but not capped.
 //
 // When the token is already expired or revoked, end is called before Track
 // returns. A token that holds MaxConnsPerToken connections gets ErrTooMany
 // (and end is not called).
 func (s *Service) Track(p *Principal, end func()) (untrack func(), err error) {
-	if p == nil || p.Admin || p.TokenID == "" {
+	if p == nil || p.TokenID == "" {
 		return func() {}, nil
 	}
 	return s.conns.add(p, s.now(), end)
@@ -73,7 +74,7 @@ func (r *connRegistry) add(p *Principal, now time.Time, end func()) (func(), err
 		t.fire()
 		return func() {}, nil
 	}
-	if len(r.byToken[p.TokenID]) >= MaxConnsPerToken {
+	if !p.Admin && len(r.byToken[p.TokenID]) >= MaxConnsPerToken {
 		r.mu.Unlock()
 		return nil, ErrTooMany
 	}

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/binary"
@@ -46,7 +47,6 @@ func rpcErr(code, format string, args ...any) *rpcError {
 // Connect error codes.
 const (
 	codeCanceled           = "canceled"
-	codeUnknown            = "unknown"
 	codeInvalidArgument    = "invalid_argument"
 	codeDeadlineExceeded   = "deadline_exceeded"
 	codeNotFound           = "not_found"
@@ -110,6 +110,15 @@ func writeUnaryError(w http.ResponseWriter, err error) {
 	json.NewEncoder(w).Encode(re)
 }
 
+// unsupportedType answers a request in another codec than JSON (415, as the
+// Connect protocol says).
+func unsupportedType(w http.ResponseWriter, ct, want string) {
+	w.Header().Set("Accept-Post", want)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnsupportedMediaType)
+	json.NewEncoder(w).Encode(rpcErr(codeUnimplemented, "content type %q is not served: use the JSON codec (%s)", ct, want))
+}
+
 // timeout reads Connect-Timeout-Ms (0: none).
 func timeout(r *http.Request) (time.Duration, error) {
 	v := r.Header.Get("Connect-Timeout-Ms")
@@ -149,7 +158,7 @@ func bodyReader(r *http.Request, header string) (io.Reader, error) {
 // unary serves a unary call: decode into req, call fn, write its answer.
 func unary[Req, Resp any](w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, req *Req) (*Resp, error)) {
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-		writeUnaryError(w, rpcErr(codeUnimplemented, "content type %q is not served: use the JSON codec (application/json)", ct))
+		unsupportedType(w, ct, "application/json")
 		return
 	}
 	ctx := r.Context()
@@ -240,7 +249,7 @@ func (s *stream) end(err error) {
 // error ends the stream.
 func serverStream[Req any](w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, req *Req, s *stream) error) {
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/connect+json") {
-		writeUnaryError(w, rpcErr(codeUnimplemented, "content type %q is not served: use the JSON codec (application/connect+json)", ct))
+		unsupportedType(w, ct, "application/connect+json")
 		return
 	}
 	// From here on every answer is a 200 stream: clients read a stream's
@@ -260,12 +269,12 @@ func serverStream[Req any](w http.ResponseWriter, r *http.Request, fn func(ctx c
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	body, err := bodyReader(r, "Connect-Content-Encoding")
+	er, err := newEnvelopeReader(r)
 	if err != nil {
 		s.end(err)
 		return
 	}
-	msg, err := envelopeReader{bufio.NewReader(body)}.next()
+	msg, err := er.next()
 	if err != nil {
 		s.end(err)
 		return
@@ -285,11 +294,27 @@ func serverStream[Req any](w http.ResponseWriter, r *http.Request, fn func(ctx c
 	s.end(err)
 }
 
-// envelopeReader reads the enveloped messages of a request body.
-type envelopeReader struct{ br *bufio.Reader }
+// envelopeReader reads the enveloped messages of a request body; a message
+// with the compressed flag is gzip (Connect-Content-Encoding).
+type envelopeReader struct {
+	br   *bufio.Reader
+	gzip bool
+}
+
+func newEnvelopeReader(r *http.Request) (*envelopeReader, error) {
+	er := &envelopeReader{br: bufio.NewReader(r.Body)}
+	switch enc := r.Header.Get("Connect-Content-Encoding"); enc {
+	case "", "identity":
+	case "gzip":
+		er.gzip = true
+	default:
+		return nil, rpcErr(codeUnimplemented, "unsupported message compression %q", enc)
+	}
+	return er, nil
+}
 
 // next returns the next message, nil at the end of the body.
-func (e envelopeReader) next() ([]byte, error) {
+func (e *envelopeReader) next() ([]byte, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(e.br, hdr[:]); err != nil {
 		if err == io.EOF {
@@ -297,16 +322,34 @@ func (e envelopeReader) next() ([]byte, error) {
 		}
 		return nil, rpcErr(codeInvalidArgument, "read request envelope: %v", err)
 	}
-	if hdr[0]&envelopeCompressed != 0 {
-		return nil, rpcErr(codeUnimplemented, "compressed request messages are not served")
-	}
 	n := binary.BigEndian.Uint32(hdr[1:])
 	if n > maxRequestMessage {
 		return nil, rpcErr(codeResourceExhausted, "request message larger than %d bytes", maxRequestMessage)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(e.br, b); err != nil {
+	// Read as it arrives: a declared length is not memory to set aside.
+	b, err := io.ReadAll(io.LimitReader(e.br, int64(n)))
+	if err == nil && len(b) < int(n) {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
 		return nil, rpcErr(codeInvalidArgument, "read request message: %v", err)
+	}
+	if hdr[0]&envelopeCompressed == 0 {
+		return b, nil
+	}
+	if !e.gzip {
+		return nil, rpcErr(codeInvalidArgument, "a compressed message without Connect-Content-Encoding")
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, rpcErr(codeInvalidArgument, "bad gzip message: %v", err)
+	}
+	b, err = io.ReadAll(io.LimitReader(zr, maxRequestMessage+1))
+	if err != nil {
+		return nil, rpcErr(codeInvalidArgument, "bad gzip message: %v", err)
+	}
+	if len(b) > maxRequestMessage {
+		return nil, rpcErr(codeResourceExhausted, "request message larger than %d bytes", maxRequestMessage)
 	}
 	return b, nil
 }

@@ -50,7 +50,11 @@ func (s *Server) Routes(mux *http.ServeMux) {
 				apiError(w, http.StatusForbidden, "this call needs the admin key; a key scoped to one sandbox reads and connects only to that sandbox")
 				return
 			}
-			r = r.WithContext(vm.WithActor(r.Context(), "e2b"))
+			actor := "e2b admin"
+			if p.TokenID != "" {
+				actor = "e2b " + p.TokenID
+			}
+			r = r.WithContext(vm.WithActor(r.Context(), actor))
 			fn(w, r, p)
 		}
 	}
@@ -60,7 +64,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v2/sandboxes", h(true, s.list))
 	mux.HandleFunc("GET /sandboxes/{id}", h(false, s.info))
 	mux.HandleFunc("DELETE /sandboxes/{id}", h(true, s.kill))
-	mux.HandleFunc("POST /sandboxes/{id}/timeout", h(false, s.setTimeout))
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", h(true, s.setTimeout)) // it can end the sandbox
 	mux.HandleFunc("POST /sandboxes/{id}/pause", h(true, s.pause))
 	mux.HandleFunc("POST /sandboxes/{id}/connect", h(false, s.connect))
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", h(false, s.connect))
@@ -137,6 +141,12 @@ func (s *Server) sandboxOf(w http.ResponseWriter, r *http.Request, p *auth.Princ
 	}
 	if err := p.Can(v.ID, ""); err != nil {
 		apiError(w, http.StatusNotFound, "sandbox %q not found (the key is scoped to another sandbox)", id)
+		return nil, nil, false
+	}
+	// A sandbox's answers carry its envd token, which runs anything as any
+	// user: a scoped key needs exec, with no user limit.
+	if !p.Admin && (p.Can(v.ID, api.PermExec) != nil || p.User != "") {
+		apiError(w, http.StatusForbidden, "this key may not use sandbox %q: it needs the exec permission and no user limit (envd runs commands as any user)", id)
 		return nil, nil, false
 	}
 	return v, sb, true
@@ -397,7 +407,11 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, _ *auth.Principal)
 		apiError(w, http.StatusInternalServerError, "%v", err)
 		return
 	}
-	items := []detail{}
+	type item struct {
+		d   detail
+		key string // newest first: the record's creation, then the id
+	}
+	var items []item
 	for _, sb := range sbs {
 		v, err := s.cfg.VMs.Get(r.Context(), sb.VMID)
 		if err != nil {
@@ -410,25 +424,24 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, _ *auth.Principal)
 		if !matches(sb.Metadata, filter) {
 			continue
 		}
-		items = append(items, d)
+		items = append(items, item{d, fmt.Sprintf("%020d:%s", sb.CreatedAt.UnixNano(), d.SandboxID)})
 	}
-	// Newest first; the cursor is the last item's start time and id.
-	sort.SliceStable(items, func(i, j int) bool {
-		if !items[i].StartedAt.Equal(items[j].StartedAt) {
-			return items[i].StartedAt.After(items[j].StartedAt)
-		}
-		return items[i].SandboxID < items[j].SandboxID
-	})
-	key := func(d detail) string { return fmt.Sprintf("%020d:%s", d.StartedAt.UnixNano(), d.SandboxID) }
+	// One order in one direction (keys descending), so that the cursor (the
+	// last key returned) splits it cleanly; creation times never change.
+	sort.Slice(items, func(i, j int) bool { return items[i].key > items[j].key })
 	if after != "" {
-		i := sort.Search(len(items), func(i int) bool { return key(items[i]) < after })
+		i := sort.Search(len(items), func(i int) bool { return items[i].key < after })
 		items = items[i:]
 	}
 	if len(items) > limit {
 		items = items[:limit]
-		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(key(items[limit-1]))))
+		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(items[limit-1].key)))
 	}
-	writeJSON(w, http.StatusOK, items)
+	out := make([]detail, len(items))
+	for i, it := range items {
+		out[i] = it.d
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func matches(md, filter map[string]string) bool {
@@ -532,145 +545,3 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	writeJSON(w, status, s.sandboxJSON(v, sb))
 }
 
-type snapshotInfo struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-}
-
-var snapshotNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
-func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
-	v, _, ok := s.sandboxOf(w, r, p)
-	if !ok {
-		return
-	}
-	var req struct {
-		Name   string `json:"name"`
-		Memory *bool  `json:"memory"`
-	}
-	if !decode(w, r, &req) {
-		return
-	}
-	if req.Memory != nil && !*req.Memory {
-		apiError(w, http.StatusBadRequest, "filesystem-only snapshots are not supported: agentvm snapshots keep memory and processes")
-		return
-	}
-	name := req.Name
-	if name == "" {
-		name = "snap" + newSandboxID()[1:13]
-	}
-	if !snapshotNameRe.MatchString(name) {
-		apiError(w, http.StatusBadRequest, "invalid snapshot name %q: use 1-63 lowercase letters, digits, '.', '_' and '-'", name)
-		return
-	}
-	sn, err := s.cfg.VMs.Snapshot(r.Context(), v.ID, name)
-	if err != nil {
-		vmError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, snapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}})
-}
-
-func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
-	q := r.URL.Query()
-	sns, err := s.cfg.VMs.Snapshots(r.Context())
-	if err != nil {
-		apiError(w, http.StatusInternalServerError, "%v", err)
-		return
-	}
-	var srcID string
-	if id := q.Get("sandboxID"); id != "" {
-		v, err := s.cfg.VMs.Get(r.Context(), id)
-		if err != nil {
-			writeJSON(w, http.StatusOK, []snapshotInfo{})
-			return
-		}
-		srcID = v.ID
-	}
-	limit := maxListLimit
-	if l := q.Get("limit"); l != "" {
-		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > maxListLimit {
-			apiError(w, http.StatusBadRequest, "limit must be between 1 and %d", maxListLimit)
-			return
-		}
-	}
-	sort.Slice(sns, func(i, j int) bool { return sns[i].Name < sns[j].Name })
-	after := q.Get("nextToken")
-	out := []snapshotInfo{}
-	for _, sn := range sns {
-		if (srcID != "" && sn.VMID != srcID) || (q.Get("name") != "" && sn.Name != q.Get("name")) || sn.Name <= after {
-			continue
-		}
-		if len(out) == limit {
-			w.Header().Set("X-Next-Token", out[len(out)-1].SnapshotID)
-			break
-		}
-		out = append(out, snapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}})
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
-	id := r.PathValue("id")
-	if id == baseTemplate {
-		apiError(w, http.StatusBadRequest, "the base template cannot be deleted")
-		return
-	}
-	if err := s.cfg.VMs.DeleteSnapshot(r.Context(), id); err != nil {
-		vmError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-type forkResult struct {
-	Sandbox *sandbox `json:"sandbox,omitempty"`
-	Error   *apiErr  `json:"error,omitempty"`
-}
-
-func (s *Server) fork(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
-	v, sb, ok := s.sandboxOf(w, r, p)
-	if !ok {
-		return
-	}
-	var req struct {
-		Count   *int   `json:"count"`
-		Timeout *int64 `json:"timeout"`
-	}
-	if !decode(w, r, &req) {
-		return
-	}
-	count := 1
-	if req.Count != nil {
-		count = *req.Count
-	}
-	if count < 1 || count > 20 {
-		apiError(w, http.StatusBadRequest, "count must be between 1 and 20, got %d", count)
-		return
-	}
-	d, err := timeoutOf(req.Timeout, defaultTimeout)
-	if err != nil {
-		apiError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	res, err := s.cfg.VMs.ForkWith(r.Context(), v.ID, vm.ForkOptions{Count: count, Name: newSandboxID})
-	if err != nil {
-		vmError(w, err)
-		return
-	}
-	out := make([]forkResult, 0, len(res.Children))
-	for _, c := range res.Children {
-		csb := &store.Sandbox{VMID: c.ID, TemplateID: sb.TemplateID, Metadata: sb.Metadata, AutoPause: sb.AutoPause, CreatedAt: time.Now().UTC()}
-		if d > 0 {
-			csb.EndAt = time.Now().Add(d)
-		}
-		if err := s.cfg.Store.PutSandbox(r.Context(), csb); err != nil {
-			s.cfg.VMs.Delete(context.Background(), c.ID)
-			out = append(out, forkResult{Error: &apiErr{Code: http.StatusInternalServerError, Message: "record sandbox: " + err.Error()}})
-			continue
-		}
-		sbx := s.sandboxJSON(c, csb)
-		out = append(out, forkResult{Sandbox: &sbx})
-	}
-	writeJSON(w, http.StatusCreated, out)
-}

@@ -70,8 +70,9 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	mu       sync.Mutex
-	watchers map[string]*watcher // CreateWatcher's polling watches
+	mu            sync.Mutex
+	watchers      map[string]*watcher // CreateWatcher's polling watches
+	watcherCreate sync.Mutex
 }
 
 // New makes the E2B layer.

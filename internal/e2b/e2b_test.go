@@ -3,6 +3,7 @@ package e2b
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -124,7 +125,7 @@ func envelope(flag byte, msg string) []byte {
 // readEnvelopes splits a stream response.
 func readEnvelopes(t *testing.T, body []byte) (msgs []string, end string) {
 	t.Helper()
-	r := envelopeReader{br: bufio.NewReader(bytes.NewReader(body))}
+	r := &envelopeReader{br: bufio.NewReader(bytes.NewReader(body))}
 	for {
 		var hdr [5]byte
 		if _, err := io.ReadFull(r.br, hdr[:]); err != nil {
@@ -186,7 +187,7 @@ func TestConnectProtocol(t *testing.T) {
 	if code, b := post("/u", "application/json", []byte(`{}`), nil); code != 400 || !strings.Contains(string(b), `"code":"invalid_argument"`) {
 		t.Fatalf("unary error: %d %s", code, b)
 	}
-	if code, _ := post("/u", "application/proto", nil, nil); code != 501 {
+	if code, _ := post("/u", "application/proto", nil, nil); code != 415 {
 		t.Fatalf("binary codec: %d", code)
 	}
 	if code, _ := post("/u", "application/json", []byte(`{`), nil); code != 400 {
@@ -204,6 +205,15 @@ func TestConnectProtocol(t *testing.T) {
 	_, b = post("/s", "application/connect+json", envelope(0, `{"path":"sleep"}`), map[string]string{"Connect-Timeout-Ms": "50"})
 	if _, end := readEnvelopes(t, b); !strings.Contains(end, `"code":"deadline_exceeded"`) {
 		t.Fatalf("deadline: %s", end)
+	}
+	// A gzip-compressed message (Connect-Content-Encoding: gzip, flag 1).
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	zw.Write([]byte(`{"path":"z1,z2"}`))
+	zw.Close()
+	_, b = post("/s", "application/connect+json", envelope(1, zb.String()), map[string]string{"Connect-Content-Encoding": "gzip"})
+	if msgs, end := readEnvelopes(t, b); len(msgs) != 2 || end != `{}` {
+		t.Fatalf("compressed request: %q %q", msgs, end)
 	}
 	// Errors before the first message still come as a 200 stream.
 	for _, bad := range [][]byte{envelope(1, `{}`), {0, 0xff, 0xff, 0xff, 0xff}, envelope(0, `{`)} {

@@ -1,7 +1,6 @@
 package e2b
 
 import (
-	"bufio"
 	"context"
 	"crypto/subtle"
 	"encoding/base64"
@@ -31,11 +30,11 @@ type envdCall struct {
 	ka   time.Duration // keepalive interval of streams
 }
 
-// Route tells the preview proxy which sandbox and port a request names
+// route tells the preview proxy which sandbox and port a request names
 // when its Host is not a preview host: E2B's SDKs send E2b-Sandbox-Id and
 // E2b-Sandbox-Port with every envd request (and E2B_SANDBOX_URL points
 // them at the proxy's address).
-func Route(r *http.Request) (ref string, port int, ok bool) {
+func route(r *http.Request) (ref string, port int, ok bool) {
 	id := r.Header.Get("E2b-Sandbox-Id")
 	if id == "" {
 		return "", 0, false
@@ -54,16 +53,16 @@ func (s *Server) Owns(ctx context.Context, v *store.VM) bool {
 	return err == nil
 }
 
-// NotFound answers a request for a sandbox that does not exist or does not
+// notFound answers a request for a sandbox that does not exist or does not
 // run, as E2B's proxy does (the SDKs read "was not found" as "not running").
-func NotFound(w http.ResponseWriter, id string) {
+func notFound(w http.ResponseWriter, id string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadGateway)
 	json.NewEncoder(w).Encode(map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
 }
 
-// PortClosed answers a request for a port nothing listens on.
-func PortClosed(w http.ResponseWriter, id string, port int) {
+// portClosed answers a request for a port nothing listens on.
+func portClosed(w http.ResponseWriter, id string, port int) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadGateway)
 	json.NewEncoder(w).Encode(map[string]any{"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway})
@@ -72,7 +71,7 @@ func PortClosed(w http.ResponseWriter, id string, port int) {
 // Envd serves one envd request for sandbox v (running: the proxy checked).
 func (s *Server) Envd(w http.ResponseWriter, r *http.Request, v *store.VM) {
 	if _, err := s.cfg.Store.GetSandbox(r.Context(), v.ID); err != nil {
-		NotFound(w, v.Name)
+		notFound(w, v.Name)
 		return
 	}
 	signed := r.URL.Path == "/files" && r.URL.Query().Has("signature") && r.Header.Get("X-Access-Token") == ""
@@ -91,7 +90,7 @@ func (s *Server) Envd(w http.ResponseWriter, r *http.Request, v *store.VM) {
 	}
 	_, g, err := s.cfg.VMs.Guest(r.Context(), v.ID)
 	if err != nil {
-		NotFound(w, v.Name)
+		notFound(w, v.Name)
 		return
 	}
 	c := &envdCall{s: s, vm: v, user: user, g: g, ka: keepalive(r)}
@@ -200,9 +199,9 @@ func guestRPCError(err error) error {
 		return rpcErr(codeAlreadyExists, "%s", ae.Message)
 	case guest.CodePermission:
 		return rpcErr(codePermissionDenied, "%s", ae.Message)
-	case guest.CodeNoSpace, "too_many":
+	case guest.CodeNoSpace, guest.CodeTooMany:
 		return rpcErr(codeResourceExhausted, "%s", ae.Message)
-	case "conflict":
+	case guest.CodeConflict:
 		return rpcErr(codeFailedPrecondition, "%s", ae.Message)
 	}
 	return rpcErr(codeInternal, "%s", ae.Message)
@@ -410,6 +409,9 @@ func (c *envdCall) sendInput(ctx context.Context, req *sendInputRequest) (*empty
 	if req.Input.PTY != nil {
 		data = req.Input.PTY
 	}
+	if len(data) > guest.MaxProcInput {
+		return nil, rpcErr(codeResourceExhausted, "input larger than %d bytes: send it in parts", guest.MaxProcInput)
+	}
 	if err := c.g.ProcInput(ctx, guest.ProcInput{ProcSelector: sel, Data: data}); err != nil {
 		return nil, guestRPCError(err)
 	}
@@ -474,13 +476,12 @@ func (c *envdCall) update(ctx context.Context, req *updateRequest) (*empty, erro
 // message naming the process, then input messages, until the body ends.
 func (c *envdCall) streamInput(w http.ResponseWriter, r *http.Request) {
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/connect+json") {
-		writeUnaryError(w, rpcErr(codeUnimplemented, "content type %q is not served: use application/connect+json", ct))
+		unsupportedType(w, ct, "application/connect+json")
 		return
 	}
-	body, err := bodyReader(r, "Connect-Content-Encoding")
+	br, err := newEnvelopeReader(r)
 	var sel guest.ProcSelector
 	if err == nil {
-		br := envelopeReader{bufio.NewReader(body)}
 		for err == nil {
 			var msg []byte
 			if msg, err = br.next(); err != nil || msg == nil {
@@ -509,6 +510,10 @@ func (c *envdCall) streamInput(w http.ResponseWriter, r *http.Request) {
 				if m.Data.Input.PTY != nil {
 					data = m.Data.Input.PTY
 				}
+				if len(data) > guest.MaxProcInput {
+					err = rpcErr(codeResourceExhausted, "input larger than %d bytes: send it in parts", guest.MaxProcInput)
+					break
+				}
 				if e := c.g.ProcInput(r.Context(), guest.ProcInput{ProcSelector: sel, Data: data}); e != nil {
 					err = guestRPCError(e)
 				}
@@ -528,7 +533,7 @@ func (c *envdCall) streamInput(w http.ResponseWriter, r *http.Request) {
 // Proxy adapts the Server to the preview proxy's Compat.
 type Proxy struct{ *Server }
 
-func (Proxy) Route(r *http.Request) (string, int, bool)                   { return Route(r) }
+func (Proxy) Route(r *http.Request) (string, int, bool)                   { return route(r) }
 func (p Proxy) Serve(w http.ResponseWriter, r *http.Request, v *store.VM) { p.Envd(w, r, v) }
-func (Proxy) NotFound(w http.ResponseWriter, ref string)                  { NotFound(w, ref) }
-func (Proxy) PortClosed(w http.ResponseWriter, ref string, port int)      { PortClosed(w, ref, port) }
+func (Proxy) NotFound(w http.ResponseWriter, ref string)                  { notFound(w, ref) }
+func (Proxy) PortClosed(w http.ResponseWriter, ref string, port int)      { portClosed(w, ref, port) }

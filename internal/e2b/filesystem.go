@@ -220,13 +220,30 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 }
 
 // watcher is a watch polled with GetWatcherEvents (the Python SDK's sync
-// client): its events wait in a bounded backlog.
+// client): its events wait in a bounded backlog. One that ended is dropped
+// once its end was reported; one nobody polls for watcherIdle is dropped.
 type watcher struct {
-	vmID   string
-	stop   context.CancelFunc
-	mu     sync.Mutex
-	events []filesystemEvent
-	err    error
+	vmID     string
+	stop     context.CancelFunc
+	mu       sync.Mutex
+	events   []filesystemEvent
+	err      error
+	lastPoll time.Time
+}
+
+const watcherIdle = 2 * time.Minute
+
+// reapWatchers drops idle watchers; s.mu is held.
+func (s *Server) reapWatchersLocked(now time.Time) {
+	for id, w := range s.watchers {
+		w.mu.Lock()
+		idle := now.Sub(w.lastPoll) > watcherIdle
+		w.mu.Unlock()
+		if idle {
+			w.stop()
+			delete(s.watchers, id)
+		}
+	}
 }
 
 func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*createWatcherResponse, error) {
@@ -234,7 +251,11 @@ func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*creat
 		return nil, rpcErr(codeInvalidArgument, "path is required")
 	}
 	s := c.s
+	// One creation at a time, so that the count below holds until the insert.
+	s.watcherCreate.Lock()
+	defer s.watcherCreate.Unlock()
 	s.mu.Lock()
+	s.reapWatchersLocked(time.Now())
 	n := 0
 	for _, w := range s.watchers {
 		if w.vmID == c.vm.ID {
@@ -254,7 +275,7 @@ func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*creat
 	b := make([]byte, 8)
 	rand.Read(b)
 	id := "w-" + hex.EncodeToString(b)
-	w := &watcher{vmID: c.vm.ID, stop: cancel}
+	w := &watcher{vmID: c.vm.ID, stop: cancel, lastPoll: time.Now()}
 	s.mu.Lock()
 	s.watchers[id] = w
 	s.mu.Unlock()
@@ -304,12 +325,16 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 		return nil, err
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	out := &watcherEventsResponse{Events: w.events}
-	w.events = nil
+	w.events, w.lastPoll = nil, time.Now()
+	ended := w.err
+	w.mu.Unlock()
 	if out.Events == nil {
-		if w.err != nil {
-			return nil, rpcErr(codeUnavailable, "the watch ended: %v", w.err)
+		if ended != nil {
+			c.s.mu.Lock()
+			delete(c.s.watchers, req.WatcherID) // its end is reported now
+			c.s.mu.Unlock()
+			return nil, rpcErr(codeUnavailable, "the watch ended: %v", ended)
 		}
 		out.Events = []filesystemEvent{}
 	}

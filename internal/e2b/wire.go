@@ -59,11 +59,6 @@ type sendInputRequest struct {
 	Input   *processInput    `json:"input"`
 }
 
-type sendSignalRequest struct {
-	Process *processSelector `json:"process"`
-	Signal  string           `json:"signal"` // SIGNAL_SIGTERM, SIGNAL_SIGKILL (or their numbers)
-}
-
 type closeStdinRequest struct {
 	Process *processSelector `json:"process"`
 }

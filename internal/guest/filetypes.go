@@ -43,6 +43,8 @@ const (
 	CodeNotDirectory = "not_directory"
 	CodeNoSpace      = "no_space"
 	CodeUnknownUser  = "unknown_user" // 400: the guest has no such user
+	CodeTooMany      = "too_many"     // 429: a limit of the agent's is reached
+	CodeConflict     = "conflict"     // 409: not in a state that allows it
 )
 
 // PathSFTP: POST /v1/sftp?user=U with Upgrade: agentvm-sftp turns the

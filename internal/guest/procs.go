@@ -17,36 +17,51 @@ import (
 // the guest (an output chunk is at most 32 KiB, 44 KiB in base64).
 const maxProcEventLine = 1 << 20
 
-// ndjson reads a guest's NDJSON stream one bounded line at a time.
+// ndjson reads a guest's NDJSON stream one bounded line at a time. Its
+// buffer starts small (streams are many, long lines rare) and a line may
+// grow to maxProcEventLine.
 type ndjson struct {
 	body io.ReadCloser
 	br   *bufio.Reader
+	line []byte
 }
 
-func newNDJSON(body io.ReadCloser) ndjson {
-	return ndjson{body: body, br: bufio.NewReaderSize(body, maxProcEventLine)}
+func newNDJSON(body io.ReadCloser) *ndjson {
+	return &ndjson{body: body, br: bufio.NewReaderSize(body, 16<<10)}
 }
 
 // next decodes the next line into v; io.EOF at a clean end.
-func (s ndjson) next(v any) error {
-	line, err := s.br.ReadSlice('\n')
-	if errors.Is(err, bufio.ErrBufferFull) {
-		return fmt.Errorf("guest: stream line longer than %d bytes", maxProcEventLine)
-	}
-	if err != nil {
-		if len(bytes.TrimSpace(line)) == 0 {
-			return io.EOF
+func (s *ndjson) next(v any) error {
+	s.line = s.line[:0]
+	for {
+		part, err := s.br.ReadSlice('\n')
+		if len(s.line)+len(part) > maxProcEventLine {
+			return fmt.Errorf("guest: stream line longer than %d bytes", maxProcEventLine)
 		}
-		return err
+		if errors.Is(err, bufio.ErrBufferFull) {
+			s.line = append(s.line, part...)
+			continue
+		}
+		line := part
+		if len(s.line) > 0 {
+			s.line = append(s.line, part...)
+			line = s.line
+		}
+		if err != nil {
+			if len(bytes.TrimSpace(line)) == 0 {
+				return io.EOF
+			}
+			return err
+		}
+		if err := json.Unmarshal(line, v); err != nil {
+			return fmt.Errorf("guest: bad stream line: %w", err)
+		}
+		return nil
 	}
-	if err := json.Unmarshal(line, v); err != nil {
-		return fmt.Errorf("guest: bad stream line: %w", err)
-	}
-	return nil
 }
 
 // ProcStream is an attached managed process stream.
-type ProcStream struct{ ndjson }
+type ProcStream struct{ *ndjson }
 
 // Next returns the next event; io.EOF when the stream ended without an end
 // event (the stream was dropped, or the agent went away).
@@ -120,7 +135,7 @@ func (c *Client) ProcResize(ctx context.Context, req ProcResize) error {
 }
 
 // WatchStream is an open directory watch.
-type WatchStream struct{ ndjson }
+type WatchStream struct{ *ndjson }
 
 // WatchDir opens a watch on the directory path as user (see PathWatch); it
 // returns once the watch is in place.

@@ -16,7 +16,7 @@ package guest
 //
 // A stream ends after the end event, or without one when the caller goes
 // away (the process keeps running) or falls behind by more than
-// ProcSubscriberSlack (it may connect again).
+// ProcSubscriberLag (it may connect again).
 const (
 	PathProcs           = "/v1/procs"
 	PathProcsConnect    = "/v1/procs/connect"

@@ -5,8 +5,8 @@
 package proxy
 
 import (
-	"crypto/tls"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"html"

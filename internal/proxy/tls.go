@@ -40,7 +40,7 @@ func AutoTLS(dataDir, domain string, ips []net.IP) (*tls.Config, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	ca, caKey, err := loadOrCreateCA(dir)
+	ca, caKey, err := loadOrCreateCA(dir, domain, ips)
 	if err != nil {
 		return nil, fmt.Errorf("preview proxy TLS: local CA: %w", err)
 	}
@@ -72,43 +72,58 @@ func serial() *big.Int {
 	return n
 }
 
-func loadOrCreateCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+// covers reports whether a CA's name constraints admit domain and ips.
+func covers(ca *x509.Certificate, domain string, ips []net.IP) bool {
+	if len(ca.PermittedDNSDomains) != 1 || ca.PermittedDNSDomains[0] != domain {
+		return false
+	}
+	for _, ip := range ips {
+		ok := false
+		for _, n := range ca.PermittedIPRanges {
+			ok = ok || n.Contains(ip)
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// loadOrCreateCA returns the local CA, made anew when there is none or when
+// the one there does not cover domain and ips: the CA may only sign for the
+// preview domain and those addresses (name constraints), so that trusting
+// it trusts nothing else.
+func loadOrCreateCA(dir, domain string, ips []net.IP) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
-	if cb, err := os.ReadFile(certPath); err == nil {
-		kb, err := os.ReadFile(keyPath)
-		if err != nil {
-			return nil, nil, err
-		}
-		cblk, _ := pem.Decode(cb)
-		kblk, _ := pem.Decode(kb)
-		if cblk == nil || kblk == nil {
-			return nil, nil, errors.New("bad PEM in " + dir)
-		}
-		ca, err := x509.ParseCertificate(cblk.Bytes)
-		if err != nil {
-			return nil, nil, err
-		}
-		key, err := x509.ParseECPrivateKey(kblk.Bytes)
-		if err != nil {
-			return nil, nil, err
-		}
+	if ca, key, err := readCA(certPath, keyPath); err == nil && covers(ca, domain, ips) {
 		return ca, key, nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
+	var ranges []*net.IPNet
+	for _, ip := range ips {
+		bits := 128
+		if ip.To4() != nil {
+			ip, bits = ip.To4(), 32
+		}
+		ranges = append(ranges, &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)})
+	}
 	host, _ := os.Hostname()
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "agentvm local CA (" + host + ")", Organization: []string{"agentvm"}},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		MaxPathLenZero:        true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		SerialNumber:                serial(),
+		Subject:                     pkix.Name{CommonName: "agentvm local CA for " + domain + " (" + host + ")", Organization: []string{"agentvm"}},
+		NotBefore:                   now.Add(-time.Hour),
+		NotAfter:                    now.Add(10 * 365 * 24 * time.Hour),
+		IsCA:                        true,
+		BasicConstraintsValid:       true,
+		MaxPathLenZero:              true,
+		KeyUsage:                    x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		PermittedDNSDomainsCritical: true,
+		PermittedDNSDomains:         []string{domain},
+		PermittedIPRanges:           ranges,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -126,4 +141,29 @@ func loadOrCreateCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	}
 	ca, err := x509.ParseCertificate(der)
 	return ca, key, err
+}
+
+func readCA(certPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	cb, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	kb, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	cblk, _ := pem.Decode(cb)
+	kblk, _ := pem.Decode(kb)
+	if cblk == nil || kblk == nil {
+		return nil, nil, errors.New("bad PEM in " + certPath)
+	}
+	ca, err := x509.ParseCertificate(cblk.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := x509.ParseECPrivateKey(kblk.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ca, key, nil
 }

@@ -3,10 +3,10 @@
 package server
 
 import (
-	"crypto/tls"
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -23,11 +23,11 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/e2b"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
-	"github.com/agentvm/agentvm/internal/e2b"
 	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"

@@ -343,10 +343,14 @@ type outPipe struct {
 	owed int64
 }
 
-// pending is how many bytes the pipe holds now (TIOCINQ, alias FIONREAD).
-func (p *outPipe) pending() int {
+// pending is how many bytes the pipe holds now.
+func (p *outPipe) pending() int { return pendingBytes(p.f) }
+
+// pendingBytes is how many bytes a pipe or pty master holds now (TIOCINQ,
+// alias FIONREAD).
+func pendingBytes(f *os.File) int {
 	n := 0
-	if rc, err := p.f.SyscallConn(); err == nil {
+	if rc, err := f.SyscallConn(); err == nil {
 		rc.Control(func(fd uintptr) {
 			if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
 				n = v

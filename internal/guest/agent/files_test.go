@@ -186,7 +186,7 @@ func TestFiles(t *testing.T) {
 		_, err = c.Stat(ctx, "", dir+"/nope")
 		wantAPIError(t, err, 404, guest.CodeNotFound, dir+"/nope: no such file or directory")
 		_, err = c.Stat(ctx, "no-such-user-xyz", dir)
-		wantAPIError(t, err, 400, guest.CodeInvalid, "no-such-user-xyz")
+		wantAPIError(t, err, 400, guest.CodeUnknownUser, "no-such-user-xyz")
 		_, err = c.Stat(ctx, "", "")
 		wantAPIError(t, err, 400, guest.CodeInvalid, "path")
 		_, err = c.Stat(ctx, "", "a\x00b")

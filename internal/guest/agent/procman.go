@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,9 +31,16 @@ const (
 )
 
 type procManager struct {
-	a     *Agent
-	mu    sync.Mutex
-	procs map[int]*mproc
+	a        *Agent
+	mu       sync.Mutex
+	procs    map[int]*mproc
+	starting atomic.Int64 // starts past the MaxProcs check, not yet in procs
+}
+
+func (m *procManager) count() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int64(len(m.procs))
 }
 
 // mproc is one managed process.
@@ -108,15 +116,14 @@ func (m *procManager) handleStart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", sp.lookErr.Error())
 		return
 	}
-	m.mu.Lock()
-	n := len(m.procs)
-	m.mu.Unlock()
-	if n >= guest.MaxProcs {
-		writeError(w, http.StatusTooManyRequests, "too_many", fmt.Sprintf("%d managed processes are running; end some first", n))
+	if n := m.starting.Add(1) + m.count(); n > guest.MaxProcs {
+		m.starting.Add(-1)
+		writeError(w, http.StatusTooManyRequests, guest.CodeTooMany, fmt.Sprintf("%d managed processes are running; end some first", n-1))
 		return
 	}
 	sub := newProcSub()
 	p, err := m.start(&req, sp, sub)
+	m.starting.Add(-1) // in the table now, or failed
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
 		return
@@ -189,9 +196,11 @@ func (m *procManager) start(req *guest.ProcStart, sp *execSpec, sub *procSub) (*
 
 	var pumps sync.WaitGroup
 	stop := make(chan struct{}) // closed when output stops being forwarded
+	outs := make([]*procOut, len(readers))
 	for i, f := range readers {
+		outs[i] = &procOut{f: f, typ: types[i]}
 		pumps.Add(1)
-		go p.pump(f, types[i], &pumps, stop)
+		go p.pump(outs[i], &pumps, stop)
 	}
 	var timer *time.Timer
 	if req.TimeoutMS > 0 {
@@ -204,7 +213,7 @@ func (m *procManager) start(req *guest.ProcStart, sp *execSpec, sub *procSub) (*
 			p.mu.Unlock()
 		})
 	}
-	go p.wait(timer, readers, &pumps, stop)
+	go p.wait(timer, outs, &pumps, stop)
 	return p, nil
 }
 
@@ -223,10 +232,17 @@ func closeAll(lists ...any) {
 	}
 }
 
+// procOut is one output of a managed process and what its pump has read.
+type procOut struct {
+	f    *os.File
+	typ  string
+	read atomic.Int64
+}
+
 // pump forwards one output until EOF, or until stop once the program has
 // exited; after that it reads and drops what background children still
 // write, so that they do not get EPIPE.
-func (p *mproc) pump(f *os.File, typ string, pumps *sync.WaitGroup, stop chan struct{}) {
+func (p *mproc) pump(o *procOut, pumps *sync.WaitGroup, stop chan struct{}) {
 	forwarding := true
 	done := func() {
 		if forwarding {
@@ -236,25 +252,29 @@ func (p *mproc) pump(f *os.File, typ string, pumps *sync.WaitGroup, stop chan st
 	}
 	defer func() {
 		done()
-		if p.ptmx != f { // the pty master is closed by wait
-			f.Close()
+		if p.ptmx != o.f { // the pty master is closed by wait
+			o.f.Close()
 		}
 	}()
 	for {
 		buf := make([]byte, procChunk)
-		n, err := f.Read(buf)
+		n, err := o.f.Read(buf)
+		// Counted before it is published: a chunk read before stop was
+		// closed is published whatever stop says by then, and wait waits
+		// for the pumps after closing stop.
+		o.read.Add(int64(n))
 		if n > 0 && forwarding {
 			select {
 			case <-stop:
 				done()
 			default:
-				p.publish(guest.ProcEvent{Type: typ, Data: buf[:n]})
+				p.publish(guest.ProcEvent{Type: o.typ, Data: buf[:n]})
 			}
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				done()
-				f.SetReadDeadline(time.Time{})
+				o.f.SetReadDeadline(time.Time{})
 				continue
 			}
 			return
@@ -263,7 +283,7 @@ func (p *mproc) pump(f *os.File, typ string, pumps *sync.WaitGroup, stop chan st
 }
 
 // wait reaps the program, lets its output drain and sends the end event.
-func (p *mproc) wait(timer *time.Timer, readers []*os.File, pumps *sync.WaitGroup, stop chan struct{}) {
+func (p *mproc) wait(timer *time.Timer, outs []*procOut, pumps *sync.WaitGroup, stop chan struct{}) {
 	for {
 		var info unix.Siginfo
 		if err := unix.Waitid(unix.P_PID, p.info.PID, &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {
@@ -293,35 +313,59 @@ func (p *mproc) wait(timer *time.Timer, readers []*os.File, pumps *sync.WaitGrou
 	if timedOut {
 		end.Error = "the process was killed at its time limit"
 	}
-	// Everything the program wrote comes out before the end event; what
-	// background children keep writing does not hold it back for long.
+	// Everything the program wrote before it exited comes out before the
+	// end event, however slow the streams are; what background children
+	// keep writing holds it back for at most drainMax (termDrainWindow on
+	// a pty) once that is out.
+	owed := make([]int64, len(outs))
+	for i, o := range outs {
+		owed[i] = o.read.Load() + int64(pendingBytes(o.f))
+	}
 	drained := make(chan struct{})
 	go func() { pumps.Wait(); close(drained) }()
 	wait := drainMax
 	if p.ptmx != nil {
 		wait = termDrainWindow
 	}
-	select {
-	case <-drained:
-	case <-time.After(wait):
-		close(stop)
-		for _, f := range readers {
-			f.SetReadDeadline(time.Now()) // a pump blocked in Read stops forwarding
+	cut := time.Now().Add(wait)
+	tick := time.NewTicker(20 * time.Millisecond)
+	for waiting := true; waiting; {
+		select {
+		case <-drained:
+			waiting = false
+		case now := <-tick.C:
+			if now.Before(cut) {
+				continue
+			}
+			caughtUp := true
+			for i, o := range outs {
+				caughtUp = caughtUp && o.read.Load() >= owed[i]
+			}
+			if caughtUp {
+				close(stop)
+				for _, o := range outs {
+					o.f.SetReadDeadline(time.Now()) // a pump blocked in Read stops forwarding
+				}
+				<-drained
+				waiting = false
+			}
 		}
-		<-drained
 	}
+	tick.Stop()
 	if p.ptmx != nil {
 		p.ptmx.Close()
 	} else if p.stdin != nil {
 		p.stdin.Close()
 	}
+	p.m.mu.Lock()
+	if p.m.procs[p.info.PID] == p {
+		delete(p.m.procs, p.info.PID)
+	}
+	p.m.mu.Unlock()
 	p.mu.Lock()
 	p.ended = true
 	p.mu.Unlock()
 	p.publish(end)
-	p.m.mu.Lock()
-	delete(p.m.procs, p.info.PID)
-	p.m.mu.Unlock()
 	p.mu.Lock()
 	for s := range p.subs {
 		s.drop()
@@ -376,6 +420,7 @@ func (p *mproc) attach() *procSub {
 		return nil
 	}
 	s := newProcSub()
+	s.ch <- guest.ProcEvent{Type: guest.ProcEventStart, PID: p.info.PID} // first, before any output
 	p.subs[s] = struct{}{}
 	return s
 }
@@ -473,7 +518,6 @@ func (m *procManager) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "the process has ended")
 		return
 	}
-	sub.ch <- guest.ProcEvent{Type: guest.ProcEventStart, PID: p.info.PID}
 	p.stream(w, r, sub)
 }
 
@@ -492,11 +536,16 @@ func (m *procManager) handleInput(w http.ResponseWriter, r *http.Request) {
 	f, ended := p.stdin, p.ended
 	p.mu.Unlock()
 	if f == nil || ended {
-		writeError(w, http.StatusConflict, "conflict", "the process has no open stdin (start it with stdin enabled)")
+		writeError(w, http.StatusConflict, guest.CodeConflict, "the process has no open stdin (start it with stdin enabled)")
 		return
 	}
-	if _, err := f.Write(in.Data); err != nil {
-		writeError(w, http.StatusConflict, "conflict", "write stdin: "+err.Error())
+	// A program that does not read its input must not hold this request
+	// (and a host stream) forever.
+	f.SetWriteDeadline(time.Now().Add(procSendWait))
+	_, err := f.Write(in.Data)
+	f.SetWriteDeadline(time.Time{})
+	if err != nil {
+		writeError(w, http.StatusConflict, guest.CodeConflict, "write stdin: "+err.Error())
 		return
 	}
 	writeJSON(w, struct{}{})
@@ -513,7 +562,7 @@ func (m *procManager) handleCloseStdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p.ptmx != nil {
-		writeError(w, http.StatusConflict, "conflict", "a pty has no stdin to close; send Ctrl-D (0x04) as input")
+		writeError(w, http.StatusConflict, guest.CodeConflict, "a pty has no stdin to close; send Ctrl-D (0x04) as input")
 		return
 	}
 	p.mu.Lock()
@@ -541,10 +590,15 @@ func (m *procManager) handleSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.mu.Lock()
-	if !p.dead {
+	dead := p.dead
+	if !dead {
 		syscall.Kill(-p.info.PID, sig)
 	}
 	p.mu.Unlock()
+	if dead {
+		writeError(w, http.StatusNotFound, "not_found", "the process has ended")
+		return
+	}
 	writeJSON(w, struct{}{})
 }
 
@@ -563,7 +617,7 @@ func (m *procManager) handleResize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p.ptmx == nil {
-		writeError(w, http.StatusConflict, "conflict", "the process has no pty")
+		writeError(w, http.StatusConflict, guest.CodeConflict, "the process has no pty")
 		return
 	}
 	rc, err := p.ptmx.SyscallConn()
@@ -574,7 +628,7 @@ func (m *procManager) handleResize(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		writeError(w, http.StatusConflict, "conflict", "resize: "+err.Error())
+		writeError(w, http.StatusConflict, guest.CodeConflict, "resize: "+err.Error())
 		return
 	}
 	writeJSON(w, struct{}{})

@@ -151,6 +151,39 @@ func TestManagedProcesses(t *testing.T) {
 		}
 	})
 
+	t.Run("everything written before the exit arrives, however slowly read", func(t *testing.T) {
+		// 40 MiB, more than the pipe, the stream queue and the channel window
+		// hold, read slowly: the program exits while much of it still waits,
+		// and draining it takes longer than the drain window.
+		s, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"/bin/sh", "-c", "head -c 41943040 /dev/zero | tr '\\0' x"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for {
+			ev, err := s.Next()
+			if err != nil {
+				t.Fatalf("after %d bytes: %v", got, err)
+			}
+			if ev.Type == guest.ProcEventEnd {
+				if got != 40<<20 || ev.ExitCode != 0 {
+					t.Fatalf("got %d bytes, end %+v", got, ev)
+				}
+				break
+			}
+			got += len(ev.Data)
+			time.Sleep(3 * time.Millisecond)
+		}
+	})
+
+	t.Run("unknown user", func(t *testing.T) {
+		_, err := e.c.StartProc(ctx, guest.ProcStart{Argv: []string{"true"}, User: "no-such-user-xyz"})
+		var ae *guest.APIError
+		if !errors.As(err, &ae) || ae.Code != guest.CodeUnknownUser {
+			t.Fatalf("err = %v", err)
+		}
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		for _, req := range []guest.ProcStart{{}, {Argv: []string{"no-such-program-x"}}, {Argv: []string{"true"}, PTY: &guest.PTYSize{}}, {Argv: []string{"true"}, User: "nobody-here"}} {
 			if s, err := e.c.StartProc(ctx, req); err == nil {

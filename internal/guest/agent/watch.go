@@ -176,13 +176,18 @@ type watcher struct {
 // agentTemp matches tempName's names.
 var agentTemp = regexp.MustCompile(`^\..*\.agentvm-[0-9a-f]{12}$`)
 
-// add watches one directory with the user's credentials.
+// add watches one directory with the user's credentials; below the root a
+// symlink is never followed (it may have replaced the directory).
 func (wt *watcher) add(abs, rel string) error {
 	if len(wt.dirs) >= guest.MaxWatchDirs {
 		return &fileError{http.StatusInsufficientStorage, guest.CodeNoSpace, "too many directories to watch"}
 	}
 	return asUser(wt.u, func() error {
-		wd, err := unix.InotifyAddWatch(wt.fd, abs, watchMask)
+		mask := uint32(watchMask)
+		if rel != "" {
+			mask |= unix.IN_DONT_FOLLOW
+		}
+		wd, err := unix.InotifyAddWatch(wt.fd, abs, mask)
 		if err != nil {
 			if errors.Is(err, syscall.ENOTDIR) {
 				return &fileError{http.StatusConflict, guest.CodeNotDirectory, abs + ": not a directory"}

@@ -1,0 +1,159 @@
+package e2b
+
+import (
+	"context"
+	"net/http"
+	"regexp"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// Snapshots (E2B's templates other than base) and forks.
+
+type snapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+var snapshotNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, _, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	var req struct {
+		Name   string `json:"name"`
+		Memory *bool  `json:"memory"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		apiError(w, http.StatusBadRequest, "filesystem-only snapshots are not supported: agentvm snapshots keep memory and processes")
+		return
+	}
+	name := req.Name
+	if name == "" {
+		name = "snap" + newSandboxID()[1:13]
+	}
+	if !snapshotNameRe.MatchString(name) {
+		apiError(w, http.StatusBadRequest, "invalid snapshot name %q: use 1-63 lowercase letters, digits, '.', '_' and '-'", name)
+		return
+	}
+	sn, err := s.cfg.VMs.Snapshot(r.Context(), v.ID, name)
+	if err != nil {
+		vmError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}})
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	q := r.URL.Query()
+	sns, err := s.cfg.VMs.Snapshots(r.Context())
+	if err != nil {
+		apiError(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	var srcID string
+	if id := q.Get("sandboxID"); id != "" {
+		v, err := s.cfg.VMs.Get(r.Context(), id)
+		if err != nil {
+			writeJSON(w, http.StatusOK, []snapshotInfo{})
+			return
+		}
+		srcID = v.ID
+	}
+	limit := maxListLimit
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > maxListLimit {
+			apiError(w, http.StatusBadRequest, "limit must be between 1 and %d", maxListLimit)
+			return
+		}
+	}
+	sort.Slice(sns, func(i, j int) bool { return sns[i].Name < sns[j].Name })
+	after := q.Get("nextToken")
+	out := []snapshotInfo{}
+	for _, sn := range sns {
+		if (srcID != "" && sn.VMID != srcID) || (q.Get("name") != "" && sn.Name != q.Get("name")) || sn.Name <= after {
+			continue
+		}
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", out[len(out)-1].SnapshotID)
+			break
+		}
+		out = append(out, snapshotInfo{SnapshotID: sn.Name, Names: []string{sn.Name}})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	id := r.PathValue("id")
+	if id == baseTemplate {
+		apiError(w, http.StatusBadRequest, "the base template cannot be deleted")
+		return
+	}
+	if err := s.cfg.VMs.DeleteSnapshot(r.Context(), id); err != nil {
+		vmError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type forkResult struct {
+	Sandbox *sandbox `json:"sandbox,omitempty"`
+	Error   *apiErr  `json:"error,omitempty"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+	v, sb, ok := s.sandboxOf(w, r, p)
+	if !ok {
+		return
+	}
+	var req struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	if count < 1 || count > 20 {
+		apiError(w, http.StatusBadRequest, "count must be between 1 and 20, got %d", count)
+		return
+	}
+	d, err := timeoutOf(req.Timeout, defaultTimeout)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	res, err := s.cfg.VMs.ForkWith(r.Context(), v.ID, vm.ForkOptions{Count: count, Name: newSandboxID})
+	if err != nil {
+		vmError(w, err)
+		return
+	}
+	out := make([]forkResult, 0, len(res.Children))
+	for _, c := range res.Children {
+		csb := &store.Sandbox{VMID: c.ID, TemplateID: sb.TemplateID, Metadata: sb.Metadata, AutoPause: sb.AutoPause, CreatedAt: time.Now().UTC()}
+		if d > 0 {
+			csb.EndAt = time.Now().Add(d)
+		}
+		if err := s.cfg.Store.PutSandbox(r.Context(), csb); err != nil {
+			s.cfg.VMs.Delete(context.Background(), c.ID)
+			out = append(out, forkResult{Error: &apiErr{Code: http.StatusInternalServerError, Message: "record sandbox: " + err.Error()}})
+			continue
+		}
+		sbx := s.sandboxJSON(c, csb)
+		out = append(out, forkResult{Sandbox: &sbx})
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
