@@ -84,6 +84,7 @@ func (s *Server) routes() http.Handler {
 	s.serviceRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
+	authed.Handle("/mcp", s.mcpHandler())
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
