@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,12 +13,13 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// The E2B benchmark: the published e2b npm package (installed into the
-// run's temp dir) against agentvm's own Go client, on the same server in
-// the same run: create-to-first-command, and the round trip of a command
-// that does nothing.
+// The compatibility benchmark: the published e2b npm package (installed
+// into the run's temp dir) and the MCP exec tool against agentvm's own Go
+// client, on the same server in the same run: create-to-first-command, and
+// the round trip of a command that does nothing.
 
 const e2bPackage = "e2b@2.51.0"
 
@@ -52,6 +54,8 @@ type E2BReport struct {
 	ExecAgentVM    Stats   `json:"exec_true_agentvm_client"`
 	LoginAgentVM   Stats   `json:"exec_bash_login_true_agentvm_client"`
 	RunRatio       float64 `json:"run_ratio"`
+	MCPExec        Stats   `json:"exec_true_mcp_streamable_http"`
+	MCPRatio       float64 `json:"mcp_ratio"`
 	SDKVersion     string  `json:"sdk"`
 	NodeVersion    string  `json:"node"`
 	WarmPoolPerRun int     `json:"warm_pool"`
@@ -145,6 +149,9 @@ func (b *bench) runE2B(ctx context.Context) error {
 		return fmt.Errorf("e2b bench script output %q: %v", out, err)
 	}
 	r.CreateSDK, r.RunSDK = summarize(res.Create), summarize(res.Run)
+	if err := b.mcpExec(ctx, r); err != nil {
+		return err
+	}
 	if r.CreateAgentVM.P50 > 0 {
 		r.CreateRatio = r.CreateSDK.P50 / r.CreateAgentVM.P50
 	}
@@ -169,8 +176,56 @@ func (r *Report) PrintE2B(w io.Writer) {
 	statsLine(w, "commands.run('true') (e2b SDK)", e.RunSDK)
 	statsLine(w, "exec true (agentvm)", e.ExecAgentVM)
 	ratioLine(w, "ratio p50 (target <= 1.5)", e.RunRatio)
+	statsLine(w, "MCP exec tool 'true' (HTTP)", e.MCPExec)
+	ratioLine(w, "MCP vs Go client exec, p50 (target <= 2)", e.MCPRatio)
 	statsLine(w, "exec bash -l -c true as user", e.LoginAgentVM)
 	if e.LoginAgentVM.P50 > 0 {
 		ratioLine(w, "SDK vs the same login shell through exec", e.RunSDK.P50/e.LoginAgentVM.P50)
 	}
+}
+
+// bearerTransport adds the token to every request.
+type bearerTransport struct{ token string }
+
+func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+t.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// mcpExec times the MCP exec tool over streamable HTTP (the official Go
+// SDK's client) on a VM of its own.
+func (b *bench) mcpExec(ctx context.Context, r *E2BReport) error {
+	v, err := b.c.CreateVM(ctx, api.CreateVMRequest{})
+	if err != nil {
+		return err
+	}
+	b.track(v.ID, v.PID)
+	defer b.remove(v.ID)
+	c := sdk.NewClient(&sdk.Implementation{Name: "agentvm-bench", Version: "1"}, nil)
+	cs, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: b.srv.url + "/mcp",
+		HTTPClient: &http.Client{Transport: bearerTransport{b.srv.token}}}, nil)
+	if err != nil {
+		return fmt.Errorf("mcp connect: %w", err)
+	}
+	defer cs.Close()
+	var d []float64
+	for i := 0; i < 3+b.o.execs; i++ {
+		t0 := time.Now()
+		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"vm": v.ID, "command": "true"}})
+		if err != nil {
+			return fmt.Errorf("mcp exec: %w", err)
+		}
+		if res.IsError {
+			return fmt.Errorf("mcp exec: tool error %v", res.Content)
+		}
+		if i >= 3 {
+			d = append(d, millis(time.Since(t0)))
+		}
+	}
+	r.MCPExec = summarize(d)
+	if r.ExecAgentVM.P50 > 0 {
+		r.MCPRatio = r.MCPExec.P50 / r.ExecAgentVM.P50
+	}
+	return nil
 }

@@ -158,6 +158,7 @@ type createRequest struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AutoPause           bool              `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Secure              *bool             `json:"secure"`
 	// Not supported: refused when set, rather than silently ignored.
@@ -202,6 +203,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ *auth.Principa
 		return
 	case present(req.VolumeMounts):
 		apiError(w, http.StatusBadRequest, "volumes are not supported by agentvm")
+		return
+	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
+		apiError(w, http.StatusBadRequest, "filesystem-only auto-pause is not supported: agentvm pauses keep memory and processes")
 		return
 	case req.AutoResume != nil && req.AutoResume.Enabled:
 		apiError(w, http.StatusBadRequest, "autoResume is not supported by agentvm: connect resumes a paused sandbox")
@@ -393,6 +397,23 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, _ *auth.Principal)
 			return
 		}
 	}
+	asc := false
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		asc = true
+	default:
+		apiError(w, http.StatusBadRequest, "order must be asc or desc")
+		return
+	}
+	var startedAfter time.Time
+	if v := q.Get("startedAfter"); v != "" {
+		if startedAfter, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			apiError(w, http.StatusBadRequest, "startedAfter must be an RFC 3339 time: %v", err)
+			return
+		}
+	}
+	template := q.Get("template")
 	after := ""
 	if t := q.Get("nextToken"); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
@@ -421,16 +442,17 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, _ *auth.Principal)
 		if len(states) > 0 && !states[d.State] {
 			continue
 		}
-		if !matches(sb.Metadata, filter) {
+		if !matches(sb.Metadata, filter) || (template != "" && sb.TemplateID != template) || sb.CreatedAt.Before(startedAfter) {
 			continue
 		}
 		items = append(items, item{d, fmt.Sprintf("%020d:%s", sb.CreatedAt.UnixNano(), d.SandboxID)})
 	}
-	// One order in one direction (keys descending), so that the cursor (the
-	// last key returned) splits it cleanly; creation times never change.
-	sort.Slice(items, func(i, j int) bool { return items[i].key > items[j].key })
+	// By start (the sandbox's creation: it never changes, unlike the VM's
+	// start after a resume) and id, so that the cursor (the last key
+	// returned) splits the order cleanly.
+	sort.Slice(items, func(i, j int) bool { return (items[i].key > items[j].key) != asc })
 	if after != "" {
-		i := sort.Search(len(items), func(i int) bool { return items[i].key < after })
+		i := sort.Search(len(items), func(i int) bool { return (items[i].key < after) != asc && items[i].key != after })
 		items = items[i:]
 	}
 	if len(items) > limit {
@@ -495,6 +517,16 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, p *auth.Prin
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
 	v, _, ok := s.sandboxOf(w, r, p)
 	if !ok {
+		return
+	}
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Memory != nil && !*req.Memory {
+		apiError(w, http.StatusBadRequest, "filesystem-only pause is not supported: agentvm pauses keep memory and processes")
 		return
 	}
 	if v.State == api.StateSuspended || v.State == api.StatePaused {

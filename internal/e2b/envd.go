@@ -173,7 +173,7 @@ func basicUser(r *http.Request) (string, error) {
 	if user == "" {
 		return DefaultUser, nil
 	}
-	if len(user) > 64 || strings.ContainsAny(user, "/\x00\n") {
+	if len(user) > 64 || strings.ContainsAny(user, "/:\x00\n ") || strings.HasPrefix(user, "-") {
 		return "", errors.New("invalid username")
 	}
 	return user, nil

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
@@ -10,6 +11,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -62,7 +64,7 @@ func (c *envdCall) checkSignature(w http.ResponseWriter, r *http.Request, op str
 			return false
 		}
 		if time.Now().Unix() > exp {
-			envdHTTPError(w, http.StatusUnauthorized, "the signed URL has expired")
+			envdHTTPError(w, http.StatusUnauthorized, "signature is already expired")
 			return false
 		}
 	}
@@ -135,7 +137,7 @@ func (c *envdCall) download(w http.ResponseWriter, r *http.Request, signed bool)
 		zw.Close()
 		return
 	}
-	if fi.Size >= 0 {
+	if fi.Size > 0 { // 0 may be a file of unknown size (/proc): streamed to its end
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
 	}
 	w.WriteHeader(http.StatusOK)
@@ -177,7 +179,11 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []writeInfo
 	write := func(p string, data io.Reader) bool {
-		fi, err := c.g.WriteFile(r.Context(), user, p, data, 0, true)
+		if err := c.ensureParents(r.Context(), user, p); err != nil {
+			fileHTTPError(w, err)
+			return false
+		}
+		fi, err := c.g.WriteFileInPlace(r.Context(), user, p, data, true)
 		if err != nil {
 			fileHTTPError(w, err)
 			return false
@@ -234,4 +240,35 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// ensureParents creates the missing parent directories of p owned by user,
+// as envd does (it creates them as root and hands them over): a user may
+// then write where it could not create the directories itself. Envd's
+// callers may act as root anyway, so this grants nothing new.
+func (c *envdCall) ensureParents(ctx context.Context, user, p string) error {
+	if user == "root" || user == "0" || !path.IsAbs(p) {
+		return nil // root creates them itself; relative paths are under the user's home
+	}
+	dir := path.Dir(path.Clean(p))
+	if _, err := c.g.Stat(ctx, "root", dir); err == nil || !isGuestCode(err, guest.CodeNotFound) {
+		return nil
+	}
+	// The directories are arguments, never part of the script.
+	script := `u="$1"; shift; for d in "$@"; do [ -e "$d" ] && continue; mkdir "$d" && chown "$u": "$d" || exit 1; done`
+	argv := []string{"/bin/sh", "-c", script, "sh", user}
+	var chain []string
+	for d := dir; d != "/" && d != "."; d = path.Dir(d) {
+		chain = append([]string{d}, chain...)
+	}
+	argv = append(argv, chain...)
+	var stderr strings.Builder
+	st, err := c.g.Run(ctx, guest.ExecRequest{Argv: argv}, nil, io.Discard, &limitWriter{w: &stderr, n: 4096})
+	if err != nil {
+		return err
+	}
+	if st.ExitCode != 0 {
+		return &guest.APIError{Status: http.StatusForbidden, Code: guest.CodePermission, Message: "create the parents of " + p + ": " + strings.TrimSpace(stderr.String())}
+	}
+	return nil
 }

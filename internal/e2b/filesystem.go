@@ -53,6 +53,27 @@ func entry(fi *api.FileInfo) *entryInfo {
 	return e
 }
 
+// entryOf is entry, with a symlink shown as envd shows it: the target's
+// type and mode, and the target's absolute path (one level resolved; a
+// dangling link stays a symlink).
+func (c *envdCall) entryOf(ctx context.Context, fi *api.FileInfo) *entryInfo {
+	e := entry(fi)
+	if fi.Type != guest.FileTypeSymlink {
+		return e
+	}
+	target := fi.LinkTarget
+	if !path.IsAbs(target) {
+		target = path.Join(path.Dir(fi.Path), target)
+	}
+	target = path.Clean(target)
+	e.SymlinkTarget = &target
+	if t, err := c.g.Stat(ctx, c.user, target); err == nil && t.Type != guest.FileTypeSymlink {
+		te := entry(t)
+		e.Type, e.Mode, e.Permissions, e.Size = te.Type, te.Mode, te.Permissions, te.Size
+	}
+	return e
+}
+
 func (c *envdCall) stat(ctx context.Context, req *pathRequest) (*entryResponse, error) {
 	if req.Path == "" {
 		return nil, rpcErr(codeInvalidArgument, "path is required")
@@ -61,7 +82,7 @@ func (c *envdCall) stat(ctx context.Context, req *pathRequest) (*entryResponse, 
 	if err != nil {
 		return nil, guestRPCError(err)
 	}
-	return &entryResponse{Entry: entry(fi)}, nil
+	return &entryResponse{Entry: c.entryOf(ctx, fi)}, nil
 }
 
 func (c *envdCall) listDir(ctx context.Context, req *listDirRequest) (*listDirResponse, error) {
@@ -81,7 +102,7 @@ func (c *envdCall) listDir(ctx context.Context, req *listDirRequest) (*listDirRe
 			if len(out.Entries) >= maxListEntries {
 				return rpcErr(codeResourceExhausted, "more than %d entries: list with a smaller depth", maxListEntries)
 			}
-			out.Entries = append(out.Entries, entry(fi))
+			out.Entries = append(out.Entries, c.entryOf(ctx, fi))
 			if fi.Type == guest.FileTypeDir && level < depth {
 				if err := walk(fi.Path, level+1); err != nil {
 					var ae *guest.APIError
@@ -132,7 +153,8 @@ func (c *envdCall) remove(ctx context.Context, req *pathRequest) (*empty, error)
 	if req.Path == "" {
 		return nil, rpcErr(codeInvalidArgument, "path is required")
 	}
-	if err := c.g.Remove(ctx, c.user, req.Path, true); err != nil {
+	// As envd (os.RemoveAll): a path that is not there is removed already.
+	if err := c.g.Remove(ctx, c.user, req.Path, true); err != nil && !isGuestCode(err, guest.CodeNotFound) {
 		return nil, guestRPCError(err)
 	}
 	return &empty{}, nil
@@ -351,4 +373,9 @@ func (c *envdCall) removeWatcher(ctx context.Context, req *watcherIDRequest) (*e
 	delete(c.s.watchers, req.WatcherID)
 	c.s.mu.Unlock()
 	return &empty{}, nil
+}
+
+func isGuestCode(err error, code string) bool {
+	var ae *guest.APIError
+	return errors.As(err, &ae) && ae.Code == code
 }

@@ -38,6 +38,26 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	if !ok {
 		return
 	}
+	// One sample, taken now: a range that does not hold now has none.
+	now := time.Now()
+	for _, b := range []struct {
+		name   string
+		before bool
+	}{{"start", false}, {"end", true}} {
+		v := r.URL.Query().Get(b.name)
+		if v == "" {
+			continue
+		}
+		sec, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			apiError(w, http.StatusBadRequest, "%s must be unix seconds", b.name)
+			return
+		}
+		if t := time.Unix(sec, 0); (b.before && now.After(t.Add(time.Second))) || (!b.before && now.Before(t)) {
+			writeJSON(w, http.StatusOK, []sandboxMetric{})
+			return
+		}
+	}
 	if paused(v) {
 		writeJSON(w, http.StatusOK, []sandboxMetric{})
 		return
@@ -56,8 +76,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	}
 	m := parseMetrics(out.String())
 	m.CPUCount = v.CPUs
-	now := time.Now().UTC()
-	m.Timestamp, m.TimestampUnix = now, now.Unix()
+	m.Timestamp, m.TimestampUnix = now.UTC(), now.Unix()
 	writeJSON(w, http.StatusOK, []sandboxMetric{m})
 }
 

@@ -106,7 +106,21 @@ func fillHeaderInfo(fi *api.FileInfo, h http.Header) {
 // temporary file, synced, renamed). mode 0 keeps the mode of the file it
 // replaces (0644 for a new file); mkdirs creates missing parents.
 func (c *Client) WriteFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs bool) (*api.FileInfo, error) {
+	return c.writeFile(ctx, user, p, r, mode, mkdirs, false)
+}
+
+// WriteFileInPlace truncates and rewrites path (created when missing, owned
+// by user) the way E2B's envd does, so that watchers see the same events;
+// it is not atomic.
+func (c *Client) WriteFileInPlace(ctx context.Context, user, p string, r io.Reader, mkdirs bool) (*api.FileInfo, error) {
+	return c.writeFile(ctx, user, p, r, 0, mkdirs, true)
+}
+
+func (c *Client) writeFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs, inplace bool) (*api.FileInfo, error) {
 	q := fileQuery(user, p)
+	if inplace {
+		q.Set("inplace", "1")
+	}
 	if mode != 0 {
 		q.Set("mode", fmt.Sprintf("%04o", mode))
 	}

@@ -70,7 +70,7 @@ apt-get install -y -qq --no-install-recommends ` + strings.Join(latePackages, " 
 `
 
 // latePackages are installed by lateScript.
-var latePackages = []string{"npm"}
+var latePackages = []string{"npm", "python-is-python3"}
 
 // recipeFile is a file the rootfs stage writes into the tree before the
 // configuration script runs.

@@ -290,8 +290,8 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	if v == nil {
 		var ok bool
 		if ref, port, ok = c.Route(r); !ok {
-			if p.hostPort(r) == p.cfg.CompatPort {
-				c.NotFound(w, "")
+			if port, ref := p.hostRef(r); port == p.cfg.CompatPort {
+				c.NotFound(w, ref)
 				return true
 			}
 			return false
@@ -322,20 +322,20 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	return true
 }
 
-// hostPort is the port named by a preview host "<port>-<vm>.<domain>" (0
-// when the host is not one).
-func (p *Proxy) hostPort(r *http.Request) int {
+// hostRef is the port and VM named by a preview host
+// "<port>-<vm>.<domain>" (0 and "" when the host is not one).
+func (p *Proxy) hostRef(r *http.Request) (int, string) {
 	host := strings.ToLower(r.Host)
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
 	label, ok := strings.CutSuffix(strings.TrimSuffix(host, "."), "."+p.cfg.Domain)
 	if !ok {
-		return 0
+		return 0, ""
 	}
-	portStr, _, _ := strings.Cut(label, "-")
+	portStr, ref, _ := strings.Cut(label, "-")
 	port, _ := strconv.Atoi(portStr)
-	return port
+	return port, ref
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {

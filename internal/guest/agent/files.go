@@ -320,6 +320,40 @@ func (a *Agent) handleFileRead(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// writeInPlace truncates and rewrites the file (created when missing), as
+// envd does: watchers see it created (or truncated), its owner set and then
+// written, not a temporary renamed over it. A failed upload leaves a part.
+func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body io.Reader, mode uint32, modeGiven bool) error {
+	perm := os.FileMode(0o644)
+	if modeGiven {
+		perm = os.FileMode(mode)
+	}
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, perm)
+	if err != nil {
+		return pathError(target, err)
+	}
+	defer f.Close()
+	uid, gid := int(u.UID), int(u.GID)
+	if exists && u.UID == 0 {
+		uid, gid = int(st.Uid), int(st.Gid) // root keeps the owner
+	}
+	if err := unix.Fchown(int(f.Fd()), uid, gid); err != nil {
+		return pathError(target, err)
+	}
+	if modeGiven {
+		if err := unix.Fchmod(int(f.Fd()), mode); err != nil {
+			return pathError(target, err)
+		}
+	}
+	if _, fromBody, err := copyToFile(f, body); err != nil {
+		if fromBody {
+			return errInvalid("%s: upload interrupted: %v", target, err)
+		}
+		return pathError(target, err)
+	}
+	return pathError(target, f.Close())
+}
+
 // tempName returns a hidden temporary name next to base (NAME_MAX safe).
 func tempName(base string) string {
 	var b [6]byte
@@ -366,6 +400,7 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	mkdirs := fileBoolParam(q.Get("mkdirs"))
+	inplace := fileBoolParam(q.Get("inplace"))
 	names := a.names()
 	var fi api.FileInfo
 	err = asUser(u, func() error {
@@ -395,6 +430,14 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return pathError(dir, err)
 			}
+		}
+		if inplace {
+			if err := writeInPlace(target, u, exists, &st, r.Body, mode, modeGiven); err != nil {
+				return err
+			}
+			var err error
+			fi, err = statPath(target, names)
+			return err
 		}
 		tmp := filepath.Join(dir, tempName(base))
 		f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)

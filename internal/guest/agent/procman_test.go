@@ -251,6 +251,16 @@ func TestWatchDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	await("write w.txt", nop)
+	// in place, as envd writes: created, owner set, written
+	if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "ip.txt"), strings.NewReader("ip"), false); err != nil {
+		t.Fatal(err)
+	}
+	await("create ip.txt", nop)
+	await("chmod ip.txt", nop)
+	await("write ip.txt", nop)
+	if b, _ := os.ReadFile(filepath.Join(dir, "ip.txt")); string(b) != "ip" {
+		t.Fatalf("in-place content %q", b)
+	}
 	for ev := range seen {
 		if strings.Contains(ev, ".agentvm-") {
 			t.Fatalf("the agent's temporary file shows: %v", seen)
