@@ -576,4 +576,3 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	}
 	writeJSON(w, status, s.sandboxJSON(v, sb))
 }
-

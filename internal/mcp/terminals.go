@@ -127,4 +127,3 @@ func (t *tools) termRead(ctx context.Context, in termReadIn) (*sdk.CallToolResul
 	}
 	return text(screen), nil
 }
-
