@@ -15,6 +15,11 @@ command -v mkfs.ext4 >/dev/null || pkgs+=(e2fsprogs)
 command -v ssh >/dev/null || pkgs+=(openssh-client)
 command -v curl >/dev/null || pkgs+=(curl)
 command -v rsync >/dev/null || pkgs+=(rsync)
+# The compatibility tests install the published E2B and MCP clients (npm,
+# and PyPI into a throwaway virtualenv).
+command -v npm >/dev/null || pkgs+=(nodejs npm)
+command -v python3 >/dev/null || pkgs+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "agentvm setup: missing packages: ${pkgs[*]}; run as root or: sudo apt-get install ${pkgs[*]}" >&2
