@@ -73,6 +73,9 @@ type FileInfo struct {
 	Group      string    `json:"group,omitempty"`
 	ModTime    time.Time `json:"mtime"`
 	LinkTarget string    `json:"link_target,omitempty"`
+	// Metadata is the file's metadata (extended attributes user.e2b.*),
+	// written with PUT /v1/vms/{id}/files?meta=key=value.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // FileList is the body of GET /v1/vms/{id}/files/list.

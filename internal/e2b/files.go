@@ -145,19 +145,24 @@ func (c *envdCall) download(w http.ResponseWriter, r *http.Request, signed bool)
 }
 
 type writeInfo struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
 	if signed && !c.checkSignature(w, r, "write") {
 		return
 	}
-	for k := range r.Header {
-		if strings.HasPrefix(strings.ToLower(k), "x-metadata-") {
-			envdHTTPError(w, http.StatusBadRequest, "file metadata (X-Metadata-* headers) is not supported by agentvm")
-			return
+	// X-Metadata-<key>: value headers become the files' metadata.
+	var meta map[string]string
+	for k, vs := range r.Header {
+		if key, ok := strings.CutPrefix(strings.ToLower(k), "x-metadata-"); ok && key != "" {
+			if meta == nil {
+				meta = map[string]string{}
+			}
+			meta[key] = vs[0]
 		}
 	}
 	user := c.fileUser(r, signed)
@@ -183,12 +188,12 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
 			fileHTTPError(w, err)
 			return false
 		}
-		fi, err := c.g.WriteFileInPlace(r.Context(), user, p, data, true)
+		fi, err := c.g.WriteFileInPlace(r.Context(), user, p, data, true, meta)
 		if err != nil {
 			fileHTTPError(w, err)
 			return false
 		}
-		out = append(out, writeInfo{Name: fi.Name, Type: "file", Path: fi.Path})
+		out = append(out, writeInfo{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: fi.Metadata})
 		return true
 	}
 	if mt != "multipart/form-data" {

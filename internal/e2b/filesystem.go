@@ -26,7 +26,7 @@ const (
 // entry converts the agent's file info.
 func entry(fi *api.FileInfo) *entryInfo {
 	e := &entryInfo{Name: fi.Name, Path: fi.Path, Size: strconv.FormatInt(fi.Size, 10), Mode: fi.Mode & 0o7777,
-		Owner: fi.Owner, Group: fi.Group}
+		Owner: fi.Owner, Group: fi.Group, Metadata: fi.Metadata}
 	if e.Owner == "" {
 		e.Owner = strconv.FormatUint(uint64(fi.UID), 10)
 	}

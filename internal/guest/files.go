@@ -106,20 +106,24 @@ func fillHeaderInfo(fi *api.FileInfo, h http.Header) {
 // temporary file, synced, renamed). mode 0 keeps the mode of the file it
 // replaces (0644 for a new file); mkdirs creates missing parents.
 func (c *Client) WriteFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs bool) (*api.FileInfo, error) {
-	return c.writeFile(ctx, user, p, r, mode, mkdirs, false)
+	return c.writeFile(ctx, user, p, r, mode, mkdirs, false, nil)
 }
 
 // WriteFileInPlace truncates and rewrites path (created when missing, owned
 // by user) the way E2B's envd does, so that watchers see the same events;
 // it is not atomic.
-func (c *Client) WriteFileInPlace(ctx context.Context, user, p string, r io.Reader, mkdirs bool) (*api.FileInfo, error) {
-	return c.writeFile(ctx, user, p, r, 0, mkdirs, true)
+// meta is kept as the file's metadata (see api.FileInfo.Metadata).
+func (c *Client) WriteFileInPlace(ctx context.Context, user, p string, r io.Reader, mkdirs bool, meta map[string]string) (*api.FileInfo, error) {
+	return c.writeFile(ctx, user, p, r, 0, mkdirs, true, meta)
 }
 
-func (c *Client) writeFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs, inplace bool) (*api.FileInfo, error) {
+func (c *Client) writeFile(ctx context.Context, user, p string, r io.Reader, mode uint32, mkdirs, inplace bool, meta map[string]string) (*api.FileInfo, error) {
 	q := fileQuery(user, p)
 	if inplace {
 		q.Set("inplace", "1")
+	}
+	for k, v := range meta {
+		q.Add("meta", k+"="+v)
 	}
 	if mode != 0 {
 		q.Set("mode", fmt.Sprintf("%04o", mode))

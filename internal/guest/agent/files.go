@@ -323,7 +323,7 @@ func (a *Agent) handleFileRead(w http.ResponseWriter, r *http.Request) {
 // writeInPlace truncates and rewrites the file (created when missing), as
 // envd does: watchers see it created (or truncated), its owner set and then
 // written, not a temporary renamed over it. A failed upload leaves a part.
-func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body io.Reader, mode uint32, modeGiven bool) error {
+func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body io.Reader, mode uint32, modeGiven bool, meta map[string]string) error {
 	perm := os.FileMode(0o644)
 	if modeGiven {
 		perm = os.FileMode(mode)
@@ -344,6 +344,9 @@ func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body
 		if err := unix.Fchmod(int(f.Fd()), mode); err != nil {
 			return pathError(target, err)
 		}
+	}
+	if err := setMeta(int(f.Fd()), meta); err != nil {
+		return pathError(target, err)
 	}
 	if _, fromBody, err := copyToFile(f, body); err != nil {
 		if fromBody {
@@ -401,6 +404,11 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 	}
 	mkdirs := fileBoolParam(q.Get("mkdirs"))
 	inplace := fileBoolParam(q.Get("inplace"))
+	meta, err := parseMeta(q["meta"])
+	if err != nil {
+		writeFileError(w, err)
+		return
+	}
 	names := a.names()
 	var fi api.FileInfo
 	err = asUser(u, func() error {
@@ -432,7 +440,7 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if inplace {
-			if err := writeInPlace(target, u, exists, &st, r.Body, mode, modeGiven); err != nil {
+			if err := writeInPlace(target, u, exists, &st, r.Body, mode, modeGiven, meta); err != nil {
 				return err
 			}
 			var err error
@@ -471,6 +479,9 @@ func (a *Agent) handleFileWrite(w http.ResponseWriter, r *http.Request) {
 			perm = mode
 		}
 		if err := unix.Fchmod(fd, perm); err != nil {
+			return pathError(p, err)
+		}
+		if err := setMeta(fd, meta); err != nil {
 			return pathError(p, err)
 		}
 		if err := f.Sync(); err != nil {

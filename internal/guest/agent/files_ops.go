@@ -56,6 +56,7 @@ func statPath(p string, names *idNames) (api.FileInfo, error) {
 			fi.LinkTarget = t
 		}
 	}
+	fi.Metadata = readMeta(p)
 	return fi, nil
 }
 
@@ -109,6 +110,7 @@ func (a *Agent) handleFileList(w http.ResponseWriter, r *http.Request) {
 			if fi.Type == guest.FileTypeSymlink {
 				fi.LinkTarget = readlinkat(fd, name)
 			}
+			fi.Metadata = readMeta(fi.Path)
 			list.Entries = append(list.Entries, fi)
 		}
 		return nil

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -252,8 +253,19 @@ func TestWatchDir(t *testing.T) {
 	}
 	await("write w.txt", nop)
 	// in place, as envd writes: created, owner set, written
-	if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "ip.txt"), strings.NewReader("ip"), false); err != nil {
+	fi, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "ip.txt"), strings.NewReader("ip"), false, map[string]string{"owner": "me", "Kind": "a=b"})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// metadata: kept as user.e2b.* attributes, keys lowercased
+	if len(fi.Metadata) != 2 || fi.Metadata["owner"] != "me" || fi.Metadata["kind"] != "a=b" {
+		t.Fatalf("metadata %v", fi.Metadata)
+	}
+	if st, err := e.c.Stat(ctx, "", filepath.Join(dir, "ip.txt")); err != nil || !reflect.DeepEqual(st.Metadata, fi.Metadata) {
+		t.Fatalf("stat metadata %v %v, written %v", st, err, fi.Metadata)
+	}
+	if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "bad.txt"), strings.NewReader(""), false, map[string]string{"bad key": "x"}); err == nil {
+		t.Error("a bad metadata key was accepted")
 	}
 	await("create ip.txt", nop)
 	await("chmod ip.txt", nop)

@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// File metadata: small key/value pairs kept as extended attributes
+// user.e2b.<key> (the E2B SDK's file metadata), written with a file
+// (PUT /v1/files?meta=key=value) and returned by stat and list.
+
+const (
+	metaPrefix   = "user.e2b."
+	maxMetaKeys  = 32
+	maxMetaValue = 1024
+)
+
+// metaKeyRe is an HTTP header token (the SDK sends metadata as headers),
+// lowercased.
+var metaKeyRe = regexp.MustCompile("^[a-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+
+// parseMeta reads meta=key=value parameters.
+func parseMeta(params []string) (map[string]string, error) {
+	if len(params) == 0 {
+		return nil, nil
+	}
+	if len(params) > maxMetaKeys {
+		return nil, errInvalid("at most %d metadata entries", maxMetaKeys)
+	}
+	out := make(map[string]string, len(params))
+	for _, p := range params {
+		k, v, ok := strings.Cut(p, "=")
+		k = strings.ToLower(k)
+		if !ok || !metaKeyRe.MatchString(k) {
+			return nil, errInvalid("bad metadata %q: want key=value with a header-token key", p)
+		}
+		if len(v) > maxMetaValue || strings.ContainsAny(v, "\x00\r\n") {
+			return nil, errInvalid("metadata %q: the value must be at most %d bytes of one line", k, maxMetaValue)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// setMeta writes metadata on an open file.
+func setMeta(fd int, meta map[string]string) error {
+	for k, v := range meta {
+		if err := unix.Fsetxattr(fd, metaPrefix+k, []byte(v), 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readMeta reads a path's metadata (without following a symlink); nil when
+// it has none or the file system keeps no user attributes.
+func readMeta(path string) map[string]string {
+	buf := make([]byte, 4096)
+	n, err := unix.Llistxattr(path, buf)
+	if err != nil || n == 0 {
+		return nil
+	}
+	var out map[string]string
+	for _, name := range bytes.Split(buf[:n], []byte{0}) {
+		key, ok := strings.CutPrefix(string(name), metaPrefix)
+		if !ok || key == "" {
+			continue
+		}
+		val := make([]byte, maxMetaValue)
+		m, err := unix.Lgetxattr(path, string(name), val)
+		if err != nil {
+			continue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[key] = string(val[:m])
+	}
+	return out
+}
