@@ -46,8 +46,8 @@ func writeGuestErr(w http.ResponseWriter, err error) {
 	if errors.As(err, &ae) && ae.Status >= 400 && ae.Status < 600 {
 		code := ae.Code
 		switch code {
-		case guest.CodeInvalid, "":
-			code = api.CodeInvalid
+		case guest.CodeInvalid, guest.CodeUnknownUser, "":
+			code = api.CodeInvalid // the public API has one code for bad input
 		}
 		writeError(w, ae.Status, code, ae.Message)
 		return
