@@ -370,7 +370,10 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		var err error
 		switch {
 		case v.State == api.StateRunning && st != "running":
-			if err = m.Resume(actx); err == nil && st == "postmigrate" {
+			// Stopped for a save (completed, or stop-and-copy cancelled
+			// above) while the daemon died: the guest may have missed the
+			// close of the dead daemon's connection.
+			if err = m.Resume(actx); err == nil {
 				bounceAgentChannel(p.Agent)
 			}
 		case v.State == api.StatePaused && st == "postmigrate":
@@ -409,8 +412,10 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 }
 
 // bounceAgentChannel opens and closes the host end of the guest agent's
-// channel once the guest runs again after a save that completed while the
-// daemon was gone. The guest can miss the close of the dead daemon's
+// channel once the guest runs again after it was stopped for a save while
+// the daemon was gone (a save that completed, or a stop-and-copy save that
+// reattach cancelled: the failure of TestDaemonInterruptedLifecycle's
+// "kill -9 50ms into snapshot" in a loaded CI run). The guest can miss the close of the dead daemon's
 // connection (it happened while the guest was stopped for the save) and
 // keep its old session, which then never answers a new host: a close it
 // does see ends that session (after the agent's EOF debounce), so the next
