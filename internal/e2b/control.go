@@ -321,7 +321,9 @@ func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, full bool) detail {
 	if sb.EndAt.IsZero() {
 		d.EndAt = d.StartedAt.Add(maxTimeout) // no end: far away
 	}
-	if paused(v) {
+	// A sandbox past its end with autoPause is paused, even while the
+	// suspend is still under way (E2B answers so at once).
+	if paused(v) || (sb.AutoPause && !sb.EndAt.IsZero() && time.Now().After(sb.EndAt)) {
 		d.State = "paused"
 	}
 	if d.Metadata == nil {

@@ -3,10 +3,8 @@ package e2b
 import (
 	"context"
 	"net/http"
-	"regexp"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/auth"
@@ -20,8 +18,6 @@ type snapshotInfo struct {
 	SnapshotID string   `json:"snapshotID"`
 	Names      []string `json:"names"`
 }
-
-var snapshotNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
 	v, _, ok := s.sandboxOf(w, r, p)
@@ -43,20 +39,8 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p *auth.Princi
 	if name == "" {
 		name = "snap" + newSandboxID()[1:13]
 	}
-	// agentvm names are DNS labels; E2B's may have capitals, '_' and '.':
-	// those become lowercase and '-' (the answer names the snapshot as it is
-	// stored, and that is the template id to create from).
-	name = strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'A' && r <= 'Z':
-			return r + 'a' - 'A'
-		case r == '_' || r == '.':
-			return '-'
-		}
-		return r
-	}, name)
-	if !snapshotNameRe.MatchString(name) {
-		apiError(w, http.StatusBadRequest, "invalid snapshot name %q: use 1-63 letters, digits, '.', '_' and '-', starting and ending with a letter or digit", req.Name)
+	if err := vm.ValidateSnapshotName(name); err != nil {
+		vmError(w, err)
 		return
 	}
 	sn, err := s.cfg.VMs.Snapshot(r.Context(), v.ID, name)

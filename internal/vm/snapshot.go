@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"time"
 
@@ -71,10 +72,28 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	return frozen, res, nil
 }
 
+var (
+	snapNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	snapIDRe   = regexp.MustCompile(`^snap-[0-9a-f]{12}$`)
+)
+
+// ValidateSnapshotName checks a snapshot name. Unlike a VM's it need not be
+// a hostname: letters of both cases, '_' and '.' are fine (E2B's snapshot
+// and template names use them), but not the form of a snapshot id.
+func ValidateSnapshotName(n string) error {
+	if !snapNameRe.MatchString(n) {
+		return fmt.Errorf("%w: invalid snapshot name %q: use 1-128 letters, digits, '.', '_' and '-', starting with a letter or digit", ErrInvalid, n)
+	}
+	if snapIDRe.MatchString(n) {
+		return fmt.Errorf("%w: invalid snapshot name %q: names of the form snap-<hex> are reserved for snapshot ids", ErrInvalid, n)
+	}
+	return nil
+}
+
 // snapshot captures a running or paused VM (memory, processes and disk).
 func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error) {
 	if name != "" {
-		if err := ValidateName(name); err != nil {
+		if err := ValidateSnapshotName(name); err != nil {
 			return nil, err
 		}
 		if _, err := s.store.GetSnapshot(ctx, name); err == nil {

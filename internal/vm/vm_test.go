@@ -3,6 +3,7 @@ package vm
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/agentvm/agentvm/api"
@@ -98,5 +99,18 @@ func TestPoolShapeEviction(t *testing.T) {
 	s.evictPoolShapes(poolKey{1, 4}) // already known: moves to the front, nothing else dropped
 	if s.poolOrder[0] != (poolKey{1, 4}) || len(s.poolOrder) != maxPoolShapes {
 		t.Fatalf("order %v", s.poolOrder)
+	}
+}
+
+func TestValidateSnapshotName(t *testing.T) {
+	for _, ok := range []string{"base-1", "snap-test_ei9go2xj", "Team.v2", "a"} {
+		if err := ValidateSnapshotName(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "-x", "_x", "a/b", "a b", "snap-0123456789ab", strings.Repeat("x", 129)} {
+		if err := ValidateSnapshotName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }
