@@ -41,7 +41,7 @@ for (let i = 0; i < runs; i++) {
   await s.commands.run('true')
   out.run_ms.push(performance.now() - t0)
 }
-await s.kill()
+out.sandbox = s.sandboxId // the Go client measures on this same VM next
 console.log(JSON.stringify(out))
 `
 
@@ -106,7 +106,30 @@ func (b *bench) runE2B(ctx context.Context) error {
 			return err
 		}
 	}
-	v, err := b.c.CreateVM(ctx, api.CreateVMRequest{})
+	r.CreateAgentVM = summarize(create)
+
+	logf("e2b SDK: %d creates, %d commands.run('true')", b.o.creates, b.o.execs)
+	cmd := exec.CommandContext(ctx, "node", "bench.mjs", fmt.Sprint(b.o.creates), fmt.Sprint(b.o.execs))
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "E2B_API_KEY="+key.Secret, "E2B_API_URL="+b.srv.url,
+		"E2B_SANDBOX_URL=http://"+h.Proxy, "E2B_DOMAIN="+h.Domain+":"+port)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("e2b bench script: %v", err)
+	}
+	var res struct {
+		Create  []float64 `json:"create_ms"`
+		Run     []float64 `json:"run_ms"`
+		Sandbox string    `json:"sandbox"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fmt.Errorf("e2b bench script output %q: %v", out, err)
+	}
+	r.CreateSDK, r.RunSDK = summarize(res.Create), summarize(res.Run)
+	// The Go client's round trips on the sandbox the SDK just used: the
+	// same VM in the same state.
+	v, err := b.c.GetVM(ctx, res.Sandbox)
 	if err != nil {
 		return err
 	}
@@ -126,30 +149,8 @@ func (b *bench) runE2B(ctx context.Context) error {
 			login = append(login, millis(time.Since(t1)))
 		}
 	}
-	if err := b.remove(v.ID); err != nil {
-		return err
-	}
-	r.CreateAgentVM, r.ExecAgentVM, r.LoginAgentVM = summarize(create), summarize(execs), summarize(login)
-
-	logf("e2b SDK: %d creates, %d commands.run('true')", b.o.creates, b.o.execs)
-	cmd := exec.CommandContext(ctx, "node", "bench.mjs", fmt.Sprint(b.o.creates), fmt.Sprint(b.o.execs))
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_KEY="+key.Secret, "E2B_API_URL="+b.srv.url,
-		"E2B_SANDBOX_URL=http://"+h.Proxy, "E2B_DOMAIN="+h.Domain+":"+port)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return fmt.Errorf("e2b bench script: %v", err)
-	}
-	var res struct {
-		Create []float64 `json:"create_ms"`
-		Run    []float64 `json:"run_ms"`
-	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		return fmt.Errorf("e2b bench script output %q: %v", out, err)
-	}
-	r.CreateSDK, r.RunSDK = summarize(res.Create), summarize(res.Run)
-	if err := b.mcpExec(ctx, r); err != nil {
+	r.ExecAgentVM, r.LoginAgentVM = summarize(execs), summarize(login)
+	if err := b.mcpExec(ctx, r, v.ID); err != nil { // then removes the VM
 		return err
 	}
 	if r.CreateAgentVM.P50 > 0 {
@@ -194,14 +195,9 @@ func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // mcpExec times the MCP exec tool over streamable HTTP (the official Go
-// SDK's client) on a VM of its own.
-func (b *bench) mcpExec(ctx context.Context, r *E2BReport) error {
-	v, err := b.c.CreateVM(ctx, api.CreateVMRequest{})
-	if err != nil {
-		return err
-	}
-	b.track(v.ID, v.PID)
-	defer b.remove(v.ID)
+// SDK's client) on the same VM.
+func (b *bench) mcpExec(ctx context.Context, r *E2BReport, vmID string) error {
+	defer b.remove(vmID)
 	c := sdk.NewClient(&sdk.Implementation{Name: "agentvm-bench", Version: "1"}, nil)
 	cs, err := c.Connect(ctx, &sdk.StreamableClientTransport{Endpoint: b.srv.url + "/mcp",
 		HTTPClient: &http.Client{Transport: bearerTransport{b.srv.token}}}, nil)
@@ -212,7 +208,7 @@ func (b *bench) mcpExec(ctx context.Context, r *E2BReport) error {
 	var d []float64
 	for i := 0; i < 3+b.o.execs; i++ {
 		t0 := time.Now()
-		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"vm": v.ID, "command": "true"}})
+		res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"vm": vmID, "command": "true"}})
 		if err != nil {
 			return fmt.Errorf("mcp exec: %w", err)
 		}
