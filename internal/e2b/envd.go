@@ -268,25 +268,8 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 	defer ps.Close()
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	defer stop()
-	events := make(chan guest.ProcEvent, 16)
-	errc := make(chan error, 1)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		defer close(events)
-		for {
-			ev, err := ps.Next()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case events <- ev:
-			case <-done:
-				return
-			}
-		}
-	}()
+	events, errc, stopPull := pull(ps.Next)
+	defer stopPull()
 	tick := time.NewTicker(c.ka)
 	defer tick.Stop()
 	started := false
@@ -356,6 +339,31 @@ func (c *envdCall) abortIfGone() {
 	if err != nil || v.State != api.StateRunning {
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// pull reads a guest stream on a goroutine: its events, then (once the
+// channel is closed) the error that ended it. stop releases the goroutine
+// when the reader leaves first.
+func pull[T any](next func() (T, error)) (<-chan T, <-chan error, func()) {
+	events := make(chan T, 16)
+	errc := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(events)
+		for {
+			ev, err := next()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case events <- ev:
+			case <-done:
+				return
+			}
+		}
+	}()
+	return events, errc, func() { close(done) }
 }
 
 func selector(sel *processSelector) (guest.ProcSelector, error) {

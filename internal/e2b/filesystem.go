@@ -192,25 +192,8 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 	if err := st.Send(watchDirResponse{Start: &empty{}}); err != nil {
 		return err
 	}
-	events := make(chan guest.WatchEvent, 64)
-	errc := make(chan error, 1)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		defer close(events)
-		for {
-			ev, err := ws.Next()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case events <- ev:
-			case <-done:
-				return
-			}
-		}
-	}()
+	events, errc, stopPull := pull(ws.Next)
+	defer stopPull()
 	tick := time.NewTicker(c.ka)
 	defer tick.Stop()
 	for {
