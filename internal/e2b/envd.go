@@ -173,10 +173,15 @@ func basicUser(r *http.Request) (string, error) {
 	if user == "" {
 		return DefaultUser, nil
 	}
-	if len(user) > 64 || strings.ContainsAny(user, "/:\x00\n ") || strings.HasPrefix(user, "-") {
+	if !validUser(user) {
 		return "", errors.New("invalid username")
 	}
 	return user, nil
+}
+
+// validUser: a plausible user name or uid, which never reads as an option.
+func validUser(u string) bool {
+	return u != "" && len(u) <= 64 && !strings.ContainsAny(u, "/:\x00\n\t ") && !strings.HasPrefix(u, "-")
 }
 
 // guestRPCError maps an agent error to a Connect error.

@@ -80,6 +80,9 @@ func (c *envdCall) checkSignature(w http.ResponseWriter, r *http.Request, op str
 // caller's.
 func (c *envdCall) fileUser(r *http.Request, signed bool) string {
 	if u := r.URL.Query().Get("username"); u != "" {
+		if !validUser(u) {
+			return "" // refused by the callers
+		}
 		return u
 	}
 	if signed {
@@ -120,7 +123,12 @@ func (c *envdCall) download(w http.ResponseWriter, r *http.Request, signed bool)
 		envdHTTPError(w, http.StatusBadRequest, "path is required")
 		return
 	}
-	body, fi, err := c.g.ReadFile(r.Context(), c.fileUser(r, signed), p, 0, -1)
+	user := c.fileUser(r, signed)
+	if user == "" {
+		envdHTTPError(w, http.StatusBadRequest, "invalid username")
+		return
+	}
+	body, fi, err := c.g.ReadFile(r.Context(), user, p, 0, -1)
 	if err != nil {
 		fileHTTPError(w, err)
 		return
@@ -166,6 +174,10 @@ func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
 		}
 	}
 	user := c.fileUser(r, signed)
+	if user == "" {
+		envdHTTPError(w, http.StatusBadRequest, "invalid username")
+		return
+	}
 	qpath := r.URL.Query().Get("path")
 	body := io.Reader(r.Body)
 	switch enc := r.Header.Get("Content-Encoding"); enc {
@@ -259,8 +271,16 @@ func (c *envdCall) ensureParents(ctx context.Context, user, p string) error {
 	if _, err := c.g.Stat(ctx, "root", dir); err == nil || !isGuestCode(err, guest.CodeNotFound) {
 		return nil
 	}
-	// The directories are arguments, never part of the script.
-	script := `u="$1"; shift; for d in "$@"; do [ -e "$d" ] && continue; mkdir "$d" && chown "$u": "$d" || exit 1; done`
+	// The directories are arguments, never part of the script. The user
+	// must exist; no existing directory of the chain may be a symlink (root
+	// would create inside wherever it points); chown -h never follows one
+	// swapped in after the mkdir.
+	script := `u="$1"; shift; /usr/bin/id -u -- "$u" >/dev/null || exit 2
+for d in "$@"; do
+	if [ -L "$d" ]; then echo "$d is a symbolic link" >&2; exit 3; fi
+	[ -e "$d" ] && continue
+	/bin/mkdir -- "$d" && /bin/chown -h -- "$u:" "$d" || exit 1
+done`
 	argv := []string{"/bin/sh", "-c", script, "sh", user}
 	var chain []string
 	for d := dir; d != "/" && d != "."; d = path.Dir(d) {
@@ -272,7 +292,11 @@ func (c *envdCall) ensureParents(ctx context.Context, user, p string) error {
 	if err != nil {
 		return err
 	}
-	if st.ExitCode != 0 {
+	switch st.ExitCode {
+	case 0:
+	case 2:
+		return &guest.APIError{Status: http.StatusBadRequest, Code: guest.CodeUnknownUser, Message: "unknown user " + user}
+	default:
 		return &guest.APIError{Status: http.StatusForbidden, Code: guest.CodePermission, Message: "create the parents of " + p + ": " + strings.TrimSpace(stderr.String())}
 	}
 	return nil

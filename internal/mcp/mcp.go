@@ -108,6 +108,18 @@ func truncate(s string, max int) (string, bool) {
 
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
+// tail keeps the last max bytes of s, from a character's start.
+func tail(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	i := len(s) - max
+	for i < len(s) && !isRuneStart(s[i]) {
+		i++
+	}
+	return s[i:]
+}
+
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return one

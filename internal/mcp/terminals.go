@@ -80,13 +80,19 @@ func (t *tools) termRead(ctx context.Context, in termReadIn) (*sdk.CallToolResul
 	}
 	defer term.Close()
 	chunks := make(chan []byte, 64)
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		defer close(chunks)
 		for {
 			buf := make([]byte, 32<<10)
 			n, err := term.Read(buf)
 			if n > 0 {
-				chunks <- buf[:n]
+				select {
+				case chunks <- buf[:n]:
+				case <-done:
+					return
+				}
 			}
 			if err != nil {
 				return
@@ -96,7 +102,10 @@ func (t *tools) termRead(ctx context.Context, in termReadIn) (*sdk.CallToolResul
 	var out []byte
 	timer := time.NewTimer(quiet)
 	defer timer.Stop()
-	ended := false
+	// Output that never goes quiet (a spinner) is read for at most this long.
+	limit := time.NewTimer(quiet + 10*time.Second)
+	defer limit.Stop()
+	ended, busy := false, false
 	for waiting := true; waiting; {
 		select {
 		case c, ok := <-chunks:
@@ -111,16 +120,20 @@ func (t *tools) termRead(ctx context.Context, in termReadIn) (*sdk.CallToolResul
 			timer.Reset(quiet)
 		case <-timer.C:
 			waiting = false
+		case <-limit.C:
+			busy, waiting = true, false
 		case <-actx.Done():
 			waiting = false
 		}
 	}
 	screen := ansi.ReplaceAllString(string(out), "")
 	if len(screen) > maxShown {
-		screen = "[... older output cut]\n" + screen[len(screen)-maxShown:]
+		screen = "[... older output cut]\n" + tail(screen, maxShown)
 	}
 	if ended {
 		screen += "\n[the terminal's program has exited]"
+	} else if busy {
+		screen += "\n[output is still arriving]"
 	}
 	if screen == "" {
 		screen = "(no output)"

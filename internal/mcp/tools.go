@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -221,10 +222,19 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 			b.WriteString("\n")
 		}
 		if cut {
-			path := "/tmp/agentvm-mcp/exec-" + stamp + "." + o.name
-			if _, err := t.c.WriteFile(ctx, id, path, strings.NewReader(o.data), int64(len(o.data)), client.WriteOptions{MkDirs: true, FileOptions: client.FileOptions{User: in.User}}); err == nil {
-				fmt.Fprintf(&b, "[... %s truncated: showing %d of %d bytes. The whole %s is in %s in the VM: read the rest with read_file (path %q, offset %d).]\n",
-					o.name, len(shown), len(o.data), o.name, path, path, len(shown))
+			// Saved for the caller only: its own directory, mode 0600.
+			who := in.User
+			if who == "" {
+				who = "root"
+			}
+			path := "/tmp/agentvm-mcp-" + who + "/exec-" + stamp + "." + o.name
+			capped := ""
+			if (o.name == "stdout" && res.StdoutTruncated) || (o.name == "stderr" && res.StderrTruncated) {
+				capped = " (the server kept only the first 16 MiB of it)"
+			}
+			if _, err := t.c.WriteFile(ctx, id, path, strings.NewReader(o.data), int64(len(o.data)), client.WriteOptions{Mode: 0o600, MkDirs: true, FileOptions: client.FileOptions{User: in.User}}); err == nil {
+				fmt.Fprintf(&b, "[... %s truncated: showing %d of %d bytes. The whole %s%s is in %s in the VM: read the rest with read_file (path %q, offset %d).]\n",
+					o.name, len(shown), len(o.data), o.name, capped, path, path, len(shown))
 			} else {
 				fmt.Fprintf(&b, "[... %s truncated: showing %d of %d bytes; run the command again with less output, e.g. piped to head or tail.]\n", o.name, len(shown), len(o.data))
 			}
@@ -233,6 +243,19 @@ func (t *tools) exec(ctx context.Context, in execIn) (*sdk.CallToolResult, error
 	r := text(b.String())
 	r.IsError = res.ExitCode != 0
 	return r, nil
+}
+
+// trimRunes drops an incomplete character at the end of b.
+func trimRunes(b []byte) []byte {
+	for i := 1; i <= 3 && i <= len(b); i++ {
+		if isRuneStart(b[len(b)-i]) {
+			if !utf8.FullRune(b[len(b)-i:]) {
+				return b[:len(b)-i]
+			}
+			break
+		}
+	}
+	return b
 }
 
 func newStamp() string {
@@ -265,7 +288,20 @@ func (t *tools) read(ctx context.Context, in readIn) (*sdk.CallToolResult, error
 	if err != nil {
 		return nil, toolError("read_file", err)
 	}
-	end := in.Offset + int64(len(data))
+	start := in.Offset
+	if utf8.Valid(trimRunes(data)) {
+		// Text: pages begin and end on whole characters, so each reads as
+		// text (a page boundary inside a character would make it binary).
+		if in.Offset > 0 {
+			for i := 0; i < 3 && len(data) > 0 && !isRuneStart(data[0]); i++ {
+				data, start = data[1:], start+1
+			}
+		}
+		if fi != nil && fi.Size > in.Offset+int64(len(data)) {
+			data = trimRunes(data)
+		}
+	}
+	end := start + int64(len(data))
 	var b strings.Builder
 	if utf8.Valid(data) {
 		b.Write(data)
@@ -294,9 +330,11 @@ func (t *tools) write(ctx context.Context, in writeIn) (*sdk.CallToolResult, err
 	}
 	var mode uint32
 	if in.Mode != "" {
-		if _, err := fmt.Sscanf(in.Mode, "%o", &mode); err != nil || mode > 0o7777 {
+		m, err := strconv.ParseUint(in.Mode, 8, 32)
+		if err != nil || m == 0 || m > 0o7777 {
 			return nil, fmt.Errorf("mode %q: use octal permission bits such as 644 or 755", in.Mode)
 		}
+		mode = uint32(m)
 	}
 	fi, err := t.c.WriteFile(ctx, id, in.Path, strings.NewReader(string(data)), int64(len(data)), client.WriteOptions{Mode: mode, MkDirs: true})
 	if err != nil {
@@ -453,7 +491,7 @@ func (t *tools) serviceLogs(ctx context.Context, in serviceLogsIn) (*sdk.CallToo
 	data, _ := io.ReadAll(io.LimitReader(rc, 16<<20))
 	out := string(data)
 	if len(out) > 4*maxShown { // keep the newest
-		out = "[... older lines cut: ask for fewer lines]\n" + out[len(out)-4*maxShown:]
+		out = "[... older lines cut: ask for fewer lines]\n" + tail(out, 4*maxShown)
 	}
 	if out == "" {
 		out = "(no output yet)"

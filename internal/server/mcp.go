@@ -12,7 +12,8 @@ import (
 // mcpHandler serves MCP's streamable HTTP transport at /mcp (behind the
 // auth middleware). Each session's tools call this server's own API with
 // the caller's token, so they can do exactly what the token can: a VM's
-// token gets the tools of that VM only.
+// token gets the tools of that VM only. The tools keep no state between
+// calls, so the transport runs stateless.
 func (s *Server) mcpHandler() http.Handler {
 	return sdk.NewStreamableHTTPHandler(func(r *http.Request) *sdk.Server {
 		p := principal(r)
@@ -21,7 +22,11 @@ func (s *Server) mcpHandler() http.Handler {
 			scope.VM = p.VMID
 		}
 		return mcp.New(client.New(s.selfURL(), bearer(r)), scope, Version)
-	}, nil)
+	}, &sdk.StreamableHTTPOptions{
+		// Every request is its own session with the token it carries: no
+		// session outlives its token, and none can be taken over by id.
+		Stateless: true,
+	})
 }
 
 // selfURL is the API's own address, as the MCP tools dial it.

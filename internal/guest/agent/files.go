@@ -320,32 +320,45 @@ func (a *Agent) handleFileRead(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// writeInPlace truncates and rewrites the file (created when missing), as
-// envd does: watchers see it created (or truncated), its owner set and then
-// written, not a temporary renamed over it. A failed upload leaves a part.
+// writeInPlace rewrites the file (created when missing) as envd does:
+// watchers see it created (or written), its owner set and then written, not
+// a temporary renamed over it. Nothing is cut before the steps that can
+// fail are done; a failed upload leaves a part.
 func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body io.Reader, mode uint32, modeGiven bool, meta map[string]string) error {
 	perm := os.FileMode(0o644)
 	if modeGiven {
 		perm = os.FileMode(mode)
 	}
-	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, perm)
+	// O_NONBLOCK: a FIFO swapped in since the check must not block the open.
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, perm)
 	if err != nil {
 		return pathError(target, err)
 	}
 	defer f.Close()
-	uid, gid := int(u.UID), int(u.GID)
-	if exists && u.UID == 0 {
-		uid, gid = int(st.Uid), int(st.Gid) // root keeps the owner
-	}
-	if err := unix.Fchown(int(f.Fd()), uid, gid); err != nil {
+	fd := int(f.Fd())
+	var now unix.Stat_t
+	if err := unix.Fstat(fd, &now); err != nil {
 		return pathError(target, err)
 	}
-	if modeGiven {
-		if err := unix.Fchmod(int(f.Fd()), mode); err != nil {
+	if now.Mode&unix.S_IFMT != unix.S_IFREG {
+		return errInvalid("%s: not a regular file", target)
+	}
+	if !exists {
+		// A new file is the user's already (fs credentials); setting it
+		// again is the owner change envd makes, which watchers see.
+		if err := unix.Fchown(fd, int(now.Uid), int(now.Gid)); err != nil {
 			return pathError(target, err)
 		}
 	}
-	if err := setMeta(int(f.Fd()), meta); err != nil {
+	if modeGiven {
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return pathError(target, err)
+		}
+	}
+	if err := setMeta(fd, meta); err != nil {
+		return pathError(target, err)
+	}
+	if err := unix.Ftruncate(fd, 0); err != nil {
 		return pathError(target, err)
 	}
 	if _, fromBody, err := copyToFile(f, body); err != nil {

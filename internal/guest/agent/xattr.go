@@ -16,6 +16,7 @@ const (
 	metaPrefix   = "user.e2b."
 	maxMetaKeys  = 32
 	maxMetaValue = 1024
+	maxMetaTotal = 3 << 10 // ext4 keeps a file's attributes in one block
 )
 
 // metaKeyRe is an HTTP header token (the SDK sends metadata as headers),
@@ -31,6 +32,7 @@ func parseMeta(params []string) (map[string]string, error) {
 		return nil, errInvalid("at most %d metadata entries", maxMetaKeys)
 	}
 	out := make(map[string]string, len(params))
+	total := 0
 	for _, p := range params {
 		k, v, ok := strings.Cut(p, "=")
 		k = strings.ToLower(k)
@@ -41,6 +43,9 @@ func parseMeta(params []string) (map[string]string, error) {
 			return nil, errInvalid("metadata %q: the value must be at most %d bytes of one line", k, maxMetaValue)
 		}
 		out[k] = v
+		if total += len(k) + len(v); total > maxMetaTotal {
+			return nil, errInvalid("metadata larger than %d bytes in all", maxMetaTotal)
+		}
 	}
 	return out, nil
 }
@@ -58,7 +63,11 @@ func setMeta(fd int, meta map[string]string) error {
 // readMeta reads a path's metadata (without following a symlink); nil when
 // it has none or the file system keeps no user attributes.
 func readMeta(path string) map[string]string {
-	buf := make([]byte, 4096)
+	size, err := unix.Llistxattr(path, nil)
+	if err != nil || size == 0 {
+		return nil
+	}
+	buf := make([]byte, min(size+256, 64<<10)) // room for one added meanwhile
 	n, err := unix.Llistxattr(path, buf)
 	if err != nil || n == 0 {
 		return nil
