@@ -620,14 +620,7 @@ func (m *procManager) handleResize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, guest.CodeConflict, "the process has no pty")
 		return
 	}
-	rc, err := p.ptmx.SyscallConn()
-	if err == nil {
-		ws := unix.Winsize{Row: uint16(req.Rows), Col: uint16(req.Cols)}
-		if cerr := rc.Control(func(fd uintptr) { err = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &ws) }); cerr != nil {
-			err = cerr
-		}
-	}
-	if err != nil {
+	if err := setWinsize(p.ptmx, req.Cols, req.Rows); err != nil {
 		writeError(w, http.StatusConflict, guest.CodeConflict, "resize: "+err.Error())
 		return
 	}

@@ -351,7 +351,16 @@ func (t *terminal) shutdown() {
 func (t *terminal) resize(cols, rows int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	rc, err := t.ptmx.SyscallConn()
+	if err := setWinsize(t.ptmx, cols, rows); err != nil {
+		return err
+	}
+	t.cols, t.rows = cols, rows
+	return nil
+}
+
+// setWinsize sets a pty's size (TIOCSWINSZ on the master).
+func setWinsize(ptmx *os.File, cols, rows int) error {
+	rc, err := ptmx.SyscallConn()
 	if err != nil {
 		return err
 	}
@@ -360,11 +369,7 @@ func (t *terminal) resize(cols, rows int) error {
 	if err := rc.Control(func(fd uintptr) { ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &ws) }); err != nil {
 		return err
 	}
-	if ierr != nil {
-		return ierr
-	}
-	t.cols, t.rows = cols, rows
-	return nil
+	return ierr
 }
 
 // serveClient runs one attached client on a hijacked stream until it
