@@ -131,7 +131,8 @@ func TestBadInput(t *testing.T) {
 			{"/v1/vms/valid/resize", `{}`, "nothing to resize"},
 			{"/v1/vms/valid/resize", `{"disk":"1G"}`, "shrinking the disk is not supported"},
 			{"/v1/vms/valid/resize", `{"memory":"64M"}`, "memory must be at least"},
-			{"/v1/vms/valid/snapshot", `{"name":"Bad Name"}`, "invalid name"},
+			{"/v1/vms/valid/snapshot", `{"name":"Bad Name"}`, "invalid snapshot name"},
+			{"/v1/vms/valid/snapshot", `{"name":"snap-0123456789ab"}`, "reserved for snapshot ids"},
 		} {
 			code, resp := rawRequest(t, s, "POST", c.path, s.Token, c.body)
 			if code != 400 || !strings.Contains(resp, c.msg) {
