@@ -43,6 +43,8 @@ type VM struct {
 	Error     string            `json:"error,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	StartedAt *time.Time        `json:"started_at,omitempty"`
+	// Image is the image the VM was made from.
+	Image string `json:"image"`
 	// Source is the snapshot or parent VM this VM was made from.
 	Source string `json:"source,omitempty"`
 	// NextCPUs and NextMemoryMiB are sizes that apply at the next start.
@@ -82,6 +84,9 @@ type CreateVMRequest struct {
 	Egress *Egress `json:"egress,omitempty"`
 	// From creates the VM from a snapshot (id or name) instead of the image.
 	From string `json:"from,omitempty"`
+	// Image is the image to create the VM from: "default" (the default) or
+	// "code-interpreter" (alias "code-interpreter-v1"). Not with From.
+	Image string `json:"image,omitempty"`
 	// IdleTimeout suspends the VM after that long without activity (API,
 	// exec, terminals, SSH, preview traffic); DeleteAfter deletes it that
 	// long after its creation. "15m", "24h"; default never.
@@ -142,6 +147,7 @@ type Snapshot struct {
 	Bytes     int64     `json:"state_bytes"`
 	PausedMs  int64     `json:"paused_ms"`
 	CreatedAt time.Time `json:"created_at"`
+	Image     string    `json:"image"`
 }
 
 // ListSnapshotsResponse is returned by GET /v1/snapshots.

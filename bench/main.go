@@ -7,6 +7,7 @@
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
 //	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
 //	go run ./bench -e2b [-creates 10] [-execs 50]  # the published e2b npm SDK vs the Go client (e2b.go)
+//	go run ./bench -tssdk [-execs 50]  # exec round trip through sdk/typescript vs the Go client (tssdk.go)
 //	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
@@ -43,6 +44,8 @@ type options struct {
 	net          bool
 	stress       bool
 	e2b          bool
+	tssdk        bool
+	code         bool
 }
 
 func main() {
@@ -61,11 +64,13 @@ func main() {
 	flag.BoolVar(&o.net, "net", false, "run only the networking benchmark (preview proxy vs plain TCP exposure, VM -> host loopback throughput); implies -keep-template unless it is given")
 	flag.BoolVar(&o.stress, "stress", false, "run only the stress benchmark (parallel creates and execs, create latency and host memory as running VMs pile up to -stress-vms, suspend/list/wake of all); implies -keep-template unless it is given")
 	flag.BoolVar(&o.e2b, "e2b", false, "run only the E2B benchmark (the published e2b npm SDK vs agentvm's Go client: create-to-first-command and a command round trip); implies -keep-template unless it is given")
+	flag.BoolVar(&o.tssdk, "tssdk", false, "run only the TypeScript SDK benchmark (exec round trip of true through sdk/typescript vs the Go client, same VM); implies -keep-template unless it is given")
+	flag.BoolVar(&o.code, "code", false, "run only the code-interpreter benchmark (run_code print(1) vs exec true on one VM, create to first result from the template and the warm pool); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
-	if o.lifecycle || o.access || o.net || o.stress || o.e2b {
+	if o.lifecycle || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -157,6 +162,12 @@ func run(ctx context.Context, o options) (code int) {
 	if o.e2b {
 		phases = b.runE2B
 	}
+	if o.tssdk {
+		phases = b.runTSSDK
+	}
+	if o.code {
+		phases = b.runCode
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -200,6 +211,24 @@ func run(ctx context.Context, o options) (code int) {
 			E2B        *E2BReport `json:"e2b"`
 			Errors     []string   `json:"errors,omitempty"`
 		}{r.StartedAt, r.FinishedAt, r.Host, r.E2B, r.Errors}
+	} else if o.code {
+		r.PrintCode(os.Stdout)
+		out = struct {
+			StartedAt  time.Time   `json:"started_at"`
+			FinishedAt time.Time   `json:"finished_at"`
+			Host       Host        `json:"host"`
+			Code       *CodeReport `json:"code"`
+			Errors     []string    `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.Code, r.Errors}
+	} else if o.tssdk {
+		r.PrintTSSDK(os.Stdout)
+		out = struct {
+			StartedAt  time.Time    `json:"started_at"`
+			FinishedAt time.Time    `json:"finished_at"`
+			Host       Host         `json:"host"`
+			TSSDK      *TSSDKReport `json:"tssdk"`
+			Errors     []string     `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.TSSDK, r.Errors}
 	} else if o.stress {
 		r.PrintStress(os.Stdout)
 		out = struct {

@@ -127,6 +127,8 @@ type Report struct {
 	// Lifecycle is set only by -lifecycle (then the other results are empty).
 	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
 	E2B       *E2BReport       `json:"e2b,omitempty"`
+	TSSDK     *TSSDKReport     `json:"tssdk,omitempty"`
+	Code      *CodeReport      `json:"code,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
 	Net       *NetReport       `json:"net,omitempty"`

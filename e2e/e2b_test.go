@@ -18,6 +18,9 @@ import (
 const (
 	e2bNPM  = "e2b@2.51.0"
 	e2bPyPI = "e2b==2.63.0"
+	// E2B's code-interpreter SDKs (on top of the above).
+	codeInterpNPM  = "@e2b/code-interpreter@2.8.0"
+	codeInterpPyPI = "e2b-code-interpreter==2.11.5"
 )
 
 // e2bEnv is a server with an E2B admin key and the SDK environment.
@@ -102,13 +105,19 @@ func copyFile(t *testing.T, from, to string) {
 // npmE2B installs the e2b npm package into a temp dir, with the given test
 // scripts from e2e/e2b next to it.
 func npmE2B(t *testing.T, scripts ...string) string {
+	return npmPackages(t, []string{e2bNPM}, scripts...)
+}
+
+// npmPackages installs npm packages into a temp dir, with the given test
+// scripts from e2e/e2b next to them.
+func npmPackages(t *testing.T, pkgs []string, scripts ...string) string {
 	t.Helper()
 	if _, err := exec.LookPath("npm"); err != nil {
 		t.Fatal("npm is needed to install the e2b SDK (scripts/setup.sh installs Node.js)")
 	}
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"e2b-compat-test","private":true,"type":"module"}`), 0o644)
-	install(t, dir, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error", e2bNPM)
+	install(t, dir, "npm", append([]string{"install", "--no-audit", "--no-fund", "--loglevel=error"}, pkgs...)...)
 	for _, f := range scripts {
 		copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", f), filepath.Join(dir, f))
 	}
@@ -146,4 +155,23 @@ func TestE2BSDKPython(t *testing.T) {
 	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI)
 	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "sdk_test.py"), filepath.Join(dir, "sdk_test.py"))
 	e.run(t, dir, 30*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "sdk_test")
+}
+
+// TestE2BCodeInterpreterNode drives the code-interpreter image with the
+// published @e2b/code-interpreter npm package.
+func TestE2BCodeInterpreterNode(t *testing.T) {
+	e := startE2B(t)
+	dir := npmPackages(t, []string{e2bNPM, codeInterpNPM}, "codeinterp.test.mjs")
+	e.run(t, dir, 40*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "codeinterp.test.mjs")
+}
+
+// TestE2BCodeInterpreterPython drives it with the published
+// e2b-code-interpreter PyPI package, sync and async.
+func TestE2BCodeInterpreterPython(t *testing.T) {
+	e := startE2B(t)
+	dir := t.TempDir()
+	install(t, dir, "python3", "-m", "venv", filepath.Join(dir, "venv"))
+	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI, codeInterpPyPI)
+	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "codeinterp_test.py"), filepath.Join(dir, "codeinterp_test.py"))
+	e.run(t, dir, 40*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "codeinterp_test")
 }

@@ -20,6 +20,8 @@ command -v rsync >/dev/null || pkgs+=(rsync)
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+# The web console's tests drive Debian's headless Chromium (e2e/console_test.go).
+command -v chromium >/dev/null || pkgs+=(chromium)
 if [ ${#pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "agentvm setup: missing packages: ${pkgs[*]}; run as root or: sudo apt-get install ${pkgs[*]}" >&2
@@ -44,6 +46,11 @@ if [ "$(printf '%s\n%s\n' 7.2 "$qv" | sort -V | head -1)" != 7.2 ]; then
 	echo "agentvm setup: QEMU $qv is too old: agentvm needs QEMU 7.2 or newer" >&2
 	exit 1
 fi
+
+# The web console (web/) is built into internal/console/dist, which the
+# agentvm binary embeds; without it the console page says how to build it.
+echo "==> building the web console (npm ci && npm run build in web/)"
+(cd web && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
 
 echo "==> building bin/agentvm and bin/agentvm-guest (Go $have_go, QEMU $qv)"
 mkdir -p bin

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
@@ -21,6 +22,7 @@ func envOr(k, def string) string {
 func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var noWarm bool
+	var warmImages []string
 	var tlsMode string
 	c := &cobra.Command{
 		Use:   "serve",
@@ -55,8 +57,8 @@ func serveCmd() *cobra.Command {
 			}
 			if !noWarm {
 				go func() {
-					if err := s.Warm(cmd.Context(), 1, 1024); err != nil {
-						cfg.Log.Error("warming the default template failed", "err", err)
+					if err := s.Warm(cmd.Context(), warmImages, 1, 1024); err != nil {
+						cfg.Log.Error("warming the templates failed", "err", err)
 					}
 				}()
 			}
@@ -81,16 +83,17 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&tlsMode, "tls", os.Getenv("AGENTVM_TLS"), "auto: serve previews (and E2B's envd) over HTTPS with a wildcard certificate for *.<domain> from a local CA in the data dir (agentvm ca prints it)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", os.Getenv("AGENTVM_TLS_CERT"), "PEM certificate (e.g. a wildcard for *.<domain>) for HTTPS previews")
 	f.StringVar(&cfg.TLSKey, "tls-key", os.Getenv("AGENTVM_TLS_KEY"), "PEM key of --tls-cert")
+	f.StringSliceVar(&warmImages, "warm-images", splitList(envOr("AGENTVM_WARM_IMAGES", image.Default)), "images whose template (and warm pool) are made at start-up: "+strings.Join(image.Names(), ", "))
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
 	return c
 }
 
 func imageCmd() *cobra.Command {
-	c := &cobra.Command{Use: "image", Short: "Manage the default guest image"}
+	c := &cobra.Command{Use: "image", Short: "Manage the guest images (" + strings.Join(image.Names(), ", ") + ")"}
 	var o image.Options
 	build := &cobra.Command{
 		Use:   "build",
-		Short: "Build (or rebuild) the default Debian image",
+		Short: "Build (or rebuild) a Debian guest image (--name, default: the default image)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.AgentPath == "" {
@@ -102,13 +105,25 @@ func imageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("image %s\n  kernel %s\n  initrd %s\n  disk   %s\n", img.Hash, img.Kernel, img.Initrd, img.Disk)
+			fmt.Printf("image %s %s\n  kernel %s\n  initrd %s\n  disk   %s\n", img.Name, img.Hash, img.Kernel, img.Initrd, img.Disk)
 			return nil
 		},
 	}
 	build.Flags().StringVar(&o.CacheDir, "cache-dir", image.DefaultCacheDir(), "image cache")
 	build.Flags().StringVar(&o.AgentPath, "guest-agent", os.Getenv("AGENTVM_GUEST_AGENT"), "agentvm-guest binary (default: next to agentvm)")
 	build.Flags().BoolVar(&o.Force, "force", true, "rebuild even if cached")
+	build.Flags().StringVar(&o.Name, "name", image.Default, "image: "+strings.Join(image.Names(), ", "))
 	c.AddCommand(build)
 	return c
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -17,12 +17,13 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
 
 // The E2B control plane: sandboxes are VMs named with E2B-style ids,
-// templates are the base image ("base") or agentvm snapshots, pause is
+// templates are images ("base", "code-interpreter-v1") or agentvm snapshots, pause is
 // suspend to disk, fork is agentvm's live fork. Errors are always
 // {"code": <status>, "message": "..."}: the JS SDK reads the body's code,
 // the Python SDK the status.
@@ -238,11 +239,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ *auth.Principa
 		o.Egress = &api.Egress{Mode: "deny"}
 	}
 	var v *store.VM
-	if tmpl == baseTemplate {
+	if img, ierr := image.Resolve(tmpl); ierr == nil {
+		// base, default, code-interpreter and code-interpreter-v1 are images.
+		o.Image = img
 		v, _, err = s.cfg.VMs.Create(r.Context(), o)
 	} else {
 		if _, gerr := s.cfg.VMs.GetSnapshot(r.Context(), tmpl); gerr != nil {
-			apiError(w, http.StatusNotFound, "template %q not found: use %q or the name of an agentvm snapshot", tmpl, baseTemplate)
+			apiError(w, http.StatusNotFound, "template %q not found: use %q, %q or the name of an agentvm snapshot", tmpl, baseTemplate, "code-interpreter-v1")
 			return
 		}
 		v, _, err = s.cfg.VMs.CreateFrom(r.Context(), tmpl, o)

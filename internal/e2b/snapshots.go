@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"github.com/agentvm/agentvm/internal/image"
 	"net/http"
 	"sort"
 	"strconv"
@@ -92,8 +93,8 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, _ *auth.P
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
 	id := r.PathValue("id")
-	if id == baseTemplate {
-		apiError(w, http.StatusBadRequest, "the base template cannot be deleted")
+	if _, err := image.Resolve(id); err == nil {
+		apiError(w, http.StatusBadRequest, "template %q is a built-in image and cannot be deleted", id)
 		return
 	}
 	if err := s.cfg.VMs.DeleteSnapshot(r.Context(), id); err != nil {

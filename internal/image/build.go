@@ -22,7 +22,9 @@ type builder struct {
 	cacheDir   string
 	imagesDir  string
 	rootfsBase string
-	recipe     string
+	recipe     string  // rootfs stage key: RecipeHash, or the flavor's
+	baseRecipe string  // the default image's rootfs key (a flavor builds on it)
+	flavor     *flavor // nil for the default image
 	hash       string
 	agentPath  string
 	agentSum   string
@@ -64,6 +66,13 @@ func lookPath(name string) (string, error) {
 	return "", fmt.Errorf("%s not found", name)
 }
 
+func (b *builder) name() string {
+	if b.flavor != nil {
+		return b.flavor.name
+	}
+	return Default
+}
+
 func (b *builder) rootfsDir() string { return filepath.Join(b.rootfsBase, b.recipe) }
 
 func (b *builder) build(ctx context.Context) error {
@@ -71,7 +80,7 @@ func (b *builder) build(ctx context.Context) error {
 	rootfs := b.rootfsDir()
 	_, err := os.Stat(filepath.Join(rootfs, "root", "etc", "os-release"))
 	if err != nil || b.force {
-		if err := b.buildRootfs(ctx); err != nil {
+		if err := b.buildRootfsStage(ctx); err != nil {
 			return err
 		}
 		b.progress(fmt.Sprintf("rootfs stage done in %s", time.Since(start).Round(time.Second)))
@@ -84,6 +93,22 @@ func (b *builder) build(ctx context.Context) error {
 	}
 	b.progress(fmt.Sprintf("image stage done in %s", time.Since(t).Round(time.Second)))
 	return nil
+}
+
+// buildRootfsStage builds the rootfs stage: the default one, or a flavor's on
+// top of the default one (built first if missing).
+func (b *builder) buildRootfsStage(ctx context.Context) error {
+	if b.flavor == nil {
+		return b.buildRootfs(ctx)
+	}
+	base := *b
+	base.flavor, base.recipe = nil, b.baseRecipe
+	if _, err := os.Stat(filepath.Join(base.rootfsDir(), "root", "etc", "os-release")); err != nil || b.force {
+		if err := base.buildRootfs(ctx); err != nil {
+			return err
+		}
+	}
+	return b.buildFlavorRootfs(ctx, b.flavor, base.rootfsDir())
 }
 
 // buildRootfs runs debootstrap and the chroot configuration and publishes
@@ -209,6 +234,12 @@ func (b *builder) buildImage(ctx context.Context) (err error) {
 		return fmt.Errorf("image: %w", err)
 	}
 
+	if b.flavor != nil {
+		if err := b.installFlavor(ctx, root); err != nil {
+			return err
+		}
+	}
+
 	raw := filepath.Join(tmp, "rootfs.raw")
 	b.progress(fmt.Sprintf("image: creating %d GiB ext4 filesystem", diskSize>>30))
 	f, err := os.Create(raw)
@@ -248,6 +279,7 @@ func (b *builder) buildImage(ctx context.Context) (err error) {
 	}
 	manifest, _ := json.MarshalIndent(map[string]any{
 		"hash":         b.hash,
+		"image":        b.name(),
 		"recipe_hash":  b.recipe,
 		"agent_sha256": b.agentSum,
 		"suite":        suite,

@@ -34,18 +34,23 @@ type Progress func(step string)
 type Options struct {
 	CacheDir  string // default DefaultCacheDir()
 	AgentPath string // static guest agent binary (agentvm-guest) to install
+	Name      string // image name or alias (Names, Resolve); "" is the default
 	Force     bool   // rebuild both stages even if cached
 	Progress  Progress
 }
 
 // Image is a built, cached guest image. Its files are read-only.
 type Image struct {
+	Name      string // canonical image name (Default, CodeInterpreter)
 	Hash      string // cache key: recipe hash + sha256 of the agent binary
 	Dir       string // CacheDir/images/<Hash>
 	Kernel    string // Dir/vmlinuz
 	Initrd    string // Dir/initrd.img
 	Disk      string // Dir/rootfs.qcow2 (ext4 on the whole device, root=/dev/vda)
 	SizeBytes int64  // virtual size of Disk
+	// Ready is a command the guest runs until it succeeds before a template of
+	// this image is saved (nil: the agent answering is enough).
+	Ready []string
 }
 
 const (
@@ -86,9 +91,21 @@ func Ensure(ctx context.Context, o Options) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image: agent binary: %w", err)
 	}
+	name, err := Resolve(o.Name)
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
 	recipe := RecipeHash()
-	hash := imageHash(recipe, agentSum)
+	fl := findFlavor(name)
+	if fl != nil {
+		recipe = fl.recipeHash()
+	}
+	hash := imageHash(recipe, agentSum, fl)
 	img := newImage(o.CacheDir, hash)
+	img.Name = name
+	if fl != nil {
+		img.Ready = fl.ready
+	}
 
 	if !o.Force {
 		if ok, err := img.complete(); ok {
@@ -121,6 +138,8 @@ func Ensure(ctx context.Context, o Options) (*Image, error) {
 	b := &builder{
 		cacheDir:   o.CacheDir,
 		recipe:     recipe,
+		baseRecipe: RecipeHash(),
+		flavor:     fl,
 		hash:       hash,
 		agentPath:  o.AgentPath,
 		agentSum:   agentSum,

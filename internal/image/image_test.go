@@ -48,14 +48,14 @@ func TestRecipeHashCoversRecipe(t *testing.T) {
 
 func TestImageHash(t *testing.T) {
 	r := RecipeHash()
-	a, b := imageHash(r, strings.Repeat("a", 64)), imageHash(r, strings.Repeat("b", 64))
+	a, b := imageHash(r, strings.Repeat("a", 64), nil), imageHash(r, strings.Repeat("b", 64), nil)
 	if a == b {
 		t.Fatal("different agents gave the same image hash")
 	}
-	if a == r || imageHash(r, strings.Repeat("a", 64)) != a {
+	if a == r || imageHash(r, strings.Repeat("a", 64), nil) != a {
 		t.Fatal("image hash not deterministic or equal to recipe hash")
 	}
-	if imageHash("other", strings.Repeat("a", 64)) == a {
+	if imageHash("other", strings.Repeat("a", 64), nil) == a {
 		t.Fatal("different recipes gave the same image hash")
 	}
 }
@@ -106,7 +106,7 @@ func TestEnsureCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hash := imageHash(RecipeHash(), sum)
+	hash := imageHash(RecipeHash(), sum, nil)
 	writeFakeImage(t, cache, hash)
 
 	img, err := Ensure(context.Background(), Options{CacheDir: cache, AgentPath: agent})
@@ -126,7 +126,7 @@ func TestEnsureCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum2, _ := fileSHA256(agent)
-	if imageHash(RecipeHash(), sum2) == hash {
+	if imageHash(RecipeHash(), sum2, nil) == hash {
 		t.Fatal("changing the agent did not change the image hash")
 	}
 }
@@ -234,5 +234,34 @@ func TestBuild(t *testing.T) {
 	img2, err := Ensure(ctx, Options{AgentPath: agent})
 	if err != nil || img2.Hash != img.Hash || time.Since(start) > time.Minute {
 		t.Fatalf("second Ensure: %v %+v (%s)", err, img2, time.Since(start))
+	}
+}
+
+func TestFlavors(t *testing.T) {
+	for in, want := range map[string]string{"": Default, "base": Default, "default": Default,
+		"code-interpreter": CodeInterpreter, "code-interpreter-v1": CodeInterpreter} {
+		if got, err := Resolve(in); err != nil || got != want {
+			t.Errorf("Resolve(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := Resolve("nope"); err == nil || !strings.Contains(err.Error(), "code-interpreter") {
+		t.Fatalf("Resolve(nope): %v", err)
+	}
+	f := findFlavor(CodeInterpreter)
+	if f == nil || f.recipeHash() == RecipeHash() {
+		t.Fatal("the code-interpreter rootfs has the default's key")
+	}
+	// Its files belong to the image stage: changing one keeps the rootfs
+	// (packages) but changes the image.
+	sum := strings.Repeat("a", 64)
+	before, rootfs := imageHash(f.recipeHash(), sum, f), f.recipeHash()
+	saved := f.files
+	f.files = append([]recipeFile(nil), saved...)
+	f.files[0].Content += "# changed\n"
+	after := imageHash(f.recipeHash(), sum, f)
+	rootfsAfter := f.recipeHash()
+	f.files = saved
+	if after == before || rootfsAfter != rootfs {
+		t.Fatalf("a flavor file change: image %s -> %s, rootfs %s -> %s", before, after, rootfs, rootfsAfter)
 	}
 }

@@ -189,10 +189,14 @@ func writeImageStage(w io.Writer) {
 	field("disk", fmt.Sprintf("%d %s", diskSize, fsLabel))
 }
 
-// imageHash combines the recipe hash with the sha256 (hex) of the agent.
-func imageHash(recipeHash, agentSHA256 string) string {
+// imageHash combines the recipe hash with the sha256 (hex) of the agent and
+// what the image stage adds (for a flavor, its files and script).
+func imageHash(recipeHash, agentSHA256 string, fl *flavor) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "recipe %s\nagent %s\n", recipeHash, agentSHA256)
 	writeImageStage(h)
+	if fl != nil {
+		fl.writeStage(h)
+	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }

@@ -274,7 +274,7 @@ func stripToken(r *http.Request) {
 	if cs := r.Cookies(); len(cs) > 0 {
 		r.Header.Del("Cookie")
 		for _, c := range cs {
-			if c.Name != cookieName {
+			if c.Name != cookieName && c.Name != auth.SessionCookie {
 				r.AddCookie(c)
 			}
 		}

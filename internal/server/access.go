@@ -37,7 +37,12 @@ func bearer(r *http.Request) string {
 
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.tokens.Authenticate(r.Context(), bearer(r))
+		secret, err := s.credential(w, r) // a bearer token, or a signed-in browser's cookie
+		if err != nil {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
+			return
+		}
+		p, err := s.tokens.Authenticate(r.Context(), secret)
 		if err != nil {
 			if errors.Is(err, auth.ErrUnauthenticated) {
 				writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "missing, invalid or expired API token: send Authorization: Bearer <token> (the admin token is in <data dir>/admin.token)")

@@ -16,7 +16,7 @@ import (
 // The files API is served by the guest agent; the server checks the caller,
 // applies its user restriction and relays the request and the answer as
 // streams. Paths name files inside the VM only: the host never opens them.
-func (s *Server) fileRoutes(mux *http.ServeMux) {
+func (s *Server) fileRoutes(mux patternMux) {
 	relay := func(guestPath string) http.HandlerFunc {
 		return s.scoped(api.PermFiles, func(w http.ResponseWriter, r *http.Request) { s.relayFiles(w, r, guestPath) })
 	}

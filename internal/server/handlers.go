@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/store"
@@ -27,7 +28,32 @@ func shortHash(s string) string {
 }
 
 func (s *Server) routes() http.Handler {
-	mux := http.NewServeMux()
+	h, _ := s.router()
+	return h
+}
+
+// patternMux is a ServeMux that lists the patterns registered through it:
+// openapi_test.go checks them against api/openapi.yaml.
+type patternMux struct {
+	*http.ServeMux
+	patterns *[]string
+}
+
+func (m patternMux) Handle(pattern string, h http.Handler) {
+	*m.patterns = append(*m.patterns, pattern)
+	m.ServeMux.Handle(pattern, h)
+}
+
+func (m patternMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	*m.patterns = append(*m.patterns, pattern)
+	m.ServeMux.HandleFunc(pattern, h)
+}
+
+// router is the API's handler and the patterns it serves (E2B's API, on the
+// same listener, is another product's and is not listed).
+func (s *Server) router() (http.Handler, []string) {
+	var patterns []string
+	mux := patternMux{http.NewServeMux(), &patterns}
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		h := api.Health{Status: "ok", Version: Version, Accel: s.accel, WarmPool: s.svc.PoolReady(), SSH: s.SSHAddr()}
 		if s.proxy != nil {
@@ -36,7 +62,7 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, 200, h)
 	})
 	if s.e2b != nil {
-		s.e2b.Routes(mux) // E2B's API, authenticated by X-API-KEY
+		s.e2b.Routes(mux.ServeMux) // E2B's API, authenticated by X-API-KEY
 	}
 	// The local CA's certificate (public) that clients trust for --tls auto.
 	mux.HandleFunc("GET /v1/tls/ca", func(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +74,7 @@ func (s *Server) routes() http.Handler {
 		w.Header().Set("Content-Type", "application/x-pem-file")
 		w.Write(b)
 	})
-	authed := http.NewServeMux()
+	authed := patternMux{http.NewServeMux(), &patterns}
 	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
 	authed.HandleFunc("GET /v1/vms", admin(s.listVMs))
 	authed.HandleFunc("GET /v1/vms/{id}", s.scoped("", s.getVM))
@@ -84,12 +110,14 @@ func (s *Server) routes() http.Handler {
 	s.serviceRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
+	s.codeRoutes(authed)
+	s.consoleRoutes(mux, authed)
 	authed.Handle("/mcp", s.mcpHandler())
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 	mux.Handle("/", s.auth(authed))
-	return mux
+	return mux, patterns
 }
 
 func (s *Server) toAPI(v *store.VM) api.VM {
@@ -102,6 +130,7 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	out.Ports = s.vmPorts(context.Background(), v)
 	out.Network, out.Egress = v.Network, v.Egress
 	out.IdleTimeoutSec, out.DeleteAfterSec, out.Restart = v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart
+	out.Image = imageName(v.Image)
 	return out
 }
 
@@ -129,8 +158,13 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
 		Labels: req.Labels, Env: req.Env, IdempotencyKey: key, Network: req.Network, Egress: req.Egress,
 		IdleTimeout: time.Duration(req.IdleTimeout), DeleteAfter: time.Duration(req.DeleteAfter), Restart: req.Restart,
+		Image: req.Image,
 	}
 	create := s.svc.Create
+	if req.From != "" && req.Image != "" {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "image and from are exclusive: a VM made from a snapshot has the snapshot's image")
+		return
+	}
 	if req.From != "" {
 		create = func(ctx context.Context, o vm.CreateOptions) (*store.VM, bool, error) {
 			return s.svc.CreateFrom(ctx, req.From, o)
@@ -252,4 +286,12 @@ func (s *Server) logsVM(w http.ResponseWriter, r *http.Request) {
 	defer rc.Close()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	io.Copy(w, rc)
+}
+
+// imageName is the API's name of a VM's image ("" in the store is the default).
+func imageName(stored string) string {
+	if stored == "" {
+		return image.Default
+	}
+	return stored
 }

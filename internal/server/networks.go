@@ -7,7 +7,7 @@ import (
 	"github.com/agentvm/agentvm/internal/store"
 )
 
-func (s *Server) networkRoutes(mux *http.ServeMux) {
+func (s *Server) networkRoutes(mux patternMux) {
 	mux.HandleFunc("POST /v1/networks", admin(s.createNetwork))
 	mux.HandleFunc("GET /v1/networks", admin(s.listNetworks))
 	mux.HandleFunc("GET /v1/networks/{name}", admin(s.getNetwork))

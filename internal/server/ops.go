@@ -37,7 +37,7 @@ func (s *Server) snapshotVM(w http.ResponseWriter, r *http.Request) {
 
 func snapToAPI(sn *store.Snapshot) api.Snapshot {
 	return api.Snapshot{ID: sn.ID, Name: sn.Name, VMID: sn.VMID, VMName: sn.VMName, CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB,
-		DiskBytes: sn.DiskBytes, Bytes: sn.Bytes, PausedMs: sn.PausedMs, CreatedAt: sn.CreatedAt}
+		DiskBytes: sn.DiskBytes, Bytes: sn.Bytes, PausedMs: sn.PausedMs, CreatedAt: sn.CreatedAt, Image: imageName(sn.Image)}
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {

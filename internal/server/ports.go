@@ -15,7 +15,7 @@ import (
 	"github.com/agentvm/agentvm/internal/store"
 )
 
-func (s *Server) portRoutes(mux *http.ServeMux) {
+func (s *Server) portRoutes(mux patternMux) {
 	mux.HandleFunc("POST /v1/vms/{id}/ports", admin(s.exposePort))
 	mux.HandleFunc("GET /v1/vms/{id}/ports", s.scoped("", s.listPorts))
 	mux.HandleFunc("DELETE /v1/vms/{id}/ports/{port}", admin(s.unexposePort))

@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/console"
 	"github.com/agentvm/agentvm/internal/e2b"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
@@ -32,6 +33,7 @@ import (
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
+	"github.com/agentvm/agentvm/internal/vmstats"
 )
 
 // Version of agentvm.
@@ -91,6 +93,8 @@ type Server struct {
 	proxy   *proxy.Proxy
 	e2b     *e2b.Server
 	metrics metrics
+	console *console.Console // the web console (console.go)
+	usage   *vmstats.Sampler // each running VM's recent CPU and memory
 	lock    *os.File
 	http    *http.Server
 	ln      net.Listener
@@ -165,6 +169,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.tokens = auth.New(s.store, s.token)
+	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -255,12 +260,17 @@ func (s *Server) ProxyAddr() string {
 // Addr is the bound listen address.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// Warm builds the default image and the default template so the first create is fast.
-func (s *Server) Warm(ctx context.Context, cpus int, memMiB int64) error {
-	if _, err := s.svc.EnsureTemplate(ctx, cpus, memMiB); err != nil {
-		return err
+// Warm builds the images and templates of this shape so the first creates are
+// fast, and fills their warm pools.
+func (s *Server) Warm(ctx context.Context, images []string, cpus int, memMiB int64) error {
+	for _, name := range images {
+		if _, err := s.svc.EnsureTemplate(ctx, name, cpus, memMiB); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if err := s.svc.WarmPool(name, cpus, memMiB); err != nil {
+			return err
+		}
 	}
-	s.svc.WarmPool(cpus, memMiB)
 	return nil
 }
 
@@ -285,6 +295,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)
 	go s.svc.RunLogCap(ctx, time.Second)
+	go s.runUsage(ctx)
 	if s.e2b != nil {
 		go s.e2b.Run(ctx, time.Second)
 	}

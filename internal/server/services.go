@@ -17,7 +17,7 @@ import (
 // checks the caller (they run commands: the exec permission), applies its
 // user restriction (owners.go: a user-restricted token sees and acts on its
 // user's only), records events and relays.
-func (s *Server) serviceRoutes(mux *http.ServeMux) {
+func (s *Server) serviceRoutes(mux patternMux) {
 	x := func(h http.HandlerFunc) http.HandlerFunc { return s.scoped(api.PermExec, h) }
 	svc := func(h http.HandlerFunc) http.HandlerFunc { return x(s.owned(ownedService, h)) }
 	job := func(h http.HandlerFunc) http.HandlerFunc { return x(s.owned(ownedJob, h)) }

@@ -15,7 +15,7 @@ import (
 	"github.com/coder/websocket"
 )
 
-func (s *Server) termRoutes(mux *http.ServeMux) {
+func (s *Server) termRoutes(mux patternMux) {
 	t := func(h http.HandlerFunc) http.HandlerFunc { return s.scoped(api.PermTerm, h) }
 	mux.HandleFunc("GET /v1/vms/{id}/terminals", t(s.listTerms))
 	mux.HandleFunc("POST /v1/vms/{id}/terminals", t(s.createTerm))

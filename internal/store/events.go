@@ -37,9 +37,14 @@ func (s *Store) AddEvent(ctx context.Context, e *Event) error {
 	return nil
 }
 
-// ListEvents returns a VM's events with seq > after, oldest first (at most limit).
+// ListEvents returns a VM's events with seq > after, oldest first (at most
+// limit); vmID "" lists the events of every VM.
 func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit int) ([]*Event, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT seq, data FROM events WHERE vm_id=? AND seq>? ORDER BY seq LIMIT ?`, vmID, after, limit)
+	q, args := `SELECT seq, data FROM events WHERE vm_id=? AND seq>? ORDER BY seq LIMIT ?`, []any{vmID, after, limit}
+	if vmID == "" {
+		q, args = `SELECT seq, data FROM events WHERE seq>? ORDER BY seq LIMIT ?`, []any{after, limit}
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -65,4 +70,11 @@ func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit 
 func (s *Store) DeleteEvents(ctx context.Context, vmID string) error {
 	_, err := s.db.ExecContext(ctx, `DELETE FROM events WHERE vm_id=?`, vmID)
 	return err
+}
+
+// LastEventSeq is the newest event's seq (0 when there is none).
+func (s *Store) LastEventSeq(ctx context.Context) (int64, error) {
+	var seq int64
+	err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&seq)
+	return seq, err
 }

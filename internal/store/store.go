@@ -42,6 +42,8 @@ type VM struct {
 	CreatedAt      time.Time         `json:"created_at"`
 	StartedAt      *time.Time        `json:"started_at,omitempty"`
 	CreateMs       int64             `json:"create_ms,omitempty"`
+	// Image is the image the VM was made from ("" is the default image).
+	Image string `json:"image,omitempty"`
 	// ColdBoot is set once the VM has been booted from its disk (after a stop):
 	// its RAM is no longer the template's.
 	ColdBoot bool `json:"cold_boot,omitempty"`
@@ -86,7 +88,8 @@ type Snapshot struct {
 	State     string            `json:"state"`  // migration stream file
 	Bytes     int64             `json:"bytes"`
 	PausedMs  int64             `json:"paused_ms"`
-	Key       string            `json:"key"` // machine shape key: restores need the same
+	Key       string            `json:"key"`             // machine shape key: restores need the same
+	Image     string            `json:"image,omitempty"` // the VM's image ("" is the default)
 	CreatedAt time.Time         `json:"created_at"`
 	// Network and Egress are the private network and the VM's own egress
 	// policy when it was taken; NetworkEgress is that network's policy

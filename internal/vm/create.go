@@ -13,6 +13,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -31,6 +32,7 @@ type CreateOptions struct {
 	IdleTimeout    time.Duration
 	DeleteAfter    time.Duration
 	Restart        string
+	Image          string // image name or alias ("" is the default)
 
 	pool bool // a warm-pool VM: hidden from the API until claimed
 }
@@ -69,6 +71,13 @@ func ValidEnv(k, v string) bool { return envRe.MatchString(k) && !strings.Contai
 func (o *CreateOptions) Validate() error {
 	if err := checkEgress(o.Egress); err != nil {
 		return err
+	}
+	img, err := image.Resolve(o.Image)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if o.Image = img; img == image.Default {
+		o.Image = ""
 	}
 	if !ValidRestart(o.Restart) {
 		return fmt.Errorf("%w: restart policy must be never, on-failure or always, got %q", ErrInvalid, o.Restart)
@@ -123,7 +132,7 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 			return v, false, nil
 		}
 	}
-	img, err := s.Image(ctx)
+	img, err := s.ImageNamed(ctx, o.Image)
 	if err != nil {
 		return nil, false, err
 	}
@@ -135,7 +144,7 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	}
 	// Top the warm pool of this shape up once this create is done, so the refill
 	// does not compete with it.
-	defer s.refillPool(poolKey{o.CPUs, o.MemoryMiB})
+	defer s.refillPool(poolKey{o.Image, o.CPUs, o.MemoryMiB})
 	if o.Name != "" {
 		if _, err := s.store.GetVM(ctx, o.Name); err == nil {
 			return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
@@ -174,7 +183,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 	v = &store.VM{ID: id, Name: o.Name, State: state, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
 		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC(),
 		Network: o.Network, Egress: o.Egress, IdleTimeoutSec: int64(o.IdleTimeout.Seconds()), DeleteAfterSec: int64(o.DeleteAfter.Seconds()),
-		Restart: o.Restart}
+		Restart: o.Restart, Image: o.Image}
 	// The row goes in first so the name and idempotency key are claimed; a retry
 	// racing with us sees a conflict instead of making a second VM.
 	for attempt := 0; ; attempt++ {
@@ -224,11 +233,11 @@ func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time
 
 // restore starts v from its shape's template and pushes its identity.
 func (s *Service) restore(ctx context.Context, v *store.VM) error {
-	t, err := s.EnsureTemplate(ctx, v.CPUs, v.MemoryMiB)
+	t, err := s.EnsureTemplate(ctx, v.Image, v.CPUs, v.MemoryMiB)
 	if err != nil {
 		return err
 	}
-	img, err := s.Image(ctx)
+	img, err := s.Image(ctx) // the kernel
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,7 @@ func (s *Service) addEvent(e *store.Event) {
 	s.logEvent(e.VMID, "%s: %s (by %s)", e.Type, e.Message, e.Actor)
 	s.events.mu.Lock()
 	for ch, id := range s.events.subs {
-		if id == e.VMID {
+		if id == e.VMID || id == "" {
 			select {
 			case ch <- e:
 			default: // a follower that does not keep up re-reads from the store
@@ -53,13 +53,14 @@ func (s *Service) addEvent(e *store.Event) {
 	s.events.mu.Unlock()
 }
 
-// Events returns a VM's events after seq (oldest first, at most limit).
+// Events returns a VM's events after seq (oldest first, at most limit);
+// vmID "" returns every VM's.
 func (s *Service) Events(ctx context.Context, vmID string, after int64, limit int) ([]*store.Event, error) {
 	return s.store.ListEvents(ctx, vmID, after, limit)
 }
 
 // FollowEvents streams a VM's events after seq to fn until ctx ends or fn
-// returns an error.
+// returns an error; vmID "" follows every VM's.
 func (s *Service) FollowEvents(ctx context.Context, vmID string, after int64, fn func(*store.Event) error) error {
 	ch := make(chan *store.Event, 256)
 	s.events.mu.Lock()

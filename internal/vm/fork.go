@@ -128,7 +128,7 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 			}
 			o := CreateOptions{Name: name, CPUs: parent.CPUs,
 				MemoryMiB: parent.MemoryMiB, DiskBytes: parent.DiskBytes, Labels: parent.Labels, Env: parent.Env,
-				Network: parent.Network, Egress: parent.Egress, Restart: parent.Restart,
+				Network: parent.Network, Egress: parent.Egress, Restart: parent.Restart, Image: parent.Image,
 				IdleTimeout: time.Duration(parent.IdleTimeoutSec) * time.Second}
 			v, _, err := s.insertRow(ctx, o)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -20,8 +21,17 @@ import (
 // "pool", hidden from the API; they are destroyed when the server stops or restarts.
 
 type poolKey struct {
-	cpus int
-	mem  int64
+	image string // "" is the default image
+	cpus  int
+	mem   int64
+}
+
+func (k poolKey) String() string {
+	s := fmt.Sprintf("%dx%d", k.cpus, k.mem)
+	if k.image != "" {
+		s = k.image + "/" + s
+	}
+	return s
 }
 
 // claimPooled turns a ready pool VM into the requested VM. It returns a nil VM and
@@ -31,7 +41,7 @@ func (s *Service) claimPooled(ctx context.Context, o CreateOptions, imgSize int6
 	if s.cfg.PoolSize <= 0 {
 		return nil, false, nil
 	}
-	key := poolKey{o.CPUs, o.MemoryMiB}
+	key := poolKey{o.Image, o.CPUs, o.MemoryMiB}
 	for {
 		id := s.popPool(key)
 		if id == "" {
@@ -76,7 +86,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		// the name or key was taken meanwhile: the pool VM is still good
 		v.Name, v.IdempotencyKey, v.State = "pool-"+v.ID, "", statePool
-		s.pushPool(poolKey{v.CPUs, v.MemoryMiB}, v.ID)
+		s.pushPool(poolKey{v.Image, v.CPUs, v.MemoryMiB}, v.ID)
 		if errors.Is(err, store.ErrConflict) {
 			if o.IdempotencyKey != "" {
 				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
@@ -154,7 +164,7 @@ func (s *Service) refillPool(key poolKey) {
 				return
 			}
 			if err := s.fillOne(key); err != nil {
-				s.log.Warn("warm pool refill failed", "cpus", key.cpus, "memory_mib", key.mem, "err", err)
+				s.log.Warn("warm pool refill failed", "shape", key.String(), "err", err)
 				return
 			}
 		}
@@ -164,14 +174,14 @@ func (s *Service) refillPool(key poolKey) {
 func (s *Service) fillOne(key poolKey) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	img, err := s.Image(ctx)
+	img, err := s.ImageNamed(ctx, key.image)
 	if err != nil {
 		return err
 	}
 	if err := s.admit(key.mem, 0); err != nil {
 		return err
 	}
-	v, _, err := s.insertRow(ctx, CreateOptions{CPUs: key.cpus, MemoryMiB: key.mem, DiskBytes: img.SizeBytes, pool: true})
+	v, _, err := s.insertRow(ctx, CreateOptions{Image: key.image, CPUs: key.cpus, MemoryMiB: key.mem, DiskBytes: img.SizeBytes, pool: true})
 	if err != nil {
 		return err
 	}
@@ -209,12 +219,22 @@ func (s *Service) fillOne(key poolKey) error {
 		return err
 	}
 	s.pushPool(key, v.ID)
-	s.log.Info("warm pool VM ready", "vm", v.ID, "cpus", key.cpus, "memory_mib", key.mem)
+	s.log.Info("warm pool VM ready", "vm", v.ID, "shape", key.String())
 	return nil
 }
 
-// WarmPool fills the pool of a shape (used at start-up for the default shape).
-func (s *Service) WarmPool(cpus int, memMiB int64) { s.refillPool(poolKey{cpus, memMiB}) }
+// WarmPool fills the pool of an image and shape (used at start-up).
+func (s *Service) WarmPool(imageName string, cpus int, memMiB int64) error {
+	canon, err := image.Resolve(imageName)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if canon == image.Default {
+		canon = ""
+	}
+	s.refillPool(poolKey{canon, cpus, memMiB})
+	return nil
+}
 
 // drainPool destroys every pool VM (server shutdown) and stops refills.
 func (s *Service) drainPool(ctx context.Context) {
@@ -239,13 +259,14 @@ func (s *Service) drainPool(ctx context.Context) {
 	}
 }
 
-// PoolReady counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>".
+// PoolReady counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>",
+// prefixed "<image>/" for images other than the default.
 func (s *Service) PoolReady() map[string]int {
 	s.poolMu.Lock()
 	defer s.poolMu.Unlock()
 	out := map[string]int{}
 	for k, ids := range s.pool {
-		out[fmt.Sprintf("%dx%d", k.cpus, k.mem)] = len(ids)
+		out[k.String()] = len(ids)
 	}
 	return out
 }

@@ -74,7 +74,7 @@ type Service struct {
 	snapLocks map[string]*sync.RWMutex
 
 	imgOnce sync.Mutex
-	img     *image.Image
+	imgs    map[string]*image.Image // by canonical name
 
 	poolMu      sync.Mutex
 	pool        map[poolKey][]string // ready pool VM ids per shape
@@ -110,18 +110,32 @@ func New(cfg Config, st Store) (*Service, error) {
 // Accel returns the accelerator in use.
 func (s *Service) Accel() string { return s.cfg.Accel }
 
-// Image returns the default image, building it on first use.
+// Image returns the default image, building it on first use. Its kernel and
+// initrd boot every VM: the other images are built on it and share them.
 func (s *Service) Image(ctx context.Context) (*image.Image, error) {
+	return s.ImageNamed(ctx, image.Default)
+}
+
+// ImageNamed returns an image by name or alias ("" is the default), building
+// it on first use.
+func (s *Service) ImageNamed(ctx context.Context, name string) (*image.Image, error) {
+	canon, err := image.Resolve(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	s.imgOnce.Lock()
 	defer s.imgOnce.Unlock()
-	if s.img != nil {
-		return s.img, nil
+	if img := s.imgs[canon]; img != nil {
+		return img, nil
 	}
-	img, err := image.Ensure(ctx, image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Progress: s.cfg.ImageProgress})
+	img, err := image.Ensure(ctx, image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Name: canon, Progress: s.cfg.ImageProgress})
 	if err != nil {
-		return nil, fmt.Errorf("default image: %w", err)
+		return nil, fmt.Errorf("%s image: %w", canon, err)
 	}
-	s.img = img
+	if s.imgs == nil {
+		s.imgs = map[string]*image.Image{}
+	}
+	s.imgs[canon] = img
 	return img, nil
 }
 

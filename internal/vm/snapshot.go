@@ -106,7 +106,7 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 	}
 	defer unlock()
 	sn := &store.Snapshot{ID: "snap-" + randHex(6), Name: name, VMID: v.ID, VMName: v.Name, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB,
-		DiskBytes: v.DiskBytes, Env: v.Env, Key: s.shapeKeyFor(layoutOf(v), v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC()}
+		DiskBytes: v.DiskBytes, Env: v.Env, Image: v.Image, Key: s.shapeKeyFor(layoutOf(v), v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC()}
 	if sn.Name == "" {
 		sn.Name = sn.ID
 	}
@@ -230,7 +230,7 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	if o.Egress == nil && networkGone {
 		o.Egress = sn.NetworkEgress
 	}
-	o.CPUs, o.MemoryMiB = sn.CPUs, sn.MemoryMiB
+	o.CPUs, o.MemoryMiB, o.Image = sn.CPUs, sn.MemoryMiB, sn.Image
 	if o.DiskBytes == 0 {
 		o.DiskBytes = sn.DiskBytes
 	}

@@ -47,10 +47,10 @@ func (s *Service) templateKey(img *image.Image, cpus int, memMiB int64) string {
 		qemu.DeviceSet, fmt.Sprint(cpus), fmt.Sprint(memMiB), kernelAppend(s.cfg.Accel), GuestMAC)
 }
 
-// EnsureTemplate returns the template for this shape, cold-booting it once if needed.
-// Builds are serialised across processes with a lock file.
-func (s *Service) EnsureTemplate(ctx context.Context, cpus int, memMiB int64) (*Template, error) {
-	img, err := s.Image(ctx)
+// EnsureTemplate returns the template for this image and shape, cold-booting it
+// once if needed. Builds are serialised across processes with a lock file.
+func (s *Service) EnsureTemplate(ctx context.Context, imageName string, cpus int, memMiB int64) (*Template, error) {
+	img, err := s.ImageNamed(ctx, imageName)
 	if err != nil {
 		return nil, err
 	}
@@ -156,6 +156,9 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	agent.Run(bctx, guest.ExecRequest{Argv: []string{"systemctl", "is-system-running", "--wait"}, TimeoutMS: 120000}, nil, &out, &out)
 	t.ColdBootMs = time.Since(start).Milliseconds()
 	log.Info("template booted", "ms", t.ColdBootMs, "system", strings.TrimSpace(out.String()))
+	if err := waitReady(bctx, agent, img); err != nil {
+		return nil, fmt.Errorf("template of image %s: %w%s", img.Name, err, qemu.LogTail(p.Log))
+	}
 	agent.Run(bctx, guest.ExecRequest{Argv: []string{"sync"}}, nil, nil, nil)
 	agent.Close()
 	if err := m.SaveState(ctx, t.state()); err != nil {
@@ -177,6 +180,31 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	ok = true
 	log.Info("template saved", "dir", dir)
 	return t, nil
+}
+
+// waitReady runs the image's readiness command in the guest until it succeeds,
+// so the saved template holds its services already warm.
+func waitReady(ctx context.Context, agent *guest.Client, img *image.Image) error {
+	if len(img.Ready) == 0 {
+		return nil
+	}
+	var last string
+	for {
+		var out strings.Builder
+		res, err := agent.Run(ctx, guest.ExecRequest{Argv: img.Ready, TimeoutMS: 30000}, nil, &out, &out)
+		if err == nil && res.ExitCode == 0 {
+			return nil
+		}
+		last = strings.TrimSpace(out.String())
+		if err != nil {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s did not become ready (%s): %s", ErrUnavailable, img.Name, strings.Join(img.Ready, " "), last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // createOverlay makes a qcow2 overlay on backing; size 0 keeps the backing size.

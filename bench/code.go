@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+// The code-interpreter benchmark: a run of print(1) on a warm context against
+// an exec of `true` on the same VM (the baseline), and create of a
+// code-interpreter VM to its first result, restored from the template and
+// claimed from the warm pool.
+
+// CodeReport is the result of -code.
+type CodeReport struct {
+	RunPrint     Stats   `json:"run_code_print_1"`
+	ExecTrue     Stats   `json:"exec_true_same_vm"`
+	RunRatio     float64 `json:"run_ratio"`
+	CreateNoPool Stats   `json:"create_to_first_result_template"`
+	CreatePool   Stats   `json:"create_to_first_result_warm_pool"`
+	CreateExec   Stats   `json:"create_to_first_exec_default_image_template"`
+}
+
+var codeShape = api.CreateVMRequest{Image: "code-interpreter", Memory: 1 << 30}
+
+func (b *bench) runCode(ctx context.Context) error {
+	r := &CodeReport{}
+	b.r.Code = r
+	logf("code interpreter: first create (builds the image and template when missing; not measured)")
+	v, err := b.c.CreateVM(ctx, codeShape)
+	if err != nil {
+		return err
+	}
+	b.track(v.ID, v.PID)
+	if _, err := b.c.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "1"}, nil); err != nil {
+		return err
+	}
+	var runs, execs []float64
+	for i := 0; i < 3+b.o.execs; i++ {
+		t0 := time.Now()
+		ex, err := b.c.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "print(1)"}, nil)
+		if err != nil {
+			return err
+		}
+		if ex.Stdout != "1\n" {
+			return fmt.Errorf("print(1) printed %q", ex.Stdout)
+		}
+		t1 := time.Now()
+		if _, err := b.c.Exec(ctx, v.ID, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			return err
+		}
+		if i >= 3 {
+			runs = append(runs, millis(t1.Sub(t0)))
+			execs = append(execs, millis(time.Since(t1)))
+		}
+	}
+	r.RunPrint, r.ExecTrue = summarize(runs), summarize(execs)
+	if r.ExecTrue.P50 > 0 {
+		r.RunRatio = r.RunPrint.P50 / r.ExecTrue.P50
+	}
+	if err := b.remove(v.ID); err != nil {
+		return err
+	}
+
+	logf("code interpreter: %d creates to first result from the template", b.o.creates)
+	var noPool, plain []float64
+	for i := 0; i < b.o.creates; i++ {
+		t0 := time.Now()
+		v, err := b.c.CreateVM(ctx, codeShape)
+		if err != nil {
+			return err
+		}
+		b.track(v.ID, v.PID)
+		if _, err := b.c.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "1"}, nil); err != nil {
+			return err
+		}
+		noPool = append(noPool, millis(time.Since(t0)))
+		if err := b.remove(v.ID); err != nil {
+			return err
+		}
+		t0 = time.Now()
+		d, err := b.c.CreateVM(ctx, api.CreateVMRequest{Memory: 1 << 30})
+		if err != nil {
+			return err
+		}
+		b.track(d.ID, d.PID)
+		if _, err := b.c.Exec(ctx, d.ID, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			return err
+		}
+		plain = append(plain, millis(time.Since(t0)))
+		if err := b.remove(d.ID); err != nil {
+			return err
+		}
+	}
+	r.CreateNoPool, r.CreateExec = summarize(noPool), summarize(plain)
+
+	logf("code interpreter: %d creates to first result from the warm pool", b.o.creates)
+	dir := filepath.Join(b.tmp, "codepool")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	os.Setenv("AGENTVM_TEMPLATE_DIR", b.srv.templateDir)
+	srv, err := startServer(ctx, b.srv.bin, dir, true, 1)
+	os.Unsetenv("AGENTVM_TEMPLATE_DIR")
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	c := srv.client
+	first, err := c.CreateVM(ctx, codeShape) // a miss that starts the refill
+	if err != nil {
+		return err
+	}
+	defer c.DeleteVM(context.Background(), first.ID)
+	var pool []float64
+	for i := 0; i < b.o.creates; i++ {
+		if err := waitPool(ctx, c.Health, "code-interpreter/1x1024"); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		v, err := c.CreateVM(ctx, codeShape)
+		if err != nil {
+			return err
+		}
+		if _, err := c.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "1"}, nil); err != nil {
+			c.DeleteVM(context.Background(), v.ID)
+			return err
+		}
+		pool = append(pool, millis(time.Since(t0)))
+		if err := c.DeleteVM(ctx, v.ID); err != nil {
+			return err
+		}
+	}
+	r.CreatePool = summarize(pool)
+	return nil
+}
+
+// PrintCode writes the -code report.
+func (r *Report) PrintCode(w io.Writer) {
+	c := r.Code
+	if c == nil {
+		return
+	}
+	fmt.Fprintln(w, "Code interpreter (1 vCPU, 1 GiB), same server, same run")
+	statsLine(w, "run_code print(1), warm context", c.RunPrint)
+	statsLine(w, "exec true, same VM (baseline)", c.ExecTrue)
+	ratioLine(w, "ratio p50 (target <= 2)", c.RunRatio)
+	statsLine(w, "create -> first result (template)", c.CreateNoPool)
+	statsLine(w, "create -> first exec (default image)", c.CreateExec)
+	statsLine(w, "create -> first result (warm pool)", c.CreatePool)
+	if c.CreatePool.P50 > 0 {
+		fmt.Fprintf(w, "  warm pool create -> first result p50 %.0f ms (target <= 1000 ms)\n", c.CreatePool.P50)
+	}
+}

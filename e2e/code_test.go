@@ -1,0 +1,296 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"image/png"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+	"github.com/agentvm/agentvm/pkg/client"
+)
+
+// runCode runs code and fails the test on a call error (not on an error in
+// the code, which the caller checks).
+func runCode(t *testing.T, c *client.Client, ctx context.Context, vm string, req api.RunCodeRequest) *client.Execution {
+	t.Helper()
+	ex, err := c.RunCode(ctx, vm, req, nil)
+	if err != nil {
+		t.Fatalf("run %q: %v", req.Code, err)
+	}
+	return ex
+}
+
+// wantText runs code and checks the text of its main result.
+func wantText(t *testing.T, c *client.Client, ctx context.Context, vm string, req api.RunCodeRequest, want string) {
+	t.Helper()
+	ex := runCode(t, c, ctx, vm, req)
+	if ex.Error != nil || ex.Text() != want {
+		t.Fatalf("run %q: text %q, want %q (error %+v, stdout %q, stderr %q)", req.Code, ex.Text(), want, ex.Error, ex.Stdout, ex.Stderr)
+	}
+}
+
+func pngResult(t *testing.T, ex *client.Execution) []byte {
+	t.Helper()
+	for _, r := range ex.Results {
+		var s string
+		if json.Unmarshal(r.Data["image/png"], &s) == nil && s != "" {
+			b, err := base64.StdEncoding.DecodeString(s)
+			if err != nil {
+				t.Fatalf("image/png is not base64: %v", err)
+			}
+			img, err := png.Decode(bytes.NewReader(b))
+			if err != nil || img.Bounds().Dx() < 50 || img.Bounds().Dy() < 50 {
+				t.Fatalf("image/png does not decode to a chart: %v", err)
+			}
+			return b
+		}
+	}
+	t.Fatalf("no image/png result in %+v", ex.Results)
+	return nil
+}
+
+// TestCodeInterpreter drives the code-interpreter image through the native
+// API, the Go client and the CLI: state across runs, rich results, errors,
+// interrupts, contexts in three languages, and contexts surviving suspend,
+// fork and snapshot.
+func TestCodeInterpreter(t *testing.T) {
+	s := testenv.Start(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	c := s.Client
+
+	// The first create builds the image and its template (a warm kernel).
+	out, errOut, code := s.CLI("", "create", "--image", "code-interpreter", "--name", "ci", "--json")
+	if code != 0 {
+		t.Fatalf("create --image code-interpreter: %d %s %s\n%s", code, out, errOut, tail(s.Logs()))
+	}
+	var v api.VM
+	if err := json.Unmarshal([]byte(out), &v); err != nil || v.Image != "code-interpreter" {
+		t.Fatalf("created VM: %v %s", err, out)
+	}
+
+	t.Run("state", func(t *testing.T) {
+		runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "x = 41\nimport math"})
+		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "x + 1"})
+		if ex.Text() != "42" || ex.ExecutionCount < 2 {
+			t.Fatalf("x + 1: %q, execution %d", ex.Text(), ex.ExecutionCount)
+		}
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "round(math.pi, 2)"}, "3.14")
+	})
+
+	t.Run("streams", func(t *testing.T) {
+		var order []string
+		ex, err := c.RunCode(ctx, "ci", api.RunCodeRequest{Code: "import sys\nprint('out 1')\nprint('err 1', file=sys.stderr)\nprint('out 2')"},
+			func(e api.CodeEvent) { order = append(order, e.Type) })
+		if err != nil || ex.Stdout != "out 1\nout 2\n" || ex.Stderr != "err 1\n" {
+			t.Fatalf("streams: %v %q %q", err, ex.Stdout, ex.Stderr)
+		}
+		if len(order) == 0 || order[len(order)-1] != api.CodeEnd {
+			t.Fatalf("events: %v", order)
+		}
+	})
+
+	t.Run("rich results", func(t *testing.T) {
+		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title('t')\nplt.show()"})
+		pngResult(t, ex)
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})"})
+		var html string
+		for _, r := range ex.Results {
+			if r.Main {
+				json.Unmarshal(r.Data["text/html"], &html)
+			}
+		}
+		if !strings.Contains(html, "<table") || !strings.Contains(ex.Text(), "a  b") {
+			t.Fatalf("DataFrame: html %q text %q", html, ex.Text())
+		}
+	})
+
+	t.Run("errors and interrupts", func(t *testing.T) {
+		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "def f():\n    return 1 / 0\nf()"})
+		if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" || !strings.Contains(ex.Error.Traceback, "return 1 / 0") {
+			t.Fatalf("exception: %+v", ex.Error)
+		}
+		start := time.Now()
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "import time\nsurvivor = 7\ntime.sleep(3600)", Timeout: api.Duration(5 * time.Second)})
+		if ex.Error == nil {
+			t.Fatalf("a run past its timeout did not end in an error: %+v", ex)
+		}
+		t.Logf("interrupted after %s: %s: %s", time.Since(start), ex.Error.Name, ex.Error.Value)
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "survivor"}, "7")
+	})
+
+	t.Run("env", func(t *testing.T) {
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "import os\nos.environ.get('RUN_ONLY')", Env: map[string]string{"RUN_ONLY": "yes"}}, "'yes'")
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "os.environ.get('RUN_ONLY')"}, "") // None has no display
+	})
+
+	t.Run("javascript and bash", func(t *testing.T) {
+		runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "javascript", Code: "const z = 5; console.log('from js')"})
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "javascript", Code: "z * 2"}, "10")
+		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "javascript", Code: "await new Promise(r => setTimeout(r, 10)); throw new TypeError('bad js')"})
+		if ex.Error == nil || !strings.Contains(ex.Error.Name+ex.Error.Value, "bad js") {
+			t.Fatalf("js error: %+v", ex.Error)
+		}
+		runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "bash", Code: "cd /tmp && export FOO=bar"})
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "bash", Code: "pwd; echo $FOO"})
+		if ex.Stdout != "/tmp\nbar\n" {
+			t.Fatalf("bash state: %q %+v", ex.Stdout, ex.Error)
+		}
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "bash", Code: "false"})
+		if ex.Error == nil {
+			t.Fatal("a failing bash command gave no error")
+		}
+	})
+
+	t.Run("contexts", func(t *testing.T) {
+		cx, err := c.CreateCodeContext(ctx, "ci", api.CreateCodeContextRequest{Language: "python", Cwd: "/tmp"})
+		if err != nil || cx.ID == "" || cx.Language != "python" {
+			t.Fatalf("create context: %v %+v", err, cx)
+		}
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "import os\nos.getcwd()"}, "'/tmp'")
+		// separate from the default context
+		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "x"})
+		if ex.Error == nil || ex.Error.Name != "NameError" {
+			t.Fatalf("a new context sees the default one's x: %+v", ex)
+		}
+		runCode(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "mine = 1"})
+		list, err := c.ListCodeContexts(ctx, "ci")
+		found := false
+		for _, l := range list {
+			found = found || l.ID == cx.ID && l.Cwd == "/tmp"
+		}
+		if err != nil || !found {
+			t.Fatalf("list contexts: %v %+v", err, list)
+		}
+		if err := c.RestartCodeContext(ctx, "ci", cx.ID); err != nil {
+			t.Fatal(err)
+		}
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "mine"})
+		if ex.Error == nil || ex.Error.Name != "NameError" {
+			t.Fatalf("a restarted context kept its variables: %+v", ex)
+		}
+		if err := c.DeleteCodeContext(ctx, "ci", cx.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.RunCode(ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "1"}, nil); !isStatus(err, http.StatusNotFound) {
+			t.Fatalf("run in a deleted context: %v", err)
+		}
+		if err := c.DeleteCodeContext(ctx, "ci", cx.ID); !isStatus(err, http.StatusNotFound) {
+			t.Fatalf("delete a deleted context: %v", err)
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		_, err := c.RunCode(ctx, "ci", api.RunCodeRequest{Code: "1", Language: "python", Context: "abc"}, nil)
+		if !isStatus(err, http.StatusBadRequest) {
+			t.Fatalf("language and context: %v", err)
+		}
+		_, err = c.RunCode(ctx, "ci", api.RunCodeRequest{Code: "1", Language: "cobol"}, nil)
+		if !isStatus(err, http.StatusBadRequest) {
+			t.Fatalf("unknown language: %v", err)
+		}
+		status, body := rawRequest(t, s, "POST", "/v1/vms/ci/code", s.Token, `{"code": 1}`)
+		if status != http.StatusBadRequest || !strings.Contains(body, "invalid JSON") {
+			t.Fatalf("bad JSON: %d %s", status, body)
+		}
+		plain := s.CreateVM(ctx, api.CreateVMRequest{Name: "plain"})
+		if _, err := c.RunCode(ctx, plain.ID, api.RunCodeRequest{Code: "1"}, nil); !isStatus(err, http.StatusConflict) ||
+			!strings.Contains(err.Error(), "--image code-interpreter") {
+			t.Fatalf("code in a default-image VM: %v", err)
+		}
+		c.DeleteVM(ctx, plain.ID)
+		// A token of another VM cannot run code here; one of this VM can.
+		other, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: []string{api.PermFiles}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		oc := &client.Client{BaseURL: s.URL, Token: other.Secret, HTTP: http.DefaultClient}
+		if _, err := oc.RunCode(ctx, "ci", api.RunCodeRequest{Code: "1"}, nil); !isStatus(err, http.StatusForbidden) {
+			t.Fatalf("files-only token ran code: %v", err)
+		}
+		mine, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: []string{api.PermExec}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc := &client.Client{BaseURL: s.URL, Token: mine.Secret, HTTP: http.DefaultClient}
+		wantText(t, mc, ctx, v.ID, api.RunCodeRequest{Code: "x"}, "41")
+	})
+
+	t.Run("cli", func(t *testing.T) {
+		out, errOut, code := s.CLI("", "run-code", "ci", "print(6 * 7)")
+		if code != 0 || out != "42\n" {
+			t.Fatalf("run-code: %d %q %q", code, out, errOut)
+		}
+		dir := t.TempDir()
+		out, errOut, code = s.CLI("import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 2])\nplt.show()\n", "run-code", "ci", "--out", dir, "-")
+		if code != 0 || !strings.Contains(errOut, "saved image/png") {
+			t.Fatalf("run-code --out: %d %q %q", code, out, errOut)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "result-1.png"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(bytes.NewReader(b)); err != nil {
+			t.Fatalf("saved PNG: %v", err)
+		}
+		out, errOut, code = s.CLI("", "run-code", "ci", "-l", "bash", "echo from-bash")
+		if code != 0 || out != "from-bash\n" {
+			t.Fatalf("run-code -l bash: %d %q %q", code, out, errOut)
+		}
+		_, errOut, code = s.CLI("", "run-code", "ci", "raise ValueError('nope')")
+		if code != 1 || !strings.Contains(errOut, "ValueError") {
+			t.Fatalf("run-code raising: %d %q", code, errOut)
+		}
+		id, errOut, code := s.CLI("", "code-context", "create", "ci", "-l", "javascript")
+		if code != 0 || strings.TrimSpace(id) == "" {
+			t.Fatalf("code-context create: %d %q", code, errOut)
+		}
+		out, _, code = s.CLI("", "code-context", "ls", "ci")
+		if code != 0 || !strings.Contains(out, strings.TrimSpace(id)) || !strings.Contains(out, "javascript") {
+			t.Fatalf("code-context ls: %d %q", code, out)
+		}
+		if _, errOut, code = s.CLI("", "code-context", "rm", "ci", strings.TrimSpace(id)); code != 0 {
+			t.Fatalf("code-context rm: %d %q", code, errOut)
+		}
+	})
+
+	t.Run("suspend fork snapshot", func(t *testing.T) {
+		runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept = 'before'"})
+		if _, err := c.SuspendVM(ctx, "ci"); err != nil {
+			t.Fatal(err)
+		}
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept"}, "'before'") // wakes the VM
+		fr, err := c.Fork(ctx, "ci", 1)
+		if err != nil || len(fr.Children) != 1 {
+			t.Fatalf("fork: %v %+v", err, fr)
+		}
+		child := fr.Children[0].Name
+		if fr.Children[0].Image != "code-interpreter" {
+			t.Fatalf("fork child image: %q", fr.Children[0].Image)
+		}
+		wantText(t, c, ctx, child, api.RunCodeRequest{Code: "kept"}, "'before'")
+		runCode(t, c, ctx, child, api.RunCodeRequest{Code: "kept = 'child'"})
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept"}, "'before'")
+		wantText(t, c, ctx, child, api.RunCodeRequest{Code: "kept"}, "'child'")
+		c.DeleteVM(ctx, child)
+		if _, err := c.Snapshot(ctx, "ci", "ci-snap"); err != nil {
+			t.Fatal(err)
+		}
+		nv, err := c.CreateVM(ctx, api.CreateVMRequest{Name: "ci-restored", From: "ci-snap"})
+		if err != nil || nv.Image != "code-interpreter" {
+			t.Fatalf("create from snapshot: %v %+v", err, nv)
+		}
+		wantText(t, c, ctx, "ci-restored", api.RunCodeRequest{Code: "kept"}, "'before'")
+		c.DeleteVM(ctx, "ci-restored")
+		c.DeleteSnapshot(ctx, "ci-snap")
+	})
+}

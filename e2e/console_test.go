@@ -1,0 +1,703 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+	"github.com/agentvm/agentvm/pkg/client"
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/cdproto/target"
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+)
+
+// consoleRun is one browser session against one daemon: its screenshots go
+// to dir, its measurements to the test log and dir/measurements.json.
+type consoleRun struct {
+	t    *testing.T
+	s    *testenv.Server
+	ctx  context.Context
+	dir  string
+	shot int
+	meas map[string]any
+}
+
+// TestConsole drives the web console in Debian's headless Chromium against
+// a real daemon and real VMs: sign-in (by keyboard), create, live list
+// updates, a terminal (type, detach, reattach with scrollback), files
+// (upload with the file picker, download), a port exposed and its preview
+// opened, the other VM tabs, fork and delete from the UI, the host page
+// with a scoped token created there, and that token's view (its VM only).
+// Screenshots of each page are kept as artifacts; first paint, live-update
+// latency and keystroke echo (xterm.js against `agentvm term`) are logged,
+// never asserted (guests run under TCG here).
+func TestConsole(t *testing.T) {
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium is needed for the console's browser test (scripts/setup.sh installs Debian's chromium)")
+	}
+	s := testenv.Start(t, "")
+	resp, err := http.Get(s.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET / = %d: the console is not built into this binary (run scripts/setup.sh, or: cd web && npm ci && npm run build)", resp.StatusCode)
+	}
+	dir := artifactsDir(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	actx, acancel := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000),
+		chromedp.Flag("disable-gpu", true), chromedp.Flag("disable-dev-shm-usage", true))...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	defer bcancel()
+	c := &consoleRun{t: t, s: s, ctx: bctx, dir: dir, meas: map[string]any{}}
+	defer c.saveMeasurements()
+
+	c.signIn(s.Token)
+	vm := c.createVM("web1")
+	c.liveUpdates(vm)
+	c.terminal(vm)
+	c.files(vm)
+	c.ports(vm)
+	c.otherTabs(vm)
+	child := c.fork(vm)
+	secret := c.host(vm)
+	c.deleteVM(child)
+	c.keyboard(vm)
+	c.scoped(vm, secret)
+}
+
+func artifactsDir(t *testing.T) string {
+	base := os.Getenv("AGENTVM_ARTIFACTS")
+	var dir string
+	var err error
+	if base != "" {
+		dir = filepath.Join(base, "console")
+		err = os.MkdirAll(dir, 0o755)
+	} else {
+		dir, err = os.MkdirTemp("", "agentvm-console-artifacts-")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("console artifacts (screenshots, measurements): %s", dir)
+	return dir
+}
+
+// run runs browser actions, failing the test with what the page shows.
+func (c *consoleRun) run(what string, actions ...chromedp.Action) {
+	c.t.Helper()
+	if err := chromedp.Run(c.ctx, actions...); err != nil {
+		c.screenshot("failed-" + strings.ReplaceAll(what, " ", "-"))
+		var body string
+		tctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		chromedp.Run(tctx, chromedp.Text("body", &body, chromedp.ByQuery))
+		cancel()
+		c.t.Fatalf("%s: %v\npage text:\n%s", what, err, pageTail(body, 3000))
+	}
+}
+
+func pageTail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// waitJS waits (polling) until the expression is true, for at most d.
+func (c *consoleRun) waitJS(what, expr string, d time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		var ok bool
+		if err := chromedp.Run(c.ctx, chromedp.Evaluate(expr, &ok)); err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.run(what, chromedp.ActionFunc(func(context.Context) error {
+				return fmt.Errorf("still false after %s: %s", d, expr)
+			}))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *consoleRun) eval(expr string, out any) {
+	c.t.Helper()
+	c.run("evaluate "+pageTail(expr, 80), chromedp.Evaluate(expr, out, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }))
+}
+
+func (c *consoleRun) screenshot(name string) {
+	c.shot++
+	var buf []byte
+	tctx, cancel := context.WithTimeout(c.ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Run(tctx, chromedp.FullScreenshot(&buf, 100)); err != nil {
+		c.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	p := filepath.Join(c.dir, fmt.Sprintf("%02d-%s.png", c.shot, name))
+	if err := os.WriteFile(p, buf, 0o644); err != nil {
+		c.t.Logf("screenshot %s: %v", name, err)
+	}
+}
+
+func (c *consoleRun) measure(key string, v any) {
+	c.meas[key] = v
+	c.t.Logf("measure: %s = %v", key, v)
+}
+
+func (c *consoleRun) saveMeasurements() {
+	b, _ := json.MarshalIndent(c.meas, "", "  ")
+	os.WriteFile(filepath.Join(c.dir, "measurements.json"), b, 0o644)
+}
+
+// click clicks the element sel (a CSS selector) once it is visible.
+func (c *consoleRun) click(sel string) {
+	c.t.Helper()
+	c.run("click "+sel, chromedp.WaitVisible(sel, chromedp.ByQuery), chromedp.Click(sel, chromedp.ByQuery))
+}
+
+// signIn signs in with the keyboard only: the token field has focus, the
+// token is typed and Enter submits. It also measures the sign-in page's
+// first paint and, after sign-in, a reload's first paint and VM list.
+func (c *consoleRun) signIn(token string) {
+	c.run("open the console", chromedp.Navigate(c.s.URL+"/"), chromedp.WaitVisible(`input[name="token"]`, chromedp.ByQuery))
+	var fcp float64
+	c.eval(`(performance.getEntriesByName('first-contentful-paint')[0]||{startTime:-1}).startTime`, &fcp)
+	c.measure("signin_first_contentful_paint_ms", round1(fcp))
+	c.a11y("sign-in page")
+	c.screenshot("signin")
+	var focused string
+	c.eval(`document.activeElement.name`, &focused)
+	if focused != "token" {
+		c.t.Fatalf("the token field should have focus on the sign-in page, not %q", focused)
+	}
+	c.run("type the token", chromedp.KeyEvent(token), chromedp.KeyEvent(kb.Enter))
+	c.run("VM list after sign-in", chromedp.WaitVisible(`table.vms`, chromedp.ByQuery))
+	// The cookie is HttpOnly: the page cannot read it.
+	var cookies string
+	c.eval(`document.cookie`, &cookies)
+	if strings.Contains(cookies, "agentvm_session") || strings.Contains(cookies, token) {
+		c.t.Fatalf("the session cookie is visible to scripts: %q", cookies)
+	}
+	// A signed-in reload: first paint, and the list on screen.
+	c.run("reload", chromedp.Reload(), chromedp.WaitVisible(`table.vms`, chromedp.ByQuery))
+	var perf struct {
+		FCP  float64 `json:"fcp"`
+		List float64 `json:"list"`
+	}
+	c.eval(`({fcp: (performance.getEntriesByName('first-contentful-paint')[0]||{startTime:-1}).startTime,
+		list: (performance.getEntriesByType('resource').find(e => e.name.endsWith('/v1/vms'))||{responseEnd:-1}).responseEnd})`, &perf)
+	c.measure("console_first_contentful_paint_ms", round1(perf.FCP))
+	c.measure("console_vm_list_loaded_ms", round1(perf.List))
+}
+
+func round1(f float64) float64 { return float64(int(f*10+0.5)) / 10 }
+
+func (c *consoleRun) createVM(name string) *api.VM {
+	c.click(`details.panel > summary`)
+	c.run("fill the create form",
+		chromedp.SetValue(`form.create input[name="name"]`, name, chromedp.ByQuery),
+		chromedp.SetValue(`form.create input[name="memory"]`, "512M", chromedp.ByQuery),
+		chromedp.SetValue(`form.create input[name="labels"]`, "suite=console", chromedp.ByQuery))
+	c.screenshot("create-form")
+	start := time.Now()
+	c.click(`form.create button[type="submit"]`)
+	c.waitJS("the new VM's row", fmt.Sprintf(`!!document.querySelector('tr[data-vm-name=%q][data-state="running"]')`, name), 5*time.Minute)
+	c.measure("create_from_ui_s", time.Since(start).Round(10*time.Millisecond).Seconds())
+	v, err := c.s.Client.GetVM(c.ctx, name)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if v.Labels["suite"] != "console" {
+		c.t.Fatalf("labels from the form: %v", v.Labels)
+	}
+	c.screenshot("vm-list")
+	return v
+}
+
+// liveUpdates measures how long an event takes to change the VM's row: the
+// page records when the row shows the new state, the daemon stamps the
+// event; both clocks are this machine's.
+func (c *consoleRun) liveUpdates(v *api.VM) {
+	c.eval(`(() => {
+		window.__rowSeen = {};
+		const tb = document.querySelector('table.vms tbody');
+		new MutationObserver(() => {
+			for (const tr of tb.querySelectorAll('tr[data-vm-id]')) {
+				const k = tr.dataset.vmId + ':' + tr.dataset.state;
+				if (!(k in window.__rowSeen)) window.__rowSeen[k] = performance.timeOrigin + performance.now();
+			}
+		}).observe(tb, {childList: true, subtree: true, attributes: true});
+		return true;
+	})()`, new(bool))
+	var lat []float64
+	for i := 0; i < 3; i++ {
+		for _, op := range []string{"pause", "resume"} {
+			state := map[string]string{"pause": "paused", "resume": "running"}[op]
+			c.eval(fmt.Sprintf(`delete window.__rowSeen[%q]`, v.ID+":"+state), new(bool))
+			var err error
+			if op == "pause" {
+				_, err = c.s.Client.PauseVM(c.ctx, v.ID)
+			} else {
+				_, err = c.s.Client.ResumeVM(c.ctx, v.ID)
+			}
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			key := v.ID + ":" + state
+			c.waitJS("the row shows "+state, fmt.Sprintf(`%q in window.__rowSeen`, key), time.Minute)
+			var seen float64
+			c.eval(fmt.Sprintf(`window.__rowSeen[%q]`, key), &seen)
+			evs, err := c.s.Client.Events(c.ctx, v.ID, 0)
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			var at time.Time
+			for _, e := range evs {
+				if e.Data["op"] == op {
+					at = e.Time
+				}
+			}
+			lat = append(lat, seen-float64(at.UnixNano())/1e6)
+		}
+	}
+	sort.Float64s(lat)
+	c.measure("live_update_event_to_row_ms_p50", round1(lat[len(lat)/2]))
+	c.measure("live_update_event_to_row_ms_all", roundAll(lat))
+}
+
+func roundAll(fs []float64) []float64 {
+	out := make([]float64, len(fs))
+	for i, f := range fs {
+		out[i] = round1(f)
+	}
+	return out
+}
+
+func (c *consoleRun) openVM(v *api.VM, tab string) {
+	c.run("open "+v.Name, chromedp.Navigate(fmt.Sprintf("%s/#/vms/%s/%s", c.s.URL, v.ID, tab)),
+		chromedp.WaitVisible(fmt.Sprintf(`.tabpanel[data-tab=%q]`, tab), chromedp.ByQuery))
+}
+
+func (c *consoleRun) tab(name string) {
+	c.click(fmt.Sprintf(`button[role="tab"][data-tab=%q]`, name))
+	c.run("tab "+name, chromedp.WaitVisible(fmt.Sprintf(`.tabpanel[data-tab=%q]`, name), chromedp.ByQuery))
+}
+
+// typeTerm types into the focused terminal. Printable text goes in as
+// text input (CDP Input.insertText: xterm.js reads it from its textarea's
+// input event); chromedp's key events deliver a printable key twice to
+// xterm.js (a keypress and a char event). Newlines are the Enter key.
+func typeTerm(s string) chromedp.Action {
+	var steps chromedp.Tasks
+	for i, part := range strings.Split(s, "\n") {
+		if i > 0 {
+			steps = append(steps, chromedp.KeyEvent(kb.Enter))
+		}
+		if part != "" {
+			steps = append(steps, input.InsertText(part))
+		}
+	}
+	return steps
+}
+
+// termText is what xterm.js shows (the rendered rows).
+const termText = `(document.querySelector('.term .xterm-rows')||{textContent:''}).textContent.replace(/\u00a0/g, ' ')`
+
+func (c *consoleRun) attachSession(name string) {
+	c.run("open session "+name,
+		chromedp.SetValue(`input[name="session"]`, name, chromedp.ByQuery),
+		chromedp.Click(`form[aria-label="Open a terminal session"] button[type="submit"]`, chromedp.ByQuery))
+	c.waitJS("attached to "+name, fmt.Sprintf(`document.querySelector('[data-term-status]').textContent === %q`, "Attached to "+name), 2*time.Minute)
+}
+
+func (c *consoleRun) terminal(v *api.VM) {
+	c.openVM(v, "terminal")
+	c.attachSession("main")
+	c.run("type a command", chromedp.Click(`.term`, chromedp.ByQuery), typeTerm("echo hello-$((6*7))\n"))
+	c.waitJS("the command's output", termText+`.includes('hello-42')`, 2*time.Minute)
+	c.a11y("terminal tab")
+	c.screenshot("terminal")
+	// The terminal follows the window: a narrower window, fewer columns.
+	var cols int
+	c.run("shrink the window", chromedp.EmulateViewport(900, 800))
+	c.waitJS("the session resized", `true`, time.Second)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ts, err := c.s.Client.GetTerminal(c.ctx, v.ID, "main")
+		if err == nil {
+			cols = ts.Cols
+		}
+		if err == nil && ts.Cols > 0 && ts.Cols < 110 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if cols >= 110 {
+		c.t.Errorf("the session kept %d columns after the window shrank", cols)
+	}
+	c.run("restore the window", chromedp.EmulateViewport(1400, 1000))
+	// Detach, reattach: the scrollback comes back.
+	c.click(`button:not([disabled])[type="button"]:is(.termbar button)`)
+	c.waitJS("detached", `document.querySelector('[data-term-status]').textContent === 'Not attached'`, time.Minute)
+	c.click(`button[data-session="main"]`)
+	c.waitJS("reattached", `document.querySelector('[data-term-status]').textContent === 'Attached to main'`, 2*time.Minute)
+	c.waitJS("the scrollback after reattaching", termText+`.includes('hello-42')`, time.Minute)
+	c.screenshot("terminal-reattached")
+	c.keystrokeEcho(v)
+}
+
+// keystrokeEcho measures one key to its echo on screen through xterm.js
+// (CDP key event to the glyph in xterm's rows), and through `agentvm term`
+// on a PTY (a byte to the PTY until it comes back), both into `cat`.
+func (c *consoleRun) keystrokeEcho(v *api.VM) {
+	for _, n := range []string{"echo-ui", "echo-cli"} {
+		if _, err := c.s.Client.CreateTerminal(c.ctx, v.ID, api.TermCreate{Name: n, Argv: []string{"cat"}}); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	// Keep a handle on the page's next WebSocket, to also time when the echo
+	// arrives from the network (before xterm.js parses and paints it).
+	c.eval(`(() => {
+		const O = window.WebSocket;
+		const W = function (url, protocols) { const s = new O(url, protocols); window.__lastWS = s; return s; };
+		W.prototype = O.prototype;
+		for (const k of ['CONNECTING', 'OPEN', 'CLOSING', 'CLOSED']) W[k] = O[k];
+		window.WebSocket = W;
+		return true;
+	})()`, new(bool))
+	c.attachSession("echo-ui")
+	c.run("focus", chromedp.Click(`.term`, chromedp.ByQuery))
+	c.eval(`(() => {
+		const rows = document.querySelector('.term .xterm-rows');
+		const now = () => performance.timeOrigin + performance.now();
+		window.__echo = null;
+		new MutationObserver(() => {
+			const p = window.__echo;
+			if (p && !p.t && rows.textContent.includes(p.s)) { p.t = now(); if (p.done) p.done(p); }
+		}).observe(rows, {subtree: true, childList: true, characterData: true});
+		const dec = new TextDecoder();
+		window.__lastWS.addEventListener('message', (m) => {
+			const p = window.__echo;
+			if (p && !p.ws && typeof m.data !== 'string' && dec.decode(m.data).includes(p.s.slice(-1))) p.ws = now();
+		});
+		window.__expect = (s) => { window.__echo = {s}; return true; };
+		window.__waitEcho = () => new Promise((r) => { const p = window.__echo; if (p.t) r(p); else p.done = r; });
+		return true;
+	})()`, new(bool))
+	acc := "qz"
+	c.run("prefix", typeTerm(acc))
+	c.waitJS("prefix echoed", termText+`.includes('qz')`, time.Minute)
+	var ui, net []float64
+	for i := 0; i < 45; i++ {
+		ch := string(rune('a' + i%25))
+		acc += ch
+		c.eval(fmt.Sprintf(`window.__expect(%q)`, acc), new(bool))
+		t0 := float64(time.Now().UnixNano()) / 1e6
+		c.run("key", typeTerm(ch))
+		var got struct {
+			T  float64 `json:"t"`
+			WS float64 `json:"ws"`
+		}
+		c.eval(`window.__waitEcho()`, &got)
+		if i >= 5 {
+			ui = append(ui, got.T-t0)
+			if got.WS > 0 {
+				net = append(net, got.WS-t0)
+			}
+		}
+	}
+	sort.Float64s(ui)
+	sort.Float64s(net)
+	c.measure("keystroke_echo_xtermjs_ms_p50", round1(ui[len(ui)/2]))
+	c.measure("keystroke_echo_xtermjs_ms_p90", round1(ui[len(ui)*9/10]))
+	if len(net) > 0 {
+		c.measure("keystroke_echo_websocket_in_page_ms_p50", round1(net[len(net)/2]))
+	}
+	c.screenshot("terminal-echo")
+
+	cli, err := cliEcho(c.s, v.Name, "echo-cli", 45)
+	if err != nil {
+		c.t.Errorf("agentvm term echo: %v", err)
+		return
+	}
+	sort.Float64s(cli)
+	c.measure("keystroke_echo_cli_term_ms_p50", round1(cli[len(cli)/2]))
+	c.measure("keystroke_echo_cli_term_ms_p90", round1(cli[len(cli)*9/10]))
+}
+
+func (c *consoleRun) files(v *api.VM) {
+	c.tab("files")
+	c.waitJS("the file list", `!!document.querySelector('table.files tbody tr')`, time.Minute)
+	b := make([]byte, 96<<10)
+	rand.Read(b)
+	content := hex.EncodeToString(b) // 192 KiB of text
+	local := filepath.Join(c.t.TempDir(), "upload.txt")
+	os.WriteFile(local, []byte(content), 0o644)
+	c.run("choose a file", chromedp.SetUploadFiles(`input[type="file"]`, []string{local}, chromedp.ByQuery))
+	c.waitJS("the uploaded file listed", `!!document.querySelector('tr[data-file="upload.txt"]')`, 2*time.Minute)
+	rc, _, err := c.s.Client.ReadFile(c.ctx, v.ID, "/root/upload.txt", 0, -1, client.FileOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(got) != content {
+		c.t.Fatalf("uploaded file: %d bytes, want %d", len(got), len(content))
+	}
+	c.screenshot("files")
+	// Download it through the browser.
+	dl := c.t.TempDir()
+	done := make(chan string, 1)
+	chromedp.ListenTarget(c.ctx, func(ev any) {
+		if e, ok := ev.(*browser.EventDownloadProgress); ok && e.State == browser.DownloadProgressStateCompleted {
+			select {
+			case done <- e.GUID:
+			default:
+			}
+		}
+	})
+	c.run("allow downloads", browser.SetDownloadBehavior(browser.SetDownloadBehaviorBehaviorAllowAndName).WithDownloadPath(dl).WithEventsEnabled(true))
+	c.click(`a[aria-label="Download upload.txt"]`)
+	select {
+	case guid := <-done:
+		got, err := os.ReadFile(filepath.Join(dl, guid))
+		if err != nil || string(got) != content {
+			c.t.Fatalf("downloaded file: %d bytes, %v", len(got), err)
+		}
+	case <-time.After(2 * time.Minute):
+		c.t.Fatal("the download did not complete")
+	}
+	// Edit a small text file.
+	c.click(`button[aria-label="Edit upload.txt"]`)
+	c.run("edit", chromedp.WaitVisible(`.editor textarea`, chromedp.ByQuery),
+		chromedp.SetValue(`.editor textarea`, "edited in the browser\n", chromedp.ByQuery),
+		chromedp.Click(`.editor button[type="submit"]`, chromedp.ByQuery))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r := c.s.Exec(c.ctx, v.ID, "cat /root/upload.txt")
+		if r.Stdout == "edited in the browser\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("edited file: %q", pageTail(r.Stdout, 100))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (c *consoleRun) ports(v *api.VM) {
+	c.s.Exec(c.ctx, v.ID, "cd /root && echo console-preview-ok > index.html && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &)")
+	c.tab("ports")
+	c.run("expose 8000",
+		chromedp.SetValue(`input[name="port"]`, "8000", chromedp.ByQuery),
+		chromedp.Click(`input[name="public"]`, chromedp.ByQuery),
+		chromedp.Click(`form[aria-label="Expose a port"] button[type="submit"]`, chromedp.ByQuery))
+	c.waitJS("the preview link", `!!document.querySelector('a[data-preview="8000"]')`, time.Minute)
+	c.screenshot("ports")
+	var href string
+	c.eval(`document.querySelector('a[data-preview="8000"]').href`, &href)
+	// Open the preview as a user would: the link opens a new tab.
+	tabCh := chromedp.WaitNewTarget(c.ctx, func(i *target.Info) bool { return strings.Contains(i.URL, "8000-") })
+	c.click(`a[data-preview="8000"]`)
+	var tid = <-tabCh
+	pctx, cancel := chromedp.NewContext(c.ctx, chromedp.WithTargetID(tid))
+	defer cancel()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var body string
+		err := chromedp.Run(pctx, chromedp.Text("body", &body, chromedp.ByQuery))
+		if err == nil && strings.Contains(body, "console-preview-ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("preview %s never served the page: %v %q", href, err, body)
+		}
+		time.Sleep(500 * time.Millisecond)
+		chromedp.Run(pctx, chromedp.Reload())
+	}
+	var buf []byte
+	if chromedp.Run(pctx, chromedp.FullScreenshot(&buf, 100)) == nil {
+		c.shot++
+		os.WriteFile(filepath.Join(c.dir, fmt.Sprintf("%02d-preview.png", c.shot)), buf, 0o644)
+	}
+	chromedp.Run(pctx, page.Close())
+}
+
+func (c *consoleRun) otherTabs(v *api.VM) {
+	if _, err := c.s.Client.CreateService(c.ctx, v.ID, api.ServiceCreate{Name: "ticker", Shell: "while true; do echo tick; sleep 2; done", Restart: "always"}); err != nil {
+		c.t.Fatal(err)
+	}
+	c.tab("services")
+	c.waitJS("the service listed", `!!document.querySelector('tr[data-service="ticker"]')`, time.Minute)
+	c.click(`button[aria-label="Follow logs of ticker"]`)
+	c.waitJS("followed service logs", `document.querySelector('pre.log').textContent.includes('tick')`, 2*time.Minute)
+	c.screenshot("services")
+	c.tab("events")
+	c.waitJS("events listed", `document.querySelectorAll('table.events tbody tr').length > 3`, time.Minute)
+	c.screenshot("events")
+	c.tab("log")
+	c.waitJS("the serial log", `document.querySelector('pre.log').textContent.length > 100`, time.Minute)
+	c.screenshot("serial-log")
+	c.tab("metrics")
+	c.waitJS("CPU and memory charts", `document.querySelectorAll('svg.chart polyline').length === 2`, 3*time.Minute)
+	c.a11y("metrics tab")
+	c.screenshot("metrics")
+}
+
+func (c *consoleRun) fork(v *api.VM) string {
+	c.run("VM list", chromedp.Navigate(c.s.URL+"/#/"), chromedp.WaitVisible(fmt.Sprintf(`tr[data-vm-id=%q]`, v.ID), chromedp.ByQuery))
+	before := c.rowCount()
+	c.click(fmt.Sprintf(`button[aria-label="Fork %s"]`, v.Name))
+	c.run("fork dialog", chromedp.WaitVisible(`dialog input[name="count"]`, chromedp.ByQuery))
+	c.screenshot("fork-dialog")
+	c.click(`dialog button[type="submit"]`)
+	c.waitJS("the fork's row", fmt.Sprintf(`document.querySelectorAll('tr[data-vm-id][data-state="running"]').length === %d`, before+1), 5*time.Minute)
+	var child string
+	c.eval(fmt.Sprintf(`[...document.querySelectorAll('tr[data-vm-id]')].map(r => r.dataset.vmName).find(n => n !== %q)`, v.Name), &child)
+	c.screenshot("forked")
+	return child
+}
+
+func (c *consoleRun) rowCount() int {
+	var n int
+	c.eval(`document.querySelectorAll('tr[data-vm-id]').length`, &n)
+	return n
+}
+
+// host checks the host page and creates a scoped token for v there.
+func (c *consoleRun) host(v *api.VM) string {
+	c.run("host page", chromedp.Navigate(c.s.URL+"/#/host"), chromedp.WaitVisible(`dd[data-metric="running"]`, chromedp.ByQuery))
+	c.waitJS("templates listed", `!!document.querySelector('table[aria-label="Templates"] tbody tr td.mono')`, time.Minute)
+	var running string
+	c.eval(`document.querySelector('dd[data-metric="running"]').textContent`, &running)
+	if running != "2" {
+		c.t.Errorf("host page: %s running, want 2", running)
+	}
+	c.run("pick the VM", chromedp.SetValue(`form[aria-label="Create a scoped token"] select[name="vm"]`, v.ID, chromedp.ByQuery),
+		chromedp.Click(`form[aria-label="Create a scoped token"] button[type="submit"]`, chromedp.ByQuery))
+	c.waitJS("the new token", `!!document.querySelector('code[data-token]')`, time.Minute)
+	var secret string
+	c.eval(`document.querySelector('code[data-token]').textContent`, &secret)
+	if !strings.HasPrefix(secret, "avt_") {
+		c.t.Fatalf("token from the host page: %q", secret)
+	}
+	c.a11y("host page")
+	c.screenshot("host")
+	return secret
+}
+
+// deleteVM deletes a VM from the list, confirming with the keyboard.
+func (c *consoleRun) deleteVM(name string) {
+	c.run("VM list", chromedp.Navigate(c.s.URL+"/#/"), chromedp.WaitVisible(fmt.Sprintf(`tr[data-vm-name=%q]`, name), chromedp.ByQuery))
+	c.click(fmt.Sprintf(`button[aria-label="Delete %s"]`, name))
+	c.run("confirm dialog", chromedp.WaitVisible(`dialog button.danger`, chromedp.ByQuery))
+	var focused string
+	c.eval(`document.activeElement.textContent`, &focused)
+	if focused != "Delete" {
+		c.t.Errorf("the confirm dialog should focus its Delete button, focus is on %q", focused)
+	}
+	c.screenshot("delete-confirm")
+	c.run("confirm with Enter", chromedp.KeyEvent(kb.Enter))
+	c.waitJS("the row gone", fmt.Sprintf(`!document.querySelector('tr[data-vm-name=%q]')`, name), 3*time.Minute)
+	if _, err := c.s.Client.GetVM(c.ctx, name); !client.IsNotFound(err) {
+		c.t.Fatalf("%s still exists after the UI deleted it: %v", name, err)
+	}
+}
+
+// keyboard checks that the main actions are reachable with Tab, in order.
+func (c *consoleRun) keyboard(v *api.VM) {
+	c.run("VM list", chromedp.Navigate(c.s.URL+"/#/"), chromedp.WaitVisible(fmt.Sprintf(`tr[data-vm-id=%q]`, v.ID), chromedp.ByQuery))
+	c.eval(`document.activeElement.blur(), true`, new(bool))
+	var seen []string
+	for i := 0; i < 40; i++ {
+		c.run("tab", chromedp.KeyEvent(kb.Tab))
+		var d string
+		c.eval(`(e => e.getAttribute('aria-label') || e.textContent.trim())(document.activeElement)`, &d)
+		seen = append(seen, d)
+	}
+	joined := strings.Join(seen, " | ")
+	for _, want := range []string{"Skip to content", "Host", "Sign out", "Create a VM", v.Name, "Pause " + v.Name, "Fork " + v.Name, "Delete " + v.Name} {
+		if !strings.Contains(joined, want) {
+			c.t.Errorf("%q is not reachable with Tab; tab order: %s", want, joined)
+		}
+	}
+	c.measure("tab_order_vm_list", seen[:min(len(seen), 16)])
+}
+
+// scoped signs in with a VM's token: the list has that VM only, there is
+// no host page, and the API refuses the rest.
+func (c *consoleRun) scoped(v *api.VM, secret string) {
+	c.click(`#who button`)
+	c.run("signed out", chromedp.WaitVisible(`input[name="token"]`, chromedp.ByQuery))
+	c.run("sign in with the VM's token", chromedp.SendKeys(`input[name="token"]`, secret, chromedp.ByQuery), chromedp.KeyEvent(kb.Enter))
+	c.waitJS("its VM only", fmt.Sprintf(`document.querySelectorAll('tr[data-vm-id]').length === 1 && !!document.querySelector('tr[data-vm-id=%q]')`, v.ID), time.Minute)
+	var nav string
+	c.eval(`document.getElementById('nav').textContent`, &nav)
+	if strings.Contains(nav, "Host") {
+		c.t.Errorf("a scoped session shows the host page: nav %q", nav)
+	}
+	var codes []int
+	c.eval(`Promise.all(['/v1/vms', '/v1/host', '/v1/tokens'].map(p => fetch(p).then(r => r.status)))`, &codes)
+	for _, code := range codes {
+		if code != 403 {
+			c.t.Errorf("a scoped session reads admin endpoints: %v", codes)
+		}
+	}
+	c.screenshot("scoped-list")
+	c.click(fmt.Sprintf(`tr[data-vm-id=%q] a`, v.ID))
+	c.run("its VM page", chromedp.WaitVisible(`.tabpanel[data-tab="terminal"]`, chromedp.ByQuery))
+	c.attachSession("main")
+	c.waitJS("the scrollback as the scoped token", termText+`.includes('hello-42')`, time.Minute)
+	c.a11y("scoped VM page")
+	c.screenshot("scoped-vm")
+}
+
+// a11y checks the basics: every form control has an accessible name, every
+// button a name, the page a main landmark and a heading.
+func (c *consoleRun) a11y(where string) {
+	c.t.Helper()
+	var bad []string
+	c.eval(`(() => {
+		const bad = [];
+		const named = (e) => (e.labels && e.labels.length && [...e.labels].some(l => l.textContent.trim())) || e.getAttribute('aria-label') || e.getAttribute('aria-labelledby') || e.title;
+		for (const e of document.querySelectorAll('input, select, textarea')) {
+			if (e.type === 'hidden' || e.closest('.xterm')) continue;
+			if (!named(e)) bad.push(e.outerHTML.slice(0, 120));
+		}
+		for (const b of document.querySelectorAll('button, a[href], summary')) {
+			if (!(b.textContent.trim() || b.getAttribute('aria-label'))) bad.push(b.outerHTML.slice(0, 120));
+		}
+		if (!document.querySelector('main')) bad.push('no <main>');
+		if (!document.querySelector('h1')) bad.push('no <h1>');
+		if (!document.documentElement.lang) bad.push('no lang');
+		return bad;
+	})()`, &bad)
+	if len(bad) > 0 {
+		c.t.Errorf("accessibility (%s): unlabelled or unnamed elements:\n\t%s", where, strings.Join(bad, "\n\t"))
+	}
+}

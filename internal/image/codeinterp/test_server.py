@@ -1,0 +1,859 @@
+"""Host-run tests for the code interpreter server (server.py, jskernel.js).
+
+Run from the repository root:
+
+    python3 -m unittest internal/image/codeinterp/test_server.py
+
+Needs Debian's python3-ipykernel, python3-jupyter-client, python3-numpy,
+python3-pandas, python3-matplotlib (the server is started with an
+interpreter that has them: $CODEINTERP_TEST_PYTHON, this interpreter, or
+/usr/bin/python3), plus node ($CODEINTERP_TEST_NODE or node on PATH; the
+JavaScript tests are skipped without it) and bash.
+"""
+
+import base64
+import http.client
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SERVER = os.path.join(HERE, "server.py")
+MAX_CONTEXTS = 12
+GRACE = 2.0
+
+_server = None
+_port = None
+_tmp = None
+_node = None
+_startup_seconds = None
+_server_log = None
+
+
+def _python_with_jupyter():
+    candidates = [os.environ.get("CODEINTERP_TEST_PYTHON"), sys.executable, "/usr/bin/python3"]
+    for c in candidates:
+        if not c or not os.path.exists(c):
+            continue
+        if c == sys.executable and importlib.util.find_spec("jupyter_client") is not None \
+                and importlib.util.find_spec("ipykernel") is not None:
+            return c
+        r = subprocess.run([c, "-c", "import jupyter_client, ipykernel, zmq"],
+                           capture_output=True)
+        if r.returncode == 0:
+            return c
+    return None
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setUpModule():
+    global _server, _port, _tmp, _node, _startup_seconds, _server_log
+    python = _python_with_jupyter()
+    if python is None:
+        raise unittest.SkipTest("no Python with jupyter_client and ipykernel found")
+    _node = os.environ.get("CODEINTERP_TEST_NODE") or shutil.which("node")
+    _tmp = tempfile.mkdtemp(prefix="codeinterp-test-")
+    home = os.path.join(_tmp, "home")
+    os.makedirs(home)
+    _port = _free_port()
+    env = dict(os.environ)
+    env["HOME"] = home
+    env["CODEINTERP_PRESET"] = "from-server-env"
+    env.pop("MPLBACKEND", None)
+    cmd = [python, SERVER, "--host", "127.0.0.1", "--port", str(_port), "--cwd", home,
+           "--max-contexts", str(MAX_CONTEXTS), "--keepalive-seconds", "0.5",
+           "--interrupt-grace-seconds", str(GRACE), "--runtime-dir", _tmp]
+    if _node:
+        cmd += ["--node", _node]
+    _server_log = open(os.path.join(_tmp, "server.log"), "w+")
+    t0 = time.monotonic()
+    _server = subprocess.Popen(cmd, env=env, stdout=_server_log, stderr=subprocess.STDOUT)
+    deadline = t0 + 90
+    while time.monotonic() < deadline:
+        if _server.poll() is not None:
+            _server_log.seek(0)
+            raise RuntimeError("server exited:\n" + _server_log.read())
+        try:
+            status, _, _ = request("GET", "/health", timeout=2)
+            if status == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.02)
+    else:
+        raise RuntimeError("server did not become healthy")
+    _startup_seconds = time.monotonic() - t0
+    sys.stderr.write(f"\n[codeinterp] server healthy after {_startup_seconds:.2f}s\n")
+
+
+def tearDownModule():
+    if _server is not None:
+        _server.terminate()
+        try:
+            _server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            _server.kill()
+    if _server_log is not None:
+        if os.environ.get("CODEINTERP_TEST_SHOW_LOG"):
+            _server_log.seek(0)
+            sys.stderr.write(_server_log.read())
+        _server_log.close()
+    if _tmp:
+        shutil.rmtree(_tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# Client helpers
+# ---------------------------------------------------------------------------
+
+def request(method, path, body=None, timeout=60, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", _port, timeout=timeout)
+    try:
+        data = None
+        hdrs = dict(headers or {})
+        if body is not None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            hdrs.setdefault("Content-Type", "application/json")
+        conn.request(method, path, body=data, headers=hdrs)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def request_json(method, path, body=None):
+    status, _, raw = request(method, path, body)
+    return status, (json.loads(raw) if raw and status == 200 else raw.decode())
+
+
+class Execution:
+    def __init__(self, status, events, elapsed, arrivals, headers):
+        self.status = status
+        self.events = events
+        self.elapsed = elapsed
+        self.arrivals = arrivals
+        self.headers = headers
+
+    def of(self, kind):
+        return [e for e in self.events if e["type"] == kind]
+
+    @property
+    def stdout(self):
+        return "".join(e["text"] for e in self.of("stdout"))
+
+    @property
+    def stderr(self):
+        return "".join(e["text"] for e in self.of("stderr"))
+
+    @property
+    def results(self):
+        return self.of("result")
+
+    @property
+    def error(self):
+        errs = self.of("error")
+        return errs[-1] if errs else None
+
+    @property
+    def text(self):
+        for r in self.results:
+            if r.get("is_main_result"):
+                return r.get("text")
+        return None
+
+    @property
+    def ended(self):
+        return bool(self.events) and self.events[-1]["type"] == "end_of_execution"
+
+
+def execute(code, timeout=90, **fields):
+    body = {"code": code}
+    body.update(fields)
+    conn = http.client.HTTPConnection("127.0.0.1", _port, timeout=timeout)
+    t0 = time.monotonic()
+    try:
+        conn.request("POST", "/execute", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            return Execution(r.status, r.read().decode(), time.monotonic() - t0, [], dict(r.getheaders()))
+        events, arrivals = [], []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            ev = json.loads(line)
+            if ev["type"] == "keepalive":
+                continue
+            events.append(ev)
+            arrivals.append(time.monotonic() - t0)
+        return Execution(200, events, time.monotonic() - t0, arrivals, dict(r.getheaders()))
+    finally:
+        conn.close()
+
+
+def create_context(testcase, **body):
+    status, ctx = request_json("POST", "/contexts", body)
+    testcase.assertEqual(status, 200, ctx)
+    testcase.addCleanup(request, "DELETE", f"/contexts/{ctx['id']}")
+    return ctx
+
+
+def raw_http(data, read_timeout=30):
+    s = socket.create_connection(("127.0.0.1", _port))
+    s.settimeout(read_timeout)
+    try:
+        s.sendall(data)
+        chunks = []
+        while True:
+            try:
+                b = s.recv(65536)
+            except socket.timeout:
+                break
+            if not b:
+                break
+            chunks.append(b)
+            if b"\r\n\r\n" in b"".join(chunks) and data.startswith(b"GET"):
+                pass
+        return b"".join(chunks)
+    finally:
+        s.close()
+
+
+def needs_node(fn):
+    return unittest.skipUnless(os.environ.get("CODEINTERP_TEST_NODE") or shutil.which("node"),
+                               "node not available")(fn)
+
+
+# ---------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------
+
+class TestHealthAndProtocol(unittest.TestCase):
+    def test_health(self):
+        status, headers, body = request("GET", "/health")
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(body), "OK")
+
+    def test_default_contexts_listed(self):
+        status, contexts = request_json("GET", "/contexts")
+        self.assertEqual(status, 200)
+        languages = [c["language"] for c in contexts]
+        self.assertIn("python", languages)
+        if _node:
+            self.assertIn("javascript", languages)
+        for c in contexts:
+            self.assertEqual(set(c), {"id", "language", "cwd"})
+
+    def test_ndjson_stream_shape(self):
+        ex = execute("print('hi')\n1 + 1")
+        self.assertEqual(ex.status, 200)
+        self.assertEqual(ex.headers.get("Content-Type"), "application/x-ndjson")
+        self.assertEqual(ex.headers.get("Transfer-Encoding"), "chunked")
+        types = [e["type"] for e in ex.events]
+        self.assertEqual(types, ["number_of_executions", "stdout", "result", "end_of_execution"])
+        out = ex.of("stdout")[0]
+        self.assertEqual(out["text"], "hi\n")
+        self.assertRegex(out["timestamp"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+        res = ex.results[0]
+        self.assertEqual(res, {"type": "result", "text": "2", "extra": {}, "is_main_result": True})
+
+    def test_http10_close_delimited(self):
+        body = json.dumps({"code": "print('old client')"}).encode()
+        raw = raw_http(b"POST /execute HTTP/1.0\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        self.assertIn(b"200", head.split(b"\r\n")[0])
+        self.assertNotIn(b"chunked", head.lower())
+        events = [json.loads(l) for l in payload.splitlines() if l.strip()]
+        self.assertEqual(events[-1]["type"], "end_of_execution")
+        self.assertIn({"old client\n"}, [{e.get("text")} for e in events])
+
+    def test_chunked_request_body(self):
+        body = json.dumps({"code": "'chunked ok'"}).encode()
+        half = len(body) // 2
+        data = (b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                + b"%x\r\n%s\r\n" % (half, body[:half])
+                + b"%x\r\n%s\r\n" % (len(body) - half, body[half:]) + b"0\r\n\r\n")
+        raw = raw_http(data)
+        self.assertIn(b'"text":"chunked ok"', raw)
+
+    def test_unicode_is_ascii_escaped(self):
+        ex = execute("print('h\u00e9llo \u2713')")
+        self.assertEqual(ex.stdout, "h\u00e9llo \u2713\n")
+
+
+class TestBadRequests(unittest.TestCase):
+    def test_invalid_json(self):
+        status, _, body = request("POST", "/execute", b"{not json")
+        self.assertEqual(status, 400)
+        self.assertIn(b"Invalid JSON", body)
+
+    def test_non_object_json(self):
+        status, _, _ = request("POST", "/execute", b"[1, 2]")
+        self.assertEqual(status, 400)
+
+    def test_missing_code(self):
+        status, _, body = request("POST", "/execute", {"language": "python"})
+        self.assertEqual(status, 400)
+        self.assertIn(b"code", body)
+
+    def test_context_and_language(self):
+        status, _, body = request("POST", "/execute", {"code": "1", "context_id": "abc", "language": "python"})
+        self.assertEqual(status, 400)
+        self.assertIn(b"Only one of context_id or language", body)
+
+    def test_unknown_context(self):
+        status, headers, body = request("POST", "/execute", {"code": "1", "context_id": "nope"})
+        self.assertEqual(status, 404)
+        self.assertTrue(headers["Content-Type"].startswith("text/plain"))
+        self.assertEqual(body, b"Context nope not found")
+
+    def test_unsupported_language(self):
+        status, _, body = request("POST", "/execute", {"code": "1", "language": "cobol"})
+        self.assertEqual(status, 400)
+        status, _, body = request("POST", "/execute", {"code": "1", "language": "r"})
+        self.assertEqual(status, 400)
+        self.assertIn(b"not available", body)
+        status, _, _ = request("POST", "/contexts", {"language": "java"})
+        self.assertEqual(status, 400)
+
+    def test_bad_fields(self):
+        for body in ({"code": "1", "timeout_ms": "soon"}, {"code": "1", "timeout_ms": -5},
+                     {"code": "1", "env_vars": {"BAD-NAME": "x"}},
+                     {"code": "1", "env_vars": {"A": {"nested": 1}}},
+                     {"code": "1", "env_vars": ["A"]}, {"code": 5}):
+            status, _, _ = request("POST", "/execute", body)
+            self.assertEqual(status, 400, body)
+
+    def test_oversized_body(self):
+        raw = raw_http(b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 20000000\r\n\r\n{\"code\": \"")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 413"), raw[:100])
+        self.assertIn(b"too large", raw)
+
+    def test_not_found_and_method(self):
+        self.assertEqual(request("GET", "/nope")[0], 404)
+        self.assertEqual(request("GET", "/execute")[0], 405)
+        self.assertEqual(request("PUT", "/contexts/x")[0], 405)
+
+    def test_server_survives_garbage(self):
+        raw_http(b"\x00\x01garbage\r\n\r\n", read_timeout=5)
+        raw_http(b"POST /execute HTTP/1.1\r\nContent-Length: abc\r\n\r\n", read_timeout=5)
+        self.assertEqual(request("GET", "/health")[0], 200)
+
+
+class TestPython(unittest.TestCase):
+    def test_state_across_calls(self):
+        execute("py_state = 1")
+        ex = execute("py_state += 1; py_state")
+        self.assertEqual(ex.text, "2")
+        self.assertIsNone(ex.error)
+
+    def test_execution_count(self):
+        ctx = create_context(self)
+        execute("1", context_id=ctx["id"])
+        ex = execute("!pwd", context_id=ctx["id"])
+        self.assertEqual(ex.of("number_of_executions")[0]["execution_count"], 2)
+
+    def test_stdout_stderr_order(self):
+        ex = execute("import sys\nprint('a', flush=True)\nprint('b', file=sys.stderr, flush=True)\n"
+                     "print('c', flush=True)")
+        got = [(e["type"], e["text"]) for e in ex.events if e["type"] in ("stdout", "stderr")]
+        self.assertEqual(got, [("stdout", "a\n"), ("stderr", "b\n"), ("stdout", "c\n")])
+
+    def test_output_is_streamed(self):
+        ex = execute("import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')")
+        first = next(i for i, e in enumerate(ex.events) if e["type"] == "stdout")
+        self.assertLess(ex.arrivals[first], 1.2)
+        self.assertGreaterEqual(ex.elapsed, 1.5)
+        self.assertEqual(ex.stdout, "first\nsecond\n")
+
+    def test_keepalive_lines(self):
+        conn = http.client.HTTPConnection("127.0.0.1", _port, timeout=30)
+        conn.request("POST", "/execute", body=json.dumps({"code": "import time; time.sleep(1.3)"}))
+        lines = [json.loads(l) for l in conn.getresponse().read().splitlines()]
+        conn.close()
+        self.assertIn({"type": "keepalive"}, lines)
+        self.assertEqual(lines[-1], {"type": "end_of_execution"})
+
+    def test_error_with_traceback(self):
+        ex = execute("def f():\n    return 1 / 0\nf()")
+        self.assertEqual(ex.error["name"], "ZeroDivisionError")
+        self.assertEqual(ex.error["value"], "division by zero")
+        self.assertIn("ZeroDivisionError", ex.error["traceback"])
+        self.assertIn("1 / 0", ex.error["traceback"])
+        self.assertNotIn("\x1b[", ex.error["traceback"])  # no ANSI colours
+        self.assertTrue(ex.ended)
+
+    def test_name_error_message(self):
+        ctx = create_context(self)
+        ex = execute("undefined_name_xyz", context_id=ctx["id"])
+        self.assertEqual(ex.error["name"], "NameError")
+        self.assertEqual(ex.error["value"], "name 'undefined_name_xyz' is not defined")
+
+    def test_string_result_unquoted(self):
+        self.assertEqual(execute("'abc'").text, "abc")
+
+    def test_display_and_main_result(self):
+        ex = execute("from IPython.display import display\ndisplay('shown')\n42")
+        self.assertEqual([(r["text"], r["is_main_result"]) for r in ex.results],
+                         [("shown", False), ("42", True)])
+
+    def test_latex_only_display(self):
+        ex = execute("from IPython.display import display\n"
+                     "display({'text/latex': r'\\text{X}'}, raw=True)")
+        self.assertEqual(ex.results[0]["latex"], r"\text{X}")
+        self.assertNotIn("text", ex.results[0])
+
+    def test_indented_code(self):
+        ex = execute("\n        a_val = 3\n        a_val * 2\n        ")
+        self.assertEqual(ex.text, "6")
+
+    def test_matplotlib_png_and_chart(self):
+        ex = execute("import matplotlib.pyplot as plt\nimport numpy as np\n"
+                     "x = np.linspace(0, 20, 100)\nplt.plot(x, np.sin(x), label='sin')\n"
+                     "plt.title('Sine')\nplt.xlabel('t (s)')\nplt.show()")
+        self.assertIsNone(ex.error, ex.error)
+        self.assertEqual(len(ex.results), 1)
+        r = ex.results[0]
+        self.assertFalse(r["is_main_result"])
+        self.assertTrue(base64.b64decode(r["png"]).startswith(b"\x89PNG\r\n\x1a\n"))
+        self.assertTrue(r["text"].startswith("<Figure"))
+        self.assertEqual(r["extra"], {})
+        chart = r["chart"]
+        self.assertEqual(chart["type"], "line")
+        self.assertEqual(chart["title"], "Sine")
+        self.assertEqual(chart["x_unit"], "s")
+        self.assertEqual(chart["elements"][0]["label"], "sin")
+        self.assertEqual(len(chart["elements"][0]["points"]), 100)
+
+    def test_figure_as_last_expression(self):
+        ex = execute("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\n"
+                     "ax.bar(['a', 'b'], [3, 4], label='g')\nfig")
+        mains = [r for r in ex.results if r["is_main_result"]]
+        self.assertEqual(len(mains), 1)
+        self.assertTrue(base64.b64decode(mains[0]["png"]).startswith(b"\x89PNG"))
+        self.assertEqual(mains[0]["chart"]["type"], "bar")
+        self.assertEqual([(e["label"], e["value"]) for e in mains[0]["chart"]["elements"]],
+                         [("a", 3.0), ("b", 4.0)])
+
+    def test_plot_and_value_give_two_results(self):
+        ex = execute("import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\nplt.show()\n7")
+        self.assertEqual(len(ex.results), 2)
+        self.assertEqual(ex.text, "7")
+
+    def test_pie_chart(self):
+        ex = execute("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\n"
+                     "ax.pie([90, 10], labels=['No', 'Yes'], startangle=90)\nplt.title('P')\nplt.show()")
+        chart = ex.results[0]["chart"]
+        self.assertEqual(chart["type"], "pie")
+        self.assertEqual([(e["label"], e["angle"]) for e in chart["elements"]], [("No", 324), ("Yes", 36)])
+
+    def test_dataframe_html_and_data(self):
+        ex = execute("import pandas as pd\npd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', None]})")
+        r = ex.results[0]
+        self.assertTrue(r["is_main_result"])
+        self.assertIn("<table", r["html"])
+        self.assertIn("a", r["text"])
+        self.assertEqual(r["data"], {"a": [1, 2, 3], "b": ["x", "y", None]})
+
+    def test_dataframe_nan_is_valid_json(self):
+        ex = execute("import pandas as pd, numpy as np\npd.DataFrame({'v': [1.5, np.nan]})")
+        self.assertEqual(ex.results[0]["data"], {"v": [1.5, None]})
+
+    def test_pil_image(self):
+        ex = execute("from PIL import Image\nimg = Image.new('RGB', (8, 8), 'red')\nimg.show()\nprint('shown')")
+        self.assertTrue(base64.b64decode(ex.results[0]["png"]).startswith(b"\x89PNG"))
+        self.assertEqual(ex.stdout, "shown\n")
+
+    def test_shell_escape_uses_cwd(self):
+        ctx = create_context(self)
+        ex = execute("!pwd", context_id=ctx["id"])
+        self.assertEqual(ex.stdout.strip(), ctx["cwd"])
+        ex = execute("from pathlib import Path; print(Path.cwd())", context_id=ctx["id"])
+        self.assertEqual(ex.stdout.strip(), ctx["cwd"])
+
+    def test_env_vars_scoped_to_one_execution(self):
+        ex = execute("import os; os.getenv('CI_FOO')", env_vars={"CI_FOO": "bar"})
+        self.assertEqual(ex.text, "bar")
+        ex = execute("import os; os.getenv('CI_FOO', 'default')")
+        self.assertEqual(ex.text, "default")
+        # an existing variable is restored, not deleted
+        ex = execute("import os; os.environ['CODEINTERP_PRESET']", env_vars={"CODEINTERP_PRESET": "tmp"})
+        self.assertEqual(ex.text, "tmp")
+        ex = execute("import os; os.environ['CODEINTERP_PRESET']")
+        self.assertEqual(ex.text, "from-server-env")
+        # visible to subprocesses too
+        ex = execute("import subprocess; print(subprocess.check_output(['sh', '-c', 'echo $CI_SUB']).decode())",
+                     env_vars={"CI_SUB": "sub'val\"ue"})
+        self.assertEqual(ex.stdout.strip(), "sub'val\"ue")
+
+    def test_timeout_interrupts_and_keeps_state(self):
+        ctx = create_context(self)
+        execute("survivor = 41", context_id=ctx["id"])
+        ex = execute("import time\nprint('before', flush=True)\ntime.sleep(60)", context_id=ctx["id"],
+                     timeout_ms=1000)
+        self.assertLess(ex.elapsed, 5)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertIn("KeyboardInterrupt", ex.error["traceback"])
+        self.assertEqual(len(ex.of("error")), 1)
+        self.assertEqual(ex.stdout, "before\n")
+        self.assertTrue(ex.ended)
+        ex = execute("survivor + 1", context_id=ctx["id"])
+        self.assertEqual(ex.text, "42")
+
+    def test_client_disconnect_interrupts(self):
+        ctx = create_context(self)
+        execute("kept = 'yes'", context_id=ctx["id"])
+        body = json.dumps({"code": "import time\nprint('go', flush=True)\ntime.sleep(120)",
+                           "context_id": ctx["id"]}).encode()
+        s = socket.create_connection(("127.0.0.1", _port))
+        s.sendall(b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.settimeout(10)
+        buf = b""
+        while b'"go\\n"' not in buf:
+            buf += s.recv(4096)
+        s.close()
+        t0 = time.monotonic()
+        ex = execute("kept", context_id=ctx["id"], timeout_ms=10000)
+        self.assertEqual(ex.text, "yes")
+        self.assertLess(time.monotonic() - t0, 5)
+
+    def test_interrupt_endpoint(self):
+        ctx = create_context(self)
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("ex", execute(
+            "import time\nval = 9\ntime.sleep(60)", context_id=ctx["id"])))
+        t.start()
+        time.sleep(1.0)
+        status, body = request_json("POST", f"/contexts/{ctx['id']}/interrupt")
+        self.assertEqual(status, 200)
+        self.assertEqual(body, {"interrupted": True})
+        t.join(20)
+        self.assertEqual(box["ex"].error["name"], "KeyboardInterrupt")
+        self.assertEqual(execute("val", context_id=ctx["id"]).text, "9")
+
+    def test_unresponsive_kernel_is_restarted(self):
+        ctx = create_context(self)
+        execute("lost = 1", context_id=ctx["id"])
+        code = ("import time\nwhile True:\n    try:\n        time.sleep(10)\n"
+                "    except KeyboardInterrupt:\n        pass\n")
+        ex = execute(code, context_id=ctx["id"], timeout_ms=500)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertIn("restarted", ex.error["value"])
+        self.assertLess(ex.elapsed, GRACE + 5)
+        ex = execute("lost", context_id=ctx["id"])
+        self.assertIn("restarted", ex.stderr)
+        self.assertEqual(ex.error["name"], "NameError")
+        self.assertEqual(execute("1 + 1", context_id=ctx["id"]).text, "2")
+
+    def test_kernel_death_reported_and_recovered(self):
+        ctx = create_context(self)
+        ex = execute("import os; os._exit(3)", context_id=ctx["id"])
+        self.assertEqual(ex.error["name"], "KernelDied")
+        self.assertTrue(ex.ended)
+        ex = execute("2 * 21", context_id=ctx["id"])
+        self.assertEqual(ex.text, "42")
+
+    def test_contexts_run_concurrently_and_serialize(self):
+        a, b = create_context(self), create_context(self)
+        out = {}
+
+        def run(key, ctx):
+            out[key] = execute("import time; time.sleep(1.5); 'done'", context_id=ctx["id"])
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=run, args=(k, c)) for k, c in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertLess(time.monotonic() - t0, 2.9)
+        self.assertEqual(out["a"].text, "done")
+        self.assertEqual(out["b"].text, "done")
+        # the same context runs one execution at a time
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=run, args=(k, a)) for k in ("c", "d")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertGreaterEqual(time.monotonic() - t0, 3.0)
+
+
+class TestContexts(unittest.TestCase):
+    def test_crud_and_restart(self):
+        sub = tempfile.mkdtemp(dir=_tmp)
+        ctx = create_context(self, language="python", cwd=sub)
+        self.assertEqual(ctx["language"], "python")
+        self.assertEqual(ctx["cwd"], sub)
+        status, contexts = request_json("GET", "/contexts")
+        self.assertEqual(contexts[-1], ctx)
+        # independent from the default context
+        execute("shared_name = 1")
+        ex = execute("shared_name", context_id=ctx["id"])
+        self.assertEqual(ex.error["value"], "name 'shared_name' is not defined")
+        # restart loses state, keeps id and cwd
+        execute("x = 1", context_id=ctx["id"])
+        status, body = request_json("POST", f"/contexts/{ctx['id']}/restart")
+        self.assertEqual((status, body), (200, None))
+        ex = execute("x", context_id=ctx["id"])
+        self.assertEqual(ex.error["name"], "NameError")
+        self.assertEqual(ex.error["value"], "name 'x' is not defined")
+        ex = execute("import os; os.getcwd()", context_id=ctx["id"])
+        self.assertEqual(ex.text, sub)
+        # delete
+        status, body = request_json("DELETE", f"/contexts/{ctx['id']}")
+        self.assertEqual((status, body), (200, None))
+        self.assertNotIn(ctx["id"], [c["id"] for c in request_json("GET", "/contexts")[1]])
+        self.assertEqual(request("DELETE", f"/contexts/{ctx['id']}")[0], 404)
+        self.assertEqual(request("POST", f"/contexts/{ctx['id']}/restart")[0], 404)
+        self.assertEqual(request("POST", "/execute", {"code": "1", "context_id": ctx["id"]})[0], 404)
+
+    def test_default_options(self):
+        ctx = create_context(self)
+        self.assertEqual(ctx["language"], "python")
+        self.assertEqual(ctx["cwd"], os.path.join(_tmp, "home"))
+        uuid_re = r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+        self.assertRegex(ctx["id"], uuid_re)
+
+    def test_bad_cwd(self):
+        status, _, body = request("POST", "/contexts", {"cwd": "/nonexistent/dir"})
+        self.assertEqual(status, 400)
+        self.assertIn(b"does not exist", body)
+
+    def test_restart_during_execution(self):
+        ctx = create_context(self)
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("ex", execute(
+            "import time; time.sleep(60)", context_id=ctx["id"])))
+        t.start()
+        time.sleep(1.0)
+        self.assertEqual(request("POST", f"/contexts/{ctx['id']}/restart")[0], 200)
+        t.join(30)
+        self.assertEqual(box["ex"].error["name"], "ContextRestarting")
+        self.assertTrue(box["ex"].ended)
+        self.assertEqual(execute("5", context_id=ctx["id"]).text, "5")
+
+    def test_delete_during_execution(self):
+        status, ctx = request_json("POST", "/contexts", {"language": "bash"})
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("ex", execute("sleep 60", context_id=ctx["id"])))
+        t.start()
+        time.sleep(0.5)
+        self.assertEqual(request("DELETE", f"/contexts/{ctx['id']}")[0], 200)
+        t.join(30)
+        self.assertEqual(box["ex"].error["name"], "ContextDeleted")
+
+    def test_context_limit(self):
+        created = []
+        try:
+            for _ in range(MAX_CONTEXTS + 1):
+                status, _, body = request("POST", "/contexts", {"language": "bash"})
+                if status != 200:
+                    break
+                created.append(json.loads(body)["id"])
+            self.assertEqual(status, 429)
+            self.assertIn(b"Too many contexts", body)
+        finally:
+            for cid in created:
+                request("DELETE", f"/contexts/{cid}")
+        ctx = create_context(self, language="bash")
+        self.assertEqual(execute("echo ok", context_id=ctx["id"]).stdout, "ok\n")
+
+    @needs_node
+    def test_typescript(self):
+        status, _, body = request("POST", "/contexts", {"language": "ts"})
+        if status == 400:
+            self.assertIn(b"TypeScript is not supported", body)
+            return
+        self.assertEqual(status, 200)
+        cid = json.loads(body)["id"]
+        self.addCleanup(request, "DELETE", f"/contexts/{cid}")
+        ex = execute("const message: string = 'Hello'; console.log(message)", context_id=cid)
+        self.assertEqual(ex.stdout, "Hello\n")
+
+
+@needs_node
+class TestJavaScript(unittest.TestCase):
+    def setUp(self):
+        self.ctx = create_context(self, language="javascript")
+
+    def run_js(self, code, **kw):
+        return execute(code, context_id=self.ctx["id"], **kw)
+
+    def test_language_alias_uses_default_context(self):
+        ex = execute("console.log('Hello World!')", language="js")
+        self.assertEqual(ex.stdout, "Hello World!\n")
+
+    def test_state_and_result(self):
+        self.run_js("let counter = 1")
+        self.assertEqual(self.run_js("counter += 1; counter").text, "2")
+        self.run_js("const fixed = {a: [1, 2]}")
+        self.assertEqual(self.run_js("fixed").text, "{ a: [ 1, 2 ] }")
+        self.assertEqual(self.run_js("const fixed = 3; fixed").text, "3")  # re-declaration is fine
+        self.assertEqual(self.run_js("function twice(v) { return 2 * v }").text, None)
+        self.assertEqual(self.run_js("twice(21)").text, "42")
+        self.assertEqual(self.run_js("class P { constructor() { this.q = 1 } }\nnew P()").text, "P { q: 1 }")
+        self.assertEqual(self.run_js("'plain string'").text, "plain string")
+        self.assertEqual(self.run_js("{ k: 1 }").text, "{ k: 1 }")
+        self.assertEqual(self.run_js("undefined").results, [])
+
+    def test_console_and_order(self):
+        ex = self.run_js("console.log('a'); console.error('b'); process.stdout.write('c\\n')")
+        got = [(e["type"], e["text"]) for e in ex.events if e["type"] in ("stdout", "stderr")]
+        self.assertEqual(got, [("stdout", "a\n"), ("stderr", "b\n"), ("stdout", "c\n")])
+
+    def test_top_level_await_and_esm(self):
+        self.assertEqual(self.run_js("await Promise.resolve('Hello World!')").text, "Hello World!")
+        ex = self.run_js("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)")
+        self.assertEqual(ex.stdout, "function\n")
+        self.assertEqual(self.run_js("typeof readFileSync").text, "function")
+        ex = self.run_js("const { join } = await import('path'); const joined = join('a', 'b'); joined")
+        self.assertEqual(ex.text, "a/b")
+        self.assertEqual(self.run_js("joined").text, "a/b")
+        ex = self.run_js("async function later() { return 5 }\nawait later()")
+        self.assertEqual(ex.text, "5")
+        self.assertEqual(self.run_js("await later() + 1").text, "6")
+        self.assertEqual(self.run_js("require('os').EOL").text, "\n")
+
+    def test_errors(self):
+        ex = self.run_js("throw new TypeError('bad thing')")
+        self.assertEqual((ex.error["name"], ex.error["value"]), ("TypeError", "bad thing"))
+        self.assertIn("TypeError: bad thing", ex.error["traceback"])
+        self.assertNotIn("jskernel.js", ex.error["traceback"])
+        ex = self.run_js("await Promise.reject(new RangeError('nope'))")
+        self.assertEqual(ex.error["name"], "RangeError")
+        ex = self.run_js("this is not javascript")
+        self.assertEqual(ex.error["name"], "SyntaxError")
+        ex = self.run_js("throw 'a string'")
+        self.assertEqual((ex.error["name"], ex.error["value"]), ("Error", "a string"))
+        self.assertTrue(ex.ended)
+
+    def test_cwd_and_env(self):
+        self.assertEqual(self.run_js("process.cwd()").text, self.ctx["cwd"])
+        self.assertEqual(self.run_js("process.env.CI_JS", env_vars={"CI_JS": "bar"}).text, "bar")
+        self.assertEqual(self.run_js("process.env.CI_JS || 'default'").text, "default")
+
+    def test_timeout_interrupt_keeps_globals(self):
+        self.run_js("var keepMe = 'kept'")
+        ex = self.run_js("while (true) {}", timeout_ms=800)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertLess(ex.elapsed, 5)
+        self.assertEqual(self.run_js("keepMe").text, "kept")
+        ex = self.run_js("await new Promise(r => setTimeout(r, 60000))", timeout_ms=800)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertEqual(self.run_js("keepMe + '!'").text, "kept!")
+
+    def test_uninterruptible_loop_restarts_runtime(self):
+        ex = self.run_js("await null; while (true) {}", timeout_ms=500)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertIn("restarted", ex.error["value"])
+        self.assertEqual(self.run_js("1 + 1").text, "2")
+
+    def test_process_exit_is_survivable(self):
+        ex = self.run_js("process.exit(0)")
+        self.assertEqual(ex.error["name"], "KernelDied")
+        self.assertEqual(self.run_js("'back'").text, "back")
+
+    def test_async_callback_output_and_errors(self):
+        ex = self.run_js("setTimeout(() => { throw new Error('late') }, 0); await new Promise(r => setTimeout(r, 50)); 1")
+        self.assertEqual(ex.text, "1")
+        self.assertIn("late", ex.stderr)
+
+
+class TestBash(unittest.TestCase):
+    def setUp(self):
+        self.ctx = create_context(self, language="bash")
+
+    def run_sh(self, code, **kw):
+        return execute(code, context_id=self.ctx["id"], **kw)
+
+    def test_default_bash_context(self):
+        ex = execute("echo $((6 * 7))", language="bash")
+        self.assertEqual(ex.stdout, "42\n")
+
+    def test_state_cwd_functions(self):
+        self.assertEqual(self.run_sh("pwd").stdout, self.ctx["cwd"] + "\n")
+        self.run_sh("MYVAR=hello; greet() { echo \"hi $1\"; }; cd /")
+        ex = self.run_sh("echo $MYVAR; pwd; greet there")
+        self.assertEqual(ex.stdout, "hello\n/\nhi there\n")
+        self.assertIsNone(ex.error)
+
+    def test_stdout_stderr_and_exit_code(self):
+        ex = self.run_sh("echo out; echo err >&2; false")
+        self.assertEqual(ex.stdout, "out\n")
+        self.assertEqual(ex.stderr, "err\n")
+        self.assertEqual(ex.error["name"], "ExitCodeError")
+        self.assertIn("1", ex.error["value"])
+        self.assertIsNone(self.run_sh("true").error)
+
+    def test_stdin_is_not_the_control_channel(self):
+        ex = self.run_sh("cat; read -r line; echo after")
+        self.assertEqual(ex.stdout, "after\n")
+
+    def test_env_vars(self):
+        self.assertEqual(self.run_sh("echo $CI_SH", env_vars={"CI_SH": "a b'c"}).stdout, "a b'c\n")
+        self.assertEqual(self.run_sh("echo ${CI_SH:-default}").stdout, "default\n")
+
+    def test_timeout_keeps_shell(self):
+        self.run_sh("KEEP=1")
+        ex = self.run_sh("sleep 60; echo not-reached", timeout_ms=800)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertNotIn("not-reached", ex.stdout)
+        self.assertLess(ex.elapsed, 5)
+        ex = self.run_sh("while true; do :; done", timeout_ms=500)
+        self.assertEqual(ex.error["name"], "TimeoutError")
+        self.assertEqual(self.run_sh("echo $KEEP").stdout, "1\n")
+
+    def test_exit_restarts_shell(self):
+        ex = self.run_sh("exit 3")
+        self.assertEqual(ex.error["name"], "KernelDied")
+        ex = self.run_sh("echo back")
+        self.assertEqual(ex.stdout, "back\n")
+
+
+class TestPerformance(unittest.TestCase):
+    def test_warm_latency(self):
+        conn = http.client.HTTPConnection("127.0.0.1", _port, timeout=30)
+        report = []
+        langs = ["python", "bash"] + (["javascript"] if _node else [])
+        code = {"python": "print(1)", "javascript": "console.log(1)", "bash": "echo 1"}
+        try:
+            for lang in langs:
+                times = []
+                for i in range(55):
+                    t0 = time.perf_counter()
+                    conn.request("POST", "/execute", body=json.dumps({"code": code[lang], "language": lang}))
+                    body = conn.getresponse().read()
+                    times.append(time.perf_counter() - t0)
+                    events = [json.loads(l) for l in body.splitlines()]
+                    self.assertEqual("".join(e["text"] for e in events if e["type"] == "stdout"), "1\n")
+                times = times[5:]
+                p50 = statistics.median(times) * 1000
+                report.append(f"{lang} p50 {p50:.1f} ms")
+                self.assertLess(p50, 250)
+        finally:
+            conn.close()
+        sys.stderr.write(f"\n[codeinterp] warm round trip (50 runs): {', '.join(report)}; "
+                         f"startup to healthy {_startup_seconds:.2f}s\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
