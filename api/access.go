@@ -9,10 +9,11 @@ const (
 	PermSSH     = "ssh"     // the SSH gateway (shell, exec, sftp/scp/rsync, -L)
 	PermTerm    = "term"    // terminals
 	PermPreview = "preview" // preview URLs of non-public ports
+	PermDisplay = "display" // screenshots and the live view (VNC) of the VM's display
 )
 
 // AllPerms lists every permission a token can hold.
-var AllPerms = []string{PermExec, PermFiles, PermSSH, PermTerm, PermPreview}
+var AllPerms = []string{PermExec, PermFiles, PermSSH, PermTerm, PermPreview, PermDisplay}
 
 // CreateTokenRequest is the body of POST /v1/tokens.
 type CreateTokenRequest struct {

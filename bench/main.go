@@ -9,6 +9,7 @@
 //	go run ./bench -e2b [-creates 10] [-execs 50]  # the published e2b npm SDK vs the Go client (e2b.go)
 //	go run ./bench -tssdk [-execs 50]  # exec round trip through sdk/typescript vs the Go client (tssdk.go)
 //	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
+//	go run ./bench -browser [-creates 10] [-execs 50]  # browser image: create to CDP, screenshots, fork with an open page (browser.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
 // data dir (and a fresh template dir unless -keep-template), and deletes every VM it
@@ -46,6 +47,7 @@ type options struct {
 	e2b          bool
 	tssdk        bool
 	code         bool
+	browser      bool
 }
 
 func main() {
@@ -66,11 +68,12 @@ func main() {
 	flag.BoolVar(&o.e2b, "e2b", false, "run only the E2B benchmark (the published e2b npm SDK vs agentvm's Go client: create-to-first-command and a command round trip); implies -keep-template unless it is given")
 	flag.BoolVar(&o.tssdk, "tssdk", false, "run only the TypeScript SDK benchmark (exec round trip of true through sdk/typescript vs the Go client, same VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.code, "code", false, "run only the code-interpreter benchmark (run_code print(1) vs exec true on one VM, create to first result from the template and the warm pool); implies -keep-template unless it is given")
+	flag.BoolVar(&o.browser, "browser", false, "run only the browser benchmark (create to a CDP answer from the template and the warm pool vs a Chromium start, screenshots vs CDP's, fork of a VM with an open page vs a default fork); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.Parse()
-	if o.lifecycle || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk {
+	if o.lifecycle || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -168,6 +171,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.code {
 		phases = b.runCode
 	}
+	if o.browser {
+		phases = b.runBrowser
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -220,6 +226,15 @@ func run(ctx context.Context, o options) (code int) {
 			Code       *CodeReport `json:"code"`
 			Errors     []string    `json:"errors,omitempty"`
 		}{r.StartedAt, r.FinishedAt, r.Host, r.Code, r.Errors}
+	} else if o.browser {
+		r.PrintBrowser(os.Stdout)
+		out = struct {
+			StartedAt  time.Time      `json:"started_at"`
+			FinishedAt time.Time      `json:"finished_at"`
+			Host       Host           `json:"host"`
+			Browser    *BrowserReport `json:"browser"`
+			Errors     []string       `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.Browser, r.Errors}
 	} else if o.tssdk {
 		r.PrintTSSDK(os.Stdout)
 		out = struct {

@@ -129,6 +129,7 @@ type Report struct {
 	E2B       *E2BReport       `json:"e2b,omitempty"`
 	TSSDK     *TSSDKReport     `json:"tssdk,omitempty"`
 	Code      *CodeReport      `json:"code,omitempty"`
+	Browser   *BrowserReport   `json:"browser,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
 	Net       *NetReport       `json:"net,omitempty"`

@@ -121,15 +121,15 @@ func TestCodeInterpreter(t *testing.T) {
 		}
 		start := time.Now()
 		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "import time\nsurvivor = 7\ntime.sleep(3600)", Timeout: api.Duration(5 * time.Second)})
-		if ex.Error == nil {
-			t.Fatalf("a run past its timeout did not end in an error: %+v", ex)
+		if ex.Error == nil || ex.Error.Name != "TimeoutError" {
+			t.Fatalf("a run past its timeout did not end in a TimeoutError: %+v", ex.Error)
 		}
 		t.Logf("interrupted after %s: %s: %s", time.Since(start), ex.Error.Name, ex.Error.Value)
 		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "survivor"}, "7")
 	})
 
 	t.Run("env", func(t *testing.T) {
-		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "import os\nos.environ.get('RUN_ONLY')", Env: map[string]string{"RUN_ONLY": "yes"}}, "'yes'")
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "import os\nos.environ.get('RUN_ONLY')", Env: map[string]string{"RUN_ONLY": "yes"}}, "yes")
 		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "os.environ.get('RUN_ONLY')"}, "") // None has no display
 	})
 
@@ -156,7 +156,7 @@ func TestCodeInterpreter(t *testing.T) {
 		if err != nil || cx.ID == "" || cx.Language != "python" {
 			t.Fatalf("create context: %v %+v", err, cx)
 		}
-		wantText(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "import os\nos.getcwd()"}, "'/tmp'")
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "import os\nos.getcwd()"}, "/tmp")
 		// separate from the default context
 		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "x"})
 		if ex.Error == nil || ex.Error.Name != "NameError" {
@@ -208,7 +208,14 @@ func TestCodeInterpreter(t *testing.T) {
 			t.Fatalf("code in a default-image VM: %v", err)
 		}
 		c.DeleteVM(ctx, plain.ID)
-		// A token of another VM cannot run code here; one of this VM can.
+		if _, err := c.CreateVM(ctx, api.CreateVMRequest{Image: "no-such-image"}); !isStatus(err, http.StatusBadRequest) {
+			t.Fatalf("unknown image: %v", err)
+		}
+		if _, err := c.CreateVM(ctx, api.CreateVMRequest{Image: "code-interpreter", From: "anything"}); !isStatus(err, http.StatusBadRequest) {
+			t.Fatalf("image and from: %v", err)
+		}
+		// A token of this VM without exec, or limited to another guest
+		// user, cannot run code (the kernels run as "user", who may sudo).
 		other, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: []string{api.PermFiles}})
 		if err != nil {
 			t.Fatal(err)
@@ -223,6 +230,23 @@ func TestCodeInterpreter(t *testing.T) {
 		}
 		mc := &client.Client{BaseURL: s.URL, Token: mine.Secret, HTTP: http.DefaultClient}
 		wantText(t, mc, ctx, v.ID, api.RunCodeRequest{Code: "x"}, "41")
+		limited, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: []string{api.PermExec}, User: "agent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc := &client.Client{BaseURL: s.URL, Token: limited.Secret, HTTP: http.DefaultClient}
+		if _, err := lc.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "1"}, nil); !isStatus(err, http.StatusForbidden) {
+			t.Fatalf("a token limited to user agent ran code: %v", err)
+		}
+		// Inside the VM, the server answers root (the agent relays for the
+		// host) and its own user, not other users.
+		probe := "curl -s -m 20 -o /dev/null -w '%{http_code}' http://127.0.0.1:49999/health"
+		if r := s.Exec(ctx, "ci", "runuser -u user -- "+probe); r.Stdout != "200" {
+			t.Fatalf("user reaching the server: %+v", r)
+		}
+		if r := s.Exec(ctx, "ci", "runuser -u nobody -- "+probe); r.Stdout == "200" {
+			t.Fatalf("user nobody reached the code interpreter: %+v", r)
+		}
 	})
 
 	t.Run("cli", func(t *testing.T) {
@@ -268,7 +292,7 @@ func TestCodeInterpreter(t *testing.T) {
 		if _, err := c.SuspendVM(ctx, "ci"); err != nil {
 			t.Fatal(err)
 		}
-		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept"}, "'before'") // wakes the VM
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept"}, "before") // wakes the VM
 		fr, err := c.Fork(ctx, "ci", 1)
 		if err != nil || len(fr.Children) != 1 {
 			t.Fatalf("fork: %v %+v", err, fr)
@@ -277,10 +301,10 @@ func TestCodeInterpreter(t *testing.T) {
 		if fr.Children[0].Image != "code-interpreter" {
 			t.Fatalf("fork child image: %q", fr.Children[0].Image)
 		}
-		wantText(t, c, ctx, child, api.RunCodeRequest{Code: "kept"}, "'before'")
+		wantText(t, c, ctx, child, api.RunCodeRequest{Code: "kept"}, "before")
 		runCode(t, c, ctx, child, api.RunCodeRequest{Code: "kept = 'child'"})
-		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept"}, "'before'")
-		wantText(t, c, ctx, child, api.RunCodeRequest{Code: "kept"}, "'child'")
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "kept"}, "before")
+		wantText(t, c, ctx, child, api.RunCodeRequest{Code: "kept"}, "child")
 		c.DeleteVM(ctx, child)
 		if _, err := c.Snapshot(ctx, "ci", "ci-snap"); err != nil {
 			t.Fatal(err)
@@ -289,7 +313,7 @@ func TestCodeInterpreter(t *testing.T) {
 		if err != nil || nv.Image != "code-interpreter" {
 			t.Fatalf("create from snapshot: %v %+v", err, nv)
 		}
-		wantText(t, c, ctx, "ci-restored", api.RunCodeRequest{Code: "kept"}, "'before'")
+		wantText(t, c, ctx, "ci-restored", api.RunCodeRequest{Code: "kept"}, "before")
 		c.DeleteVM(ctx, "ci-restored")
 		c.DeleteSnapshot(ctx, "ci-snap")
 	})

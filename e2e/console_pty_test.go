@@ -63,16 +63,24 @@ func cliEcho(s *testenv.Server, vm, session string, n int) ([]float64, error) {
 			<-done
 		}
 	}()
+	// The reader ends when the PTY does (the deferred Close, or the CLI
+	// gone), or as soon as this function returns: it never blocks on out.
 	out := make(chan string, 64)
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
+		defer close(out)
 		b := make([]byte, 4096)
 		for {
 			k, err := m.Read(b)
 			if k > 0 {
-				out <- string(b[:k])
+				select {
+				case out <- string(b[:k]):
+				case <-stop:
+					return
+				}
 			}
 			if err != nil {
-				close(out)
 				return
 			}
 		}

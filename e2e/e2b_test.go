@@ -157,10 +157,26 @@ func TestE2BSDKPython(t *testing.T) {
 	e.run(t, dir, 30*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "sdk_test")
 }
 
+// warmCodeInterpreter makes sure the code-interpreter image and template of
+// the SDKs' default shape (1 vCPU, 1 GiB) exist before the SDKs create
+// sandboxes: their create calls time out after 60 s, and the first build
+// takes minutes.
+func warmCodeInterpreter(t *testing.T, e *e2bEnv) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	v, err := e.s.Client.CreateVM(ctx, api.CreateVMRequest{Image: "code-interpreter", Memory: 1 << 30})
+	if err != nil {
+		t.Fatalf("warm the code-interpreter template: %v", err)
+	}
+	e.s.Client.DeleteVM(ctx, v.ID)
+}
+
 // TestE2BCodeInterpreterNode drives the code-interpreter image with the
 // published @e2b/code-interpreter npm package.
 func TestE2BCodeInterpreterNode(t *testing.T) {
 	e := startE2B(t)
+	warmCodeInterpreter(t, e)
 	dir := npmPackages(t, []string{e2bNPM, codeInterpNPM}, "codeinterp.test.mjs")
 	e.run(t, dir, 40*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "codeinterp.test.mjs")
 }
@@ -169,6 +185,7 @@ func TestE2BCodeInterpreterNode(t *testing.T) {
 // e2b-code-interpreter PyPI package, sync and async.
 func TestE2BCodeInterpreterPython(t *testing.T) {
 	e := startE2B(t)
+	warmCodeInterpreter(t, e)
 	dir := t.TempDir()
 	install(t, dir, "python3", "-m", "venv", filepath.Join(dir, "venv"))
 	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI, codeInterpPyPI)

@@ -22,6 +22,10 @@ command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
 # The web console's tests drive Debian's headless Chromium (e2e/console_test.go).
 command -v chromium >/dev/null || pkgs+=(chromium)
+# The code interpreter's server is tested on the host (scripts/test.sh) with
+# the packages its image installs.
+/usr/bin/python3 -c 'import ipykernel, jupyter_client, numpy, pandas, matplotlib' 2>/dev/null ||
+	pkgs+=(python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib)
 if [ ${#pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "agentvm setup: missing packages: ${pkgs[*]}; run as root or: sudo apt-get install ${pkgs[*]}" >&2

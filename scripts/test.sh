@@ -9,6 +9,8 @@ echo "==> go vet"
 go vet ./...
 echo "==> unit tests (-race)"
 go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
+echo "==> code interpreter server (python unittest, real Jupyter kernels)"
+(cd internal/image/codeinterp && CODEINTERP_REQUIRE=1 /usr/bin/python3 -m unittest -q test_server)
 echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"
 FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 echo "==> end-to-end tests (real QEMU VMs)"

@@ -17,10 +17,11 @@ import (
 	"github.com/agentvm/agentvm/pkg/client"
 )
 
-// fileTypes are the result representations run-code saves with --out.
-var fileTypes = map[string]string{
-	"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg", "application/pdf": ".pdf",
-	"text/html": ".html",
+// fileTypes are the result representations run-code saves with --out, in
+// the order they are numbered.
+var fileTypes = []struct{ mime, ext string }{
+	{"image/png", ".png"}, {"image/jpeg", ".jpg"}, {"image/svg+xml", ".svg"}, {"application/pdf", ".pdf"},
+	{"text/html", ".html"},
 }
 
 func runCodeCmd() *cobra.Command {
@@ -91,7 +92,7 @@ images and HTML results are saved into --out DIR. An exception exits 1.`,
 	f.StringVar(&req.Context, "context", "", "run in this context (see code-context); exclusive with --language")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for this run (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "interrupt the run after this long (the context survives); default 5m")
-	f.StringVarP(&out, "out", "o", "", "save image, PDF and HTML results into this directory")
+	f.StringVarP(&out, "out", "o", "", "save image, PDF and HTML results into this directory (result-1.png, ...)")
 	f.BoolVar(&asJSON, "json", false, "print the raw events, one JSON object per line")
 	return c
 }
@@ -102,7 +103,8 @@ func saveResult(e api.CodeEvent, dir string, n int) int {
 	var text string
 	json.Unmarshal(e.Data["text/plain"], &text)
 	var files []string
-	for mime, ext := range fileTypes {
+	for _, ft := range fileTypes {
+		mime, ext := ft.mime, ft.ext
 		raw, ok := e.Data[mime]
 		if !ok {
 			continue

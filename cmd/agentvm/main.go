@@ -37,7 +37,7 @@ func main() {
 	root.AddCommand(serveCmd(), caCmd(), mcpCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
 		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
 		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
-		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd())
+		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd(), screenshotCmd())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	cancel()

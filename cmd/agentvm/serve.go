@@ -36,6 +36,11 @@ func serveCmd() *cobra.Command {
 			default:
 				return fmt.Errorf("--tls: want auto (or --tls-cert/--tls-key), got %q", tlsMode)
 			}
+			for _, name := range warmImages {
+				if _, err := image.Resolve(name); err != nil {
+					return fmt.Errorf("--warm-images: %w", err)
+				}
+			}
 			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			if exe, err := os.Executable(); err == nil {
 				qemu.StateReader = []string{exe, qemu.StateCatArg} // restores read state with splice
@@ -84,7 +89,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.TLSCert, "tls-cert", os.Getenv("AGENTVM_TLS_CERT"), "PEM certificate (e.g. a wildcard for *.<domain>) for HTTPS previews")
 	f.StringVar(&cfg.TLSKey, "tls-key", os.Getenv("AGENTVM_TLS_KEY"), "PEM key of --tls-cert")
 	f.StringSliceVar(&warmImages, "warm-images", splitList(envOr("AGENTVM_WARM_IMAGES", image.Default)), "images whose template (and warm pool) are made at start-up: "+strings.Join(image.Names(), ", "))
-	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the default template at start-up")
+	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the templates of --warm-images at start-up")
 	return c
 }
 

@@ -37,7 +37,7 @@ test('state persists; results, logs and callbacks', async () => {
   assert.deepEqual(seen.stdout, ['to out\n'])
   assert.deepEqual(seen.stderr, ['to err\n'])
   assert.equal(seen.results.length, 1)
-  assert.equal(seen.results[0].text, "'last'")
+  assert.equal(seen.results[0].text, 'last')
   assert.equal(r.results[0].isMainResult, true)
 })
 
@@ -62,13 +62,13 @@ test('a chart comes back as a PNG; a DataFrame as HTML', async () => {
 
 test('env vars: the sandbox\'s, per run, and per run overriding', async () => {
   const a = await sbx.runCode('import os; os.getenv("SANDBOX_WIDE")')
-  assert.equal(a.text, "'from-create'")
+  assert.equal(a.text, 'from-create')
   const b = await sbx.runCode('import os; os.getenv("FOO")', { envs: { FOO: 'bar' } })
-  assert.equal(b.text, "'bar'")
+  assert.equal(b.text, 'bar')
   const c = await sbx.runCode('import os; os.getenv("FOO", "default")')
-  assert.equal(c.text, "'default'")
+  assert.equal(c.text, 'default')
   const d = await sbx.runCode('import os; os.getenv("SANDBOX_WIDE")', { envs: { SANDBOX_WIDE: 'overwrite' } })
-  assert.equal(d.text, "'overwrite'")
+  assert.equal(d.text, 'overwrite')
 })
 
 test('cwd and languages', async () => {
@@ -89,7 +89,7 @@ test('contexts: create, use, list, restart, remove', async () => {
   const ctx = await sbx.createCodeContext({ cwd: '/tmp', language: 'python' })
   assert.equal(ctx.cwd, '/tmp')
   const r = await sbx.runCode('import os; mine = 5; os.getcwd()', { context: ctx })
-  assert.equal(r.text, "'/tmp'")
+  assert.equal(r.text, '/tmp')
   const list = await sbx.listCodeContexts()
   assert.ok(list.some((c) => c.id === ctx.id))
   assert.ok(list.some((c) => c.language === 'python'))
@@ -100,6 +100,15 @@ test('contexts: create, use, list, restart, remove', async () => {
   const list2 = await sbx.listCodeContexts()
   assert.ok(!list2.some((c) => c.id === ctx.id))
   await assert.rejects(sbx.runCode('1', { context: ctx }), /not found/i)
+})
+
+test('running code needs the envd access token; the SDK sends it', async () => {
+  const url = `http://${process.env.AGENTVM_PROXY}/execute`
+  const headers = { 'Content-Type': 'application/json', 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49999' }
+  const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify({ code: '1' }) })
+  assert.equal(res.status, 401)
+  const ok = await fetch(url, { method: 'POST', headers: { ...headers, 'X-Access-Token': 'wrong' }, body: JSON.stringify({ code: '1' }) })
+  assert.equal(ok.status, 401)
 })
 
 test('a client timeout interrupts the kernel; the next run works', async () => {
@@ -123,8 +132,11 @@ test('a client timeout interrupts the kernel; the next run works', async () => {
 test('a killed sandbox gives an error, not a hang', async () => {
   const other = await Sandbox.create({ timeoutMs: 600_000 })
   made.push(other)
-  const run = other.runCode('import time; time.sleep(600)', { timeoutMs: 600_000 })
-  await new Promise((r) => setTimeout(r, 3000))
+  let started
+  const running = new Promise((r) => { started = r })
+  const run = other.runCode('import time\nprint("started", flush=True)\ntime.sleep(600)', { timeoutMs: 600_000, onStdout: () => started() })
+  const failed = assert.rejects(run, /killed/) // handled before the kill rejects it
+  await running
   await other.kill()
-  await assert.rejects(run)
+  await failed
 })

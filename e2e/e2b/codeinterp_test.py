@@ -55,16 +55,16 @@ class CodeInterpreterSync(unittest.TestCase):
         self.assertIn("<table", ex.results[0].html)
 
     def test_envs_and_cwd(self):
-        self.assertEqual(self.sbx.run_code('import os; os.getenv("SANDBOX_WIDE")').text, "'py-create'")
-        self.assertEqual(self.sbx.run_code('import os; os.getenv("ONE")', envs={"ONE": "1"}).text, "'1'")
-        self.assertEqual(self.sbx.run_code('import os; os.getenv("ONE", "none")').text, "'none'")
-        self.assertEqual(self.sbx.run_code("import os; os.getcwd()").text, "'/home/user'")
+        self.assertEqual(self.sbx.run_code('import os; os.getenv("SANDBOX_WIDE")').text, "py-create")
+        self.assertEqual(self.sbx.run_code('import os; os.getenv("ONE")', envs={"ONE": "1"}).text, "1")
+        self.assertEqual(self.sbx.run_code('import os; os.getenv("ONE", "none")').text, "none")
+        self.assertEqual(self.sbx.run_code("import os; os.getcwd()").text, "/home/user")
         ex = self.sbx.run_code("echo $HOME; pwd", language="bash")
-        self.assertEqual(ex.logs.stdout, ["/home/user\n/home/user\n"])
+        self.assertEqual("".join(ex.logs.stdout), "/home/user\n/home/user\n")
 
     def test_contexts(self):
         ctx = self.sbx.create_code_context(cwd="/tmp", language="python")
-        self.assertEqual(self.sbx.run_code("import os; os.getcwd()", context=ctx).text, "'/tmp'")
+        self.assertEqual(self.sbx.run_code("import os; os.getcwd()", context=ctx).text, "/tmp")
         self.assertIn(ctx.id, [c.id for c in self.sbx.list_code_contexts()])
         self.sbx.remove_code_context(ctx)
         self.assertNotIn(ctx.id, [c.id for c in self.sbx.list_code_contexts()])
@@ -90,7 +90,7 @@ class CodeInterpreterAsync(unittest.TestCase):
             try:
                 await sbx.run_code("z = 'async'")
                 ex = await sbx.run_code("z.upper()")
-                self.assertEqual(ex.text, "'ASYNC'")
+                self.assertEqual(ex.text, "ASYNC")
                 ex = await sbx.run_code("[1, 2].map(x => x * 2)", language="javascript")
                 self.assertEqual(ex.text, "[ 2, 4 ]")
             finally:

@@ -41,7 +41,7 @@ for (const [kind, connect] of [['stdio', () => stdio()], ['streamable HTTP', () 
     const c = await connect()
     const { tools } = await c.listTools()
     const names = tools.map((t) => t.name)
-    for (const n of ['create_vm', 'list_vms', 'exec', 'read_file', 'write_file', 'list_files', 'fork_vm', 'snapshot_vm', 'suspend_vm', 'resume_vm', 'delete_vm', 'expose_port', 'create_service', 'service_logs', 'terminal_send', 'terminal_read']) {
+    for (const n of ['create_vm', 'list_vms', 'exec', 'read_file', 'write_file', 'list_files', 'fork_vm', 'snapshot_vm', 'suspend_vm', 'resume_vm', 'delete_vm', 'expose_port', 'create_service', 'service_logs', 'terminal_send', 'terminal_read', 'run_code']) {
       assert.ok(names.includes(n), `tool ${n} is listed`)
     }
     const del = tools.find((t) => t.name === 'delete_vm')
@@ -100,6 +100,30 @@ for (const [kind, connect] of [['stdio', () => stdio()], ['streamable HTTP', () 
     assert.match(await call(c, 'delete_vm', { vm }), /Deleted/)
   })
 }
+
+test('run_code: a code-interpreter VM, state, a chart as an image, an error', async () => {
+  const c = await http(env.AGENTVM_TOKEN)
+  const vm = 'mcp-code-' + Date.now() % 100000
+  assert.match(await call(c, 'create_vm', { name: vm, image: 'code-interpreter' }), /run_code/)
+  try {
+    await call(c, 'run_code', { vm, code: 'total = 40' })
+    assert.match(await call(c, 'run_code', { vm, code: 'print("sum"); total + 2' }), /--- stdout ---\nsum\n[\s\S]*--- value \(text\/plain\) ---\n42/)
+    const chart = await c.callTool({ name: 'run_code', arguments: { vm, code: 'import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()' } })
+    assert.ok(!chart.isError, textOf(chart))
+    const img = chart.content.find((x) => x.type === 'image')
+    assert.equal(img?.mimeType, 'image/png')
+    assert.equal(Buffer.from(img.data, 'base64').subarray(1, 4).toString(), 'PNG')
+    const err = await c.callTool({ name: 'run_code', arguments: { vm, code: 'raise KeyError("missing")' } })
+    assert.equal(err.isError, true)
+    assert.match(textOf(err), /KeyError/)
+    const js = await call(c, 'run_code', { vm, code: '6 * 7', language: 'javascript' })
+    assert.match(js, /42/)
+    const both = await c.callTool({ name: 'run_code', arguments: { vm, code: '1', language: 'python', context: 'x' } })
+    assert.equal(both.isError, true)
+  } finally {
+    await call(c, 'delete_vm', { vm })
+  }
+})
 
 test('a scoped token sees only its VM', async () => {
   for (const c of [await http(env.AGENTVM_SCOPED_TOKEN), await stdio({ AGENTVM_TOKEN: env.AGENTVM_SCOPED_TOKEN, AGENTVM_VM: env.AGENTVM_SCOPED_VM })]) {

@@ -7,6 +7,7 @@ package console
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -16,10 +17,10 @@ import (
 	"io/fs"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"path"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/auth"
@@ -33,12 +34,17 @@ type Authenticator interface {
 // Config configures the console.
 type Config struct {
 	Auth Authenticator
-	// Key signs CSRF tokens; keep it secret and stable across restarts
-	// (the server derives it from the admin token).
+	// Key signs CSRF tokens; nil picks a random one (sessions do not
+	// outlive the process anyway).
 	Key []byte
 	Log *slog.Logger
 	// Assets replaces the embedded build (tests); nil uses it.
 	Assets fs.FS
+	// IdleLifetime, MaxLifetime and MaxSessions bound the sessions (zero:
+	// the package's defaults); Now is the clock (tests).
+	IdleLifetime, MaxLifetime time.Duration
+	MaxSessions               int
+	Now                       func() time.Time
 }
 
 // Console is the web console's HTTP side.
@@ -48,8 +54,8 @@ type Console struct {
 	log    *slog.Logger
 	assets fs.FS // nil: not built into this binary
 
-	mu    sync.Mutex
-	etags map[string]string
+	etags    map[string]string // of every asset, computed once in New
+	sessions *sessions
 }
 
 // New returns the console.
@@ -62,13 +68,47 @@ func New(cfg Config) *Console {
 		c.log = slog.Default()
 	}
 	if len(c.key) == 0 {
-		c.key = []byte("agentvm console: no key configured")
+		c.key = make([]byte, 32)
+		if _, err := rand.Read(c.key); err != nil {
+			panic("console: no randomness for the CSRF key: " + err.Error())
+		}
 	}
+	idle, max, limit, now := cfg.IdleLifetime, cfg.MaxLifetime, cfg.MaxSessions, cfg.Now
+	if idle <= 0 {
+		idle = IdleLifetime
+	}
+	if max <= 0 {
+		max = MaxLifetime
+	}
+	if limit <= 0 {
+		limit = MaxSessions
+	}
+	if now == nil {
+		now = time.Now
+	}
+	c.sessions = newSessions(idle, max, limit, now)
+	c.computeETags()
 	return c
 }
 
-// Built reports whether the console's assets are in this binary.
-func (c *Console) Built() bool { return c.assets != nil }
+// computeETags hashes every asset once: they are embedded and never change.
+func (c *Console) computeETags() {
+	if c.assets == nil {
+		return
+	}
+	fs.WalkDir(c.assets, ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		b, err := fs.ReadFile(c.assets, name)
+		if err != nil {
+			return nil
+		}
+		sum := sha256.Sum256(b)
+		c.etags[name] = `"` + hex.EncodeToString(sum[:8]) + `"`
+		return nil
+	})
+}
 
 // Mux is where the console registers its routes (the server's recording mux).
 type Mux interface {
@@ -91,18 +131,15 @@ func (c *Console) Routes(mux Mux) {
 // 'unsafe-inline' for styles only, because xterm.js sizes and themes its
 // terminal by injecting <style> elements (it has no nonce option); inline
 // styles cannot run code.
+// connect-src 'self' covers the page's own ws:// and wss:// (CSP Level 3).
 func CSP(r *http.Request) string {
-	ws := "ws://" + r.Host
-	if r.TLS != nil {
-		ws = "wss://" + r.Host
-	}
 	return strings.Join([]string{
 		"default-src 'none'",
 		"script-src 'self'",
 		"style-src 'self' 'unsafe-inline'",
 		"img-src 'self' data:",
 		"font-src 'self'",
-		"connect-src 'self' " + ws,
+		"connect-src 'self'",
 		"base-uri 'none'",
 		"form-action 'self'",
 		"frame-ancestors 'none'",
@@ -163,14 +200,7 @@ func (c *Console) serveFile(w http.ResponseWriter, r *http.Request, name string)
 		http.NotFound(w, r)
 		return
 	}
-	c.mu.Lock()
-	tag, ok := c.etags[name]
-	if !ok {
-		sum := sha256.Sum256(b)
-		tag = `"` + hex.EncodeToString(sum[:8]) + `"`
-		c.etags[name] = tag
-	}
-	c.mu.Unlock()
+	tag := c.etags[name]
 	ctype := mime.TypeByExtension(path.Ext(name))
 	if ctype == "" {
 		ctype = "application/octet-stream"
@@ -193,8 +223,8 @@ type Session struct {
 	CSRFToken string `json:"csrf_token"`
 }
 
-func (c *Console) session(p *auth.Principal, secret string) Session {
-	s := Session{Admin: p.Admin, TokenID: p.TokenID, VMID: p.VMID, Allow: p.Allow, User: p.User, CSRFToken: c.csrfToken(secret)}
+func (c *Console) session(p *auth.Principal, id string) Session {
+	s := Session{Admin: p.Admin, TokenID: p.TokenID, VMID: p.VMID, Allow: p.Allow, User: p.User, CSRFToken: c.csrfToken(id)}
 	if !p.ExpiresAt.IsZero() {
 		t := p.ExpiresAt.UTC()
 		s.ExpiresAt = &t
@@ -223,26 +253,38 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// getSession answers who the browser is signed in as, with the CSRF token;
-// 401 (and the cookie removed) when it is not, or its token was revoked or
-// expired.
+// getSession answers who the browser is signed in as, with the CSRF token
+// (so it needs none itself, only this origin); 401 (and the cookie
+// removed) when it is not signed in, or the session ended, or its token was
+// revoked or expired. Any other failure (the database) keeps the cookie.
 func (c *Console) getSession(w http.ResponseWriter, r *http.Request) {
-	secret, err := c.Credential(r)
-	if err != nil {
+	id := sessionID(r)
+	if id == "" {
+		writeError(w, http.StatusUnauthorized, "unauthorized", "not signed in")
+		return
+	}
+	if err := checkOrigin(r); err != nil {
 		writeError(w, http.StatusForbidden, "forbidden", err.Error())
 		return
 	}
-	if secret == "" {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "not signed in")
+	secret, ok := c.sessions.lookup(id)
+	if !ok {
+		http.SetCookie(w, clearCookie(r))
+		writeError(w, http.StatusUnauthorized, "unauthorized", ErrNoSession.Error())
 		return
 	}
 	p, err := c.auth.Authenticate(r.Context(), secret)
 	if err != nil {
-		http.SetCookie(w, clearCookie(r))
-		writeError(w, http.StatusUnauthorized, "unauthorized", "the session's token is no longer valid (revoked or expired): sign in again")
+		if errors.Is(err, auth.ErrUnauthenticated) {
+			c.sessions.end(id)
+			http.SetCookie(w, clearCookie(r))
+			writeError(w, http.StatusUnauthorized, "unauthorized", "the session's token is no longer valid (revoked or expired): sign in again")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, c.session(p, secret))
+	writeJSON(w, http.StatusOK, c.session(p, id))
 }
 
 // SignInRequest is the body of POST /console/session.
@@ -250,9 +292,10 @@ type SignInRequest struct {
 	Token string `json:"token"`
 }
 
-// signIn checks a token and keeps it in the session cookie. It is refused
-// from other origins and for bodies other than JSON (which a cross-site
-// form cannot send), so no other page can sign a browser in as someone else.
+// signIn checks a token and starts a session: the daemon keeps the token,
+// the browser gets a random session id in its cookie. It is refused from
+// other origins and for bodies other than JSON (which a cross-site form
+// cannot send), so no other page can sign a browser in as someone else.
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 	if err := checkOrigin(r); err != nil {
 		writeError(w, http.StatusForbidden, "forbidden", err.Error())
@@ -277,21 +320,43 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
 		return
 	}
-	http.SetCookie(w, sessionCookie(r, secret, p.ExpiresAt))
+	id, _, err := c.sessions.create(secret, p.ExpiresAt)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		return
+	}
+	http.SetCookie(w, sessionCookie(r, id, p.ExpiresAt))
 	who := "admin"
 	if !p.Admin || p.TokenID != "" {
 		who = fmt.Sprintf("token %s", p.TokenID)
 	}
 	c.log.Info("console sign-in", "who", who, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, c.session(p, secret))
+	if r.TLS == nil && !loopback(r.RemoteAddr) {
+		c.log.Warn("console used over plain HTTP from another host: its session cookie and the token typed at sign-in cross the network in the clear; serve it over TLS (a reverse proxy) on its own hostname", "remote", r.RemoteAddr)
+	}
+	writeJSON(w, http.StatusOK, c.session(p, id))
 }
 
-// signOut removes the session cookie (with the CSRF token, so no other page
-// can sign the browser out).
+// loopback reports whether a remote address is this host.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// signOut ends the session, on the daemon (its id is then worthless) and
+// in the browser. It needs the CSRF token, so no other page can sign the
+// browser out.
 func (c *Console) signOut(w http.ResponseWriter, r *http.Request) {
-	if _, err := c.Credential(r); err != nil {
+	if _, err := c.Credential(r); err != nil && !errors.Is(err, ErrNoSession) {
 		writeError(w, http.StatusForbidden, "forbidden", err.Error())
 		return
+	}
+	if id := sessionID(r); id != "" {
+		c.sessions.end(id)
 	}
 	http.SetCookie(w, clearCookie(r))
 	w.WriteHeader(http.StatusNoContent)

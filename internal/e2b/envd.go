@@ -6,8 +6,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"github.com/agentvm/agentvm/internal/image"
 	"io"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -548,3 +550,20 @@ func (Proxy) Route(r *http.Request) (string, int, bool)                   { retu
 func (p Proxy) Serve(w http.ResponseWriter, r *http.Request, v *store.VM) { p.Envd(w, r, v) }
 func (Proxy) NotFound(w http.ResponseWriter, ref string)                  { notFound(w, ref) }
 func (Proxy) PortClosed(w http.ResponseWriter, ref string, port int)      { portClosed(w, ref, port) }
+
+// Allow guards the code interpreter: its /execute runs code, so it needs
+// the sandbox's envdAccessToken, which E2B's code-interpreter SDKs send on
+// it (their context calls carry none, and only manage kernels). Other ports
+// are public, as E2B's are.
+func (p Proxy) Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port int) bool {
+	if port != image.CodeInterpreterPort || v.Image != image.CodeInterpreter || path.Clean("/"+r.URL.Path) != "/execute" {
+		return true
+	}
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(p.envdToken(v.ID))) == 1 {
+		return true
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusUnauthorized)
+	io.WriteString(w, "invalid or missing X-Access-Token: running code needs the sandbox's envdAccessToken\n")
+	return false
+}

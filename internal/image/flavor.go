@@ -36,13 +36,14 @@ const Default = "default"
 const CodeInterpreter = "code-interpreter"
 
 // CodeInterpreterPort is where the code-interpreter server listens inside the
-// guest (on loopback), the port E2B's code-interpreter SDKs use.
+// guest, on loopback only (the host reaches it through the guest agent), the
+// port E2B's code-interpreter SDKs use.
 const CodeInterpreterPort = 49999
 
 const codeInterpDir = "/usr/local/lib/agentvm/codeinterp"
 
 const codeInterpUnit = `[Unit]
-Description=agentvm code interpreter (Jupyter kernels; E2B code-interpreter protocol on 127.0.0.1:49999)
+Description=agentvm code interpreter (Jupyter kernels; E2B code-interpreter protocol on port 49999)
 After=agentvm-guest.service
 
 [Service]
@@ -50,7 +51,7 @@ User=user
 Group=user
 WorkingDirectory=/home/user
 Environment=HOME=/home/user PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999
+ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --env-file /etc/agentvm/env
 Restart=always
 RestartSec=200ms
 
@@ -74,7 +75,7 @@ ln -sf /etc/systemd/system/agentvm-codeinterp.service /etc/systemd/system/multi-
 python3 -m compileall -q ` + codeInterpDir + ` >/dev/null 2>&1 || true
 `,
 	ready: []string{"curl", "-sf", "-o", "/dev/null", "--max-time", "5", "http://127.0.0.1:49999/health"},
-}}
+}, browserFlavor}
 
 func codeInterpFiles() []recipeFile {
 	var out []recipeFile

@@ -43,27 +43,29 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 	if timeout < 0 || timeout > 24*3600 {
 		return nil, fmt.Errorf("timeout_seconds must be between 1 and 86400, got %d", in.TimeoutSeconds)
 	}
-	ex, err := t.c.RunCode(ctx, id, api.RunCodeRequest{Code: in.Code, Language: in.Language, Context: in.Context, Env: in.Env,
-		Timeout: api.Duration(time.Duration(timeout) * time.Second)}, nil)
+	// The tool keeps what it shows, not what the code printed: a loop
+	// printing forever must not fill the daemon's memory.
+	out := newBoundedRun()
+	err = t.c.RunCodeEvents(ctx, id, api.RunCodeRequest{Code: in.Code, Language: in.Language, Context: in.Context, Env: in.Env,
+		Timeout: api.Duration(time.Duration(timeout) * time.Second)}, out.add)
 	if err != nil {
 		return nil, toolError("run_code", err)
 	}
 	var b strings.Builder
 	var images []sdk.Content
-	for _, o := range []struct{ name, data string }{{"stdout", ex.Stdout}, {"stderr", ex.Stderr}} {
-		if o.data == "" {
+	for _, o := range []*boundedText{&out.stdout, &out.stderr} {
+		if o.total == 0 {
 			continue
 		}
-		shown, cut := truncate(o.data, maxShown)
-		fmt.Fprintf(&b, "--- %s ---\n%s", o.name, shown)
-		if !strings.HasSuffix(shown, "\n") {
+		fmt.Fprintf(&b, "--- %s ---\n%s", o.name, o.b.String())
+		if !strings.HasSuffix(o.b.String(), "\n") {
 			b.WriteString("\n")
 		}
-		if cut {
-			fmt.Fprintf(&b, "[... %s truncated: showing %d of %d bytes; print less, or write it to a file and page it with read_file.]\n", o.name, len(shown), len(o.data))
+		if o.total > o.b.Len() {
+			fmt.Fprintf(&b, "[... %s truncated: showing %d of %d bytes; print less, or write it to a file and page it with read_file.]\n", o.name, o.b.Len(), o.total)
 		}
 	}
-	for _, r := range ex.Results {
+	for _, r := range out.results {
 		label := "result"
 		if r.Main {
 			label = "value"
@@ -95,21 +97,84 @@ func (t *tools) runCode(ctx context.Context, in runCodeIn) (*sdk.CallToolResult,
 			}
 		}
 	}
-	if ex.Error != nil {
-		tb := ex.Error.Traceback
+	if out.dropped > 0 {
+		fmt.Fprintf(&b, "[... %d more results not shown]\n", out.dropped)
+	}
+	if out.err != nil {
+		tb := out.err.Traceback
 		if tb == "" {
-			tb = ex.Error.Name + ": " + ex.Error.Value
+			tb = out.err.Name + ": " + out.err.Value
 		}
 		shown, _ := truncate(stripANSI(tb), maxShown)
-		fmt.Fprintf(&b, "--- error: %s: %s ---\n%s\n", ex.Error.Name, ex.Error.Value, shown)
+		fmt.Fprintf(&b, "--- error: %s: %s ---\n%s\n", out.err.Name, out.err.Value, shown)
 	}
 	if b.Len() == 0 {
 		b.WriteString("(no output)\n")
 	}
-	fmt.Fprintf(&b, "[execution %d]\n", ex.ExecutionCount)
+	fmt.Fprintf(&b, "[execution %d]\n", out.count)
 	r := &sdk.CallToolResult{Content: append([]sdk.Content{&sdk.TextContent{Text: b.String()}}, images...)}
-	r.IsError = ex.Error != nil
+	r.IsError = out.err != nil
 	return r, nil
+}
+
+// Bounds of what run_code keeps of a run.
+const (
+	maxResults     = 8       // results shown (images included)
+	maxResultBytes = 4 << 20 // one result's representations
+)
+
+// boundedText keeps the first maxShown bytes of a stream and counts the rest.
+type boundedText struct {
+	name  string
+	b     strings.Builder
+	total int
+}
+
+func (t *boundedText) add(s string) {
+	t.total += len(s)
+	if room := maxShown - t.b.Len(); room > 0 {
+		shown, _ := truncate(s, room)
+		t.b.WriteString(shown)
+	}
+}
+
+// boundedRun collects a run's events within the bounds above.
+type boundedRun struct {
+	stdout, stderr boundedText
+	results        []api.CodeEvent
+	dropped        int
+	err            *api.CodeEvent
+	count          int
+}
+
+func newBoundedRun() *boundedRun {
+	return &boundedRun{stdout: boundedText{name: "stdout"}, stderr: boundedText{name: "stderr"}}
+}
+
+func (r *boundedRun) add(e api.CodeEvent) {
+	switch e.Type {
+	case api.CodeStdout:
+		r.stdout.add(e.Text)
+	case api.CodeStderr:
+		r.stderr.add(e.Text)
+	case api.CodeResult:
+		size := 0
+		for _, v := range e.Data {
+			size += len(v)
+		}
+		if len(r.results) >= maxResults || size > maxResultBytes {
+			r.dropped++
+			return
+		}
+		r.results = append(r.results, e)
+	case api.CodeError:
+		if len(e.Traceback) > maxShown*4 {
+			e.Traceback = e.Traceback[len(e.Traceback)-maxShown*4:]
+		}
+		r.err = &e
+	case api.CodeCount:
+		r.count = e.ExecutionCount
+	}
 }
 
 // stripANSI removes terminal color codes (Jupyter tracebacks carry them).

@@ -1,9 +1,12 @@
 package mcp
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/agentvm/agentvm/api"
 )
 
 func TestTextCuts(t *testing.T) {
@@ -25,5 +28,25 @@ func TestTextCuts(t *testing.T) {
 	}
 	if got := trimRunes(b); string(got) != "ab€" {
 		t.Fatalf("a whole character was trimmed: %q", got)
+	}
+}
+
+// run_code keeps what it shows: output past the bound is counted, not kept.
+func TestBoundedRun(t *testing.T) {
+	r := newBoundedRun()
+	chunk := strings.Repeat("x", 1000)
+	for i := 0; i < 1000; i++ {
+		r.add(api.CodeEvent{Type: api.CodeStdout, Text: chunk})
+	}
+	if r.stdout.b.Len() != maxShown || r.stdout.total != 1000*1000 {
+		t.Fatalf("kept %d of %d bytes", r.stdout.b.Len(), r.stdout.total)
+	}
+	big := json.RawMessage(`"` + strings.Repeat("A", maxResultBytes+1) + `"`)
+	for i := 0; i < 20; i++ {
+		r.add(api.CodeEvent{Type: api.CodeResult, Data: map[string]json.RawMessage{"text/plain": json.RawMessage(`"1"`)}})
+	}
+	r.add(api.CodeEvent{Type: api.CodeResult, Data: map[string]json.RawMessage{"image/png": big}})
+	if len(r.results) != maxResults || r.dropped != 20+1-maxResults {
+		t.Fatalf("results kept %d, dropped %d", len(r.results), r.dropped)
 	}
 }

@@ -34,7 +34,7 @@ type createIn struct {
 	FromSnapshot string `json:"from_snapshot,omitempty" jsonschema:"restore this snapshot (name or id) instead of a fresh Debian image: its memory, processes and files come back"`
 	CPUs         int    `json:"cpus,omitempty" jsonschema:"vCPUs (default 1)"`
 	Memory       string `json:"memory,omitempty" jsonschema:"memory, e.g. 512M or 2G (default 1G)"`
-	Image        string `json:"image,omitempty" jsonschema:"default (Debian with Python, Node.js, git), or code-interpreter (also Jupyter kernels with numpy, pandas and matplotlib, for run_code)"`
+	Image        string `json:"image,omitempty" jsonschema:"default (Debian with Python, Node.js, git), code-interpreter (also Jupyter kernels with numpy, pandas and matplotlib, for run_code), or browser (Chromium running on a display, for screenshot and the browser_ tools)"`
 }
 
 type execIn struct {
@@ -138,6 +138,7 @@ func (t *tools) register(s *sdk.Server) {
 	add(t, s, false, &sdk.Tool{Name: "terminal_send", Description: "Type into an interactive terminal in a VM (a login shell, created on first use; it keeps running between calls). Use for interactive programs (python REPL, top, editors). Read the screen with terminal_read.",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: boolp(true), OpenWorldHint: boolp(true)}}, t.termSend)
 	t.registerCode(s)
+	t.registerBrowser(s)
 	add(t, s, false, &sdk.Tool{Name: "terminal_read", Description: "Read what a terminal shows: its recent output (up to 16 KiB), after waiting until it has been quiet for wait_ms.", Annotations: ro}, t.termRead)
 }
 
@@ -157,6 +158,9 @@ func (t *tools) create(ctx context.Context, in createIn) (*sdk.CallToolResult, e
 	hint := ""
 	if v.Image == "code-interpreter" {
 		hint = " Run Python, JavaScript or bash in its live kernels with run_code."
+	}
+	if v.Image == "browser" {
+		hint = " Its Chromium is running: drive it with browser_navigate, browser_click, browser_type and browser_evaluate, and look at it with screenshot."
 	}
 	return text(fmt.Sprintf("Created VM %s (id %s) from the %s image: %s, %d vCPU, %d MiB memory, address %s. Run commands in it with exec (vm: %q).%s",
 		v.Name, v.ID, v.Image, v.State, v.CPUs, v.MemoryMiB, v.IP, v.Name, hint)), nil

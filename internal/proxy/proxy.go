@@ -47,6 +47,9 @@ type Compat interface {
 	Serve(w http.ResponseWriter, r *http.Request, v *store.VM)
 	NotFound(w http.ResponseWriter, ref string)
 	PortClosed(w http.ResponseWriter, ref string, port int)
+	// Allow vets a request for another port of a VM it owns; when it
+	// refuses, it has answered.
+	Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port int) bool
 }
 
 // Config configures a Proxy.
@@ -95,10 +98,20 @@ const cookieName = "agentvm_preview"
 
 type ctxKey struct{}
 
+// inKey holds the client's request, which ModifyResponse needs (it sees
+// only the outgoing one).
+type inKey struct{}
+
+func withTarget(r *http.Request, t target) *http.Request {
+	ctx := context.WithValue(r.Context(), ctxKey{}, t)
+	return r.WithContext(context.WithValue(ctx, inKey{}, r))
+}
+
 type target struct {
 	vm     *store.VM
 	port   int
 	compat bool // a VM the compatibility layer owns
+	cdp    bool // the browser image's DevTools port (cdp.go)
 }
 
 // New binds the listener.
@@ -130,8 +143,18 @@ func New(cfg Config) (*Proxy, error) {
 			t := pr.In.Context().Value(ctxKey{}).(target)
 			pr.SetURL(&url.URL{Scheme: "http", Host: t.vm.ID + ".vm:" + strconv.Itoa(t.port)})
 			pr.Out.Host = pr.In.Host // the app sees the preview host it was called by
+			if t.cdp {
+				pr.Out.Host = cdpHost
+			}
 			pr.SetXForwarded()
 			stripToken(pr.Out)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if t, _ := resp.Request.Context().Value(ctxKey{}).(target); t.cdp {
+				in := resp.Request.Context().Value(inKey{}).(*http.Request)
+				return rewriteCDPAnswer(resp, in.Host, in.TLS != nil)
+			}
+			return nil
 		},
 		Transport:     tr,
 		FlushInterval: 0, // streaming (no Content-Length, SSE) is flushed at once anyway
@@ -318,7 +341,10 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 		c.Serve(w, r, v)
 		return true
 	}
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, ctxKey{}, target{vm: v, port: port, compat: true})))
+	if !c.Allow(w, r, v, port) {
+		return true
+	}
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port)}))
 	return true
 }
 
@@ -383,8 +409,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.cfg.VMs.Hold(v.ID)() // preview traffic keeps the VM awake
-	ctx := context.WithValue(r.Context(), ctxKey{}, target{vm: v, port: port})
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port)}))
 }
 
 // sameHostTarget is where a URL that carried a token redirects to: its path

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/console"
 	"github.com/agentvm/agentvm/internal/vm"
 )
 
@@ -37,9 +38,13 @@ func bearer(r *http.Request) string {
 
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		secret, err := s.credential(w, r) // a bearer token, or a signed-in browser's cookie
+		secret, err := s.credential(w, r) // a bearer token, or a signed-in browser's session
 		if err != nil {
-			writeError(w, http.StatusForbidden, api.CodeForbidden, err.Error())
+			status, code := http.StatusForbidden, api.CodeForbidden
+			if errors.Is(err, console.ErrNoSession) || errors.Is(err, errCookieMCP) {
+				status, code = http.StatusUnauthorized, api.CodeUnauthorized
+			}
+			writeError(w, status, code, err.Error())
 			return
 		}
 		p, err := s.tokens.Authenticate(r.Context(), secret)

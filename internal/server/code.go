@@ -27,8 +27,11 @@ import (
 const (
 	defaultCodeTimeout = 5 * time.Minute
 	maxCodeTimeout     = 24 * time.Hour
-	maxCodeBody        = 16 << 20 // code and env of one run
-	maxCodeLine        = 64 << 20 // one event from the guest (a large image)
+	maxCodeBody        = 10 << 20 // code and env of one run (the guest's limit too)
+	maxCodeLine        = 32 << 20 // one event from the guest (a large image)
+	// codeGrace is how long past a run's timeout the relay waits for the
+	// guest to report the interrupt before it gives up on the run.
+	codeGrace = 2 * time.Minute
 )
 
 // codeUser is the guest user kernels run as.
@@ -67,12 +70,16 @@ func (s *Server) codeGuest(w http.ResponseWriter, r *http.Request) (*http.Client
 	}
 	id := v.ID
 	return &http.Client{Transport: &http.Transport{
+		// The server listens on the guest's loopback: DialPort reaches it
+		// through the guest agent.
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return s.svc.DialGuest(ctx, id, image.CodeInterpreterPort)
+			return s.svc.DialPort(ctx, id, image.CodeInterpreterPort)
 		},
-		DisableKeepAlives:     true,
-		DisableCompression:    true,
-		ResponseHeaderTimeout: 2 * time.Minute, // a context start under emulation is slow
+		DisableKeepAlives:  true,
+		DisableCompression: true,
+		// A context start under emulation is slow; the guest gives a
+		// kernel 180 s to start.
+		ResponseHeaderTimeout: 4 * time.Minute,
 	}}, true
 }
 
@@ -189,6 +196,11 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// Bound the whole relay: a guest that stops answering cannot hold the
+	// request past the run's timeout and a grace for its interrupt.
+	ctx, cancel := context.WithTimeout(r.Context(), timeout+codeGrace)
+	defer cancel()
+	r = r.WithContext(ctx)
 	resp := s.codeCall(w, r, hc, "POST", "/execute", guestExecute{Code: req.Code, ContextID: req.Context,
 		Language: req.Language, EnvVars: req.Env, TimeoutMS: timeout.Milliseconds()})
 	if resp == nil {
@@ -200,6 +212,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // results are HTML: keep them their size
 	emit := func(e api.CodeEvent) {
 		enc.Encode(e)
 		if fl != nil {
@@ -227,7 +240,10 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 			if !errors.Is(err, io.EOF) {
 				why = "the connection to the code interpreter failed: " + err.Error()
 			}
-			if r.Context().Err() == nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				why = fmt.Sprintf("the code interpreter did not finish the run within its timeout (%s) and %s more", timeout, codeGrace)
+			}
+			if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				emit(api.CodeEvent{Type: api.CodeEnd, Error: why})
 			}
 			return
@@ -251,6 +267,9 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 		}
 	}
 }
+
+// dataFrameMIME carries a pandas DataFrame as {"column": [values]}.
+const dataFrameMIME = "application/vnd.agentvm.dataframe+json"
 
 // e2bResult are the code interpreter's result fields and their MIME types.
 var e2bResult = map[string]string{
@@ -305,7 +324,7 @@ func translateCodeEvent(line []byte) (api.CodeEvent, bool) {
 			e.Chart = v
 		}
 		if v := m["data"]; !isNull(v) {
-			e.Data["application/vnd.dataresource+json"] = v
+			e.Data[dataFrameMIME] = v // a DataFrame's columns: {"col": [values]}
 		}
 		var extra map[string]json.RawMessage
 		if json.Unmarshal(m["extra"], &extra) == nil {

@@ -2,8 +2,8 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -22,11 +22,10 @@ import (
 // CLI's: one event stream for every VM, the host's capacity and templates,
 // and each VM's recent CPU and memory.
 
-// newConsole makes the console; its CSRF key is derived from the admin
-// token, so sessions survive restarts and a new admin token ends them.
+// newConsole makes the console. Its sessions (and the random key of their
+// CSRF tokens) live in memory: a daemon restart signs every browser out.
 func newConsole(s *Server) *console.Console {
-	key := sha256.Sum256([]byte("agentvm console key\x00" + s.token))
-	return console.New(console.Config{Auth: s.tokens, Key: key[:], Log: s.log})
+	return console.New(console.Config{Auth: s.tokens, Log: s.log})
 }
 
 // metricsInterval is how often each running VM's QEMU is sampled (see
@@ -45,13 +44,23 @@ func (s *Server) consoleRoutes(outer, authed patternMux) {
 	authed.HandleFunc("GET /v1/vms/{id}/metrics", s.scoped("", s.vmMetrics))
 }
 
-// credential is the token of a request: its bearer token, or a signed-in
-// browser's session cookie (which must pass the console's origin and CSRF
-// checks). Answers to a browser session are locked down (console.Sandbox):
-// a file from a VM opened in a tab must not run as the console's origin.
+// errCookieMCP refuses the console's cookie on /mcp.
+var errCookieMCP = errors.New("/mcp does not accept the web console's session cookie: MCP clients authenticate with Authorization: Bearer <token>")
+
+// credential is the token of a request: its bearer token, or the token of a
+// signed-in browser's session (its cookie must pass the console's origin
+// and CSRF checks). Answers to a browser session are locked down
+// (console.Sandbox): a file from a VM opened in a tab must not run as the
+// console's origin. /mcp takes bearer tokens only.
 func (s *Server) credential(w http.ResponseWriter, r *http.Request) (string, error) {
 	if b := bearer(r); b != "" || s.console == nil {
 		return b, nil
+	}
+	if r.URL.Path == "/mcp" || strings.HasPrefix(r.URL.Path, "/mcp/") {
+		if ck, err := r.Cookie(auth.SessionCookie); err == nil && ck.Value != "" {
+			return "", errCookieMCP
+		}
+		return "", nil
 	}
 	secret, err := s.console.Credential(r)
 	if secret != "" {
@@ -60,7 +69,8 @@ func (s *Server) credential(w http.ResponseWriter, r *http.Request) (string, err
 	return secret, err
 }
 
-// sampleVMs samples every running or paused VM's QEMU into s.usage.
+// runUsage samples every running or paused VM's QEMU into s.usage every
+// interval until ctx ends.
 func (s *Server) runUsage(ctx context.Context) {
 	s.usage.Run(ctx, func(ctx context.Context) []vmstats.Proc {
 		vms, err := s.svc.List(ctx)
@@ -70,7 +80,7 @@ func (s *Server) runUsage(ctx context.Context) {
 		var out []vmstats.Proc
 		for _, v := range vms {
 			if (v.State == api.StateRunning || v.State == api.StatePaused) && v.PID > 0 {
-				out = append(out, vmstats.Proc{VMID: v.ID, PID: v.PID})
+				out = append(out, vmstats.Proc{VMID: v.ID, PID: v.PID}) // the sampler reads its start time
 			}
 		}
 		return out
@@ -134,6 +144,11 @@ func (s *Server) listAllEvents(w http.ResponseWriter, r *http.Request) {
 	p := principal(r)
 	vmID := "" // every VM
 	if !p.Admin {
+		if p.VMID == "" {
+			// a token not bound to a VM must never read every VM's events
+			writeError(w, http.StatusForbidden, api.CodeForbidden, "only the admin token reads every VM's events; use a VM's token")
+			return
+		}
 		if err := p.CanAny(p.VMID, auth.RunPerms...); err != nil {
 			writeError(w, http.StatusForbidden, api.CodeForbidden, strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
 			return
@@ -164,19 +179,23 @@ func (s *Server) listAllEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		after = n
-	} else if vmID == "" || follow {
+	} else if follow {
 		last, err := s.store.LastEventSeq(r.Context())
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		if after = last; !follow {
-			after = max(0, last-int64(limit))
-		}
+		after = last
 	}
 	visible := eventFilter(r)
 	if !follow {
-		es, err := s.svc.Events(r.Context(), vmID, after, limit)
+		var es []*store.Event
+		var err error
+		if afterText == "" {
+			es, err = s.store.LatestEvents(r.Context(), vmID, limit) // the newest limit
+		} else {
+			es, err = s.svc.Events(r.Context(), vmID, after, limit)
+		}
 		if err != nil {
 			writeErr(w, err)
 			return

@@ -111,6 +111,7 @@ func (s *Server) router() (http.Handler, []string) {
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
 	s.codeRoutes(authed)
+	s.displayRoutes(authed)
 	s.consoleRoutes(mux, authed)
 	authed.Handle("/mcp", s.mcpHandler())
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -263,15 +263,17 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Warm builds the images and templates of this shape so the first creates are
 // fast, and fills their warm pools.
 func (s *Server) Warm(ctx context.Context, images []string, cpus int, memMiB int64) error {
+	var errs []error
 	for _, name := range images {
 		if _, err := s.svc.EnsureTemplate(ctx, name, cpus, memMiB); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
 		}
 		if err := s.svc.WarmPool(name, cpus, memMiB); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Serve serves until ctx is done, then detaches from VMs (they keep running).

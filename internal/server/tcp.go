@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,11 +11,15 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/image"
 )
 
 // tcpVM connects the caller to a TCP port inside the VM, dialed through the VM's
-// virtual network (no port is opened on the host). The request must carry
-// "Upgrade: agentvm-tcp"; after 101 the connection is a raw byte stream.
+// virtual network (no port is opened on the host), or, when nothing listens on
+// the guest's address, from inside the guest to its loopback (as previews do:
+// the browser image's DevTools and VNC ports listen on loopback only). The
+// request must carry "Upgrade: agentvm-tcp"; after 101 the connection is a raw
+// byte stream.
 func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
@@ -25,7 +30,15 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, "this endpoint needs Upgrade: "+api.TCPUpgrade)
 		return
 	}
-	gc, err := s.svc.DialGuest(r.Context(), r.PathValue("id"), port)
+	if p := principal(r); port == image.CodeInterpreterPort && p.User != "" && p.User != codeUser {
+		// The code interpreter runs code as its user: the same rule as /code.
+		if v, err := s.svc.Get(r.Context(), r.PathValue("id")); err == nil && v.Image == image.CodeInterpreter {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf(
+				"this token is limited to user %q; the code interpreter on port %d runs code as %q", p.User, port, codeUser))
+			return
+		}
+	}
+	gc, err := s.svc.DialPort(r.Context(), r.PathValue("id"), port)
 	if err != nil {
 		writeErr(w, err)
 		return

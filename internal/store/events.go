@@ -44,6 +44,10 @@ func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit 
 	if vmID == "" {
 		q, args = `SELECT seq, data FROM events WHERE seq>? ORDER BY seq LIMIT ?`, []any{after, limit}
 	}
+	return s.queryEvents(ctx, q, args...)
+}
+
+func (s *Store) queryEvents(ctx context.Context, q string, args ...any) ([]*Event, error) {
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
@@ -64,6 +68,20 @@ func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit 
 		out = append(out, &e)
 	}
 	return out, rows.Err()
+}
+
+// LatestEvents returns a VM's newest limit events, oldest first; vmID ""
+// lists the newest of every VM's.
+func (s *Store) LatestEvents(ctx context.Context, vmID string, limit int) ([]*Event, error) {
+	q, args := `SELECT seq, data FROM events WHERE vm_id=? ORDER BY seq DESC LIMIT ?`, []any{vmID, limit}
+	if vmID == "" {
+		q, args = `SELECT seq, data FROM events ORDER BY seq DESC LIMIT ?`, []any{limit}
+	}
+	out, err := s.queryEvents(ctx, q, args...)
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out, err
 }
 
 // DeleteEvents removes a VM's events.

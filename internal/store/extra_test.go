@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,5 +98,41 @@ func TestPortsDomainsNetworks(t *testing.T) {
 	got, err := s.GetNetwork(ctx, "proj")
 	if err != nil || got.Egress.Mode != "deny" {
 		t.Fatalf("network %+v %v", got, err)
+	}
+}
+
+func TestLatestEvents(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		vm := "a"
+		if i%2 == 1 {
+			vm = "b"
+		}
+		s.AddEvent(ctx, &Event{VMID: vm, Time: time.Now(), Type: "exec", Message: fmt.Sprint(i)})
+	}
+	msgs := func(es []*Event, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range es {
+			out = append(out, e.Message)
+		}
+		return strings.Join(out, ",")
+	}
+	// the newest limit, oldest first
+	if got := msgs(s.LatestEvents(ctx, "", 3)); got != "7,8,9" {
+		t.Fatalf("every VM's newest 3: %s", got)
+	}
+	if got := msgs(s.LatestEvents(ctx, "a", 2)); got != "6,8" {
+		t.Fatalf("a's newest 2: %s", got)
+	}
+	if got := msgs(s.LatestEvents(ctx, "b", 100)); got != "1,3,5,7,9" {
+		t.Fatalf("all of b's: %s", got)
+	}
+	if got := msgs(s.LatestEvents(ctx, "none", 5)); got != "" {
+		t.Fatalf("no VM: %s", got)
 	}
 }

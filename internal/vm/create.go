@@ -237,7 +237,7 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	if err != nil {
 		return err
 	}
-	img, err := s.Image(ctx) // the kernel
+	img, err := s.ImageNamed(ctx, v.Image) // its kernel
 	if err != nil {
 		return err
 	}

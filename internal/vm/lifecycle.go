@@ -96,7 +96,7 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 	if err := s.admit(v.MemoryMiB, 0); err != nil {
 		return nil, err
 	}
-	img, err := s.Image(ctx)
+	img, err := s.ImageNamed(ctx, v.Image) // its kernel
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +337,7 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	if !qemu.IsOurs(v.PID, v.ID) {
 		return fmt.Errorf("QEMU pid %d is gone", v.PID)
 	}
-	img, err := s.Image(ctx)
+	img, err := s.ImageNamed(ctx, v.Image) // its kernel
 	if err != nil {
 		return err
 	}

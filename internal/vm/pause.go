@@ -248,7 +248,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	if err := s.admit(v.MemoryMiB, 0); err != nil {
 		return err
 	}
-	img, err := s.Image(ctx)
+	img, err := s.ImageNamed(ctx, v.Image) // its kernel
 	if err != nil {
 		return err
 	}

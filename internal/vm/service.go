@@ -73,8 +73,8 @@ type Service struct {
 	onOp      []func(op string, took time.Duration) // see OnOp
 	snapLocks map[string]*sync.RWMutex
 
-	imgOnce sync.Mutex
-	imgs    map[string]*image.Image // by canonical name
+	imgMu sync.Mutex
+	imgs  map[string]*imageSlot // by canonical name
 
 	poolMu      sync.Mutex
 	pool        map[poolKey][]string // ready pool VM ids per shape
@@ -110,8 +110,7 @@ func New(cfg Config, st Store) (*Service, error) {
 // Accel returns the accelerator in use.
 func (s *Service) Accel() string { return s.cfg.Accel }
 
-// Image returns the default image, building it on first use. Its kernel and
-// initrd boot every VM: the other images are built on it and share them.
+// Image returns the default image, building it on first use.
 func (s *Service) Image(ctx context.Context) (*image.Image, error) {
 	return s.ImageNamed(ctx, image.Default)
 }
@@ -123,20 +122,36 @@ func (s *Service) ImageNamed(ctx context.Context, name string) (*image.Image, er
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	s.imgOnce.Lock()
-	defer s.imgOnce.Unlock()
-	if img := s.imgs[canon]; img != nil {
-		return img, nil
+	s.imgMu.Lock()
+	if s.imgs == nil {
+		s.imgs = map[string]*imageSlot{}
 	}
-	img, err := image.Ensure(ctx, image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Name: canon, Progress: s.cfg.ImageProgress})
+	slot := s.imgs[canon]
+	if slot == nil {
+		slot = &imageSlot{}
+		s.imgs[canon] = slot
+	}
+	s.imgMu.Unlock()
+	// One build per image at a time; other images (and callers of a built
+	// one) do not wait for it. The build does not stop when the caller that
+	// started it gives up: a retry finds it done.
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.img != nil {
+		return slot.img, nil
+	}
+	img, err := image.Ensure(context.WithoutCancel(ctx), image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Name: canon, Progress: s.cfg.ImageProgress})
 	if err != nil {
 		return nil, fmt.Errorf("%s image: %w", canon, err)
 	}
-	if s.imgs == nil {
-		s.imgs = map[string]*image.Image{}
-	}
-	s.imgs[canon] = img
+	slot.img = img
 	return img, nil
+}
+
+// imageSlot holds one image, built once.
+type imageSlot struct {
+	mu  sync.Mutex
+	img *image.Image
 }
 
 func (s *Service) mutex(id string) *sync.Mutex {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -86,6 +87,10 @@ func ValidateSnapshotName(n string) error {
 	}
 	if snapIDRe.MatchString(n) {
 		return fmt.Errorf("%w: invalid snapshot name %q: names of the form snap-<hex> are reserved for snapshot ids", ErrInvalid, n)
+	}
+	if _, err := image.Resolve(n); err == nil {
+		// E2B's templates are images or snapshots, looked up in that order.
+		return fmt.Errorf("%w: invalid snapshot name %q: it names an image", ErrInvalid, n)
 	}
 	return nil
 }
@@ -271,7 +276,7 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 
 // restoreState starts v from a saved memory state on a new overlay over frozen.
 func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, layers []string, state string, baseDisk int64) error {
-	img, err := s.Image(ctx)
+	img, err := s.ImageNamed(ctx, v.Image) // its kernel
 	if err != nil {
 		return err
 	}

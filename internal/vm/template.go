@@ -72,7 +72,9 @@ func (s *Service) EnsureTemplate(ctx context.Context, imageName string, cpus int
 	if t, err := loadTemplate(dir); err == nil {
 		return t, nil
 	}
-	return s.buildTemplate(ctx, img, key, dir, cpus, memMiB)
+	// The build outlives a caller that gives up (a client timeout): the
+	// next create then finds the template.
+	return s.buildTemplate(context.WithoutCancel(ctx), img, key, dir, cpus, memMiB)
 }
 
 func loadTemplate(dir string) (*Template, error) {

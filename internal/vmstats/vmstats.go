@@ -42,8 +42,16 @@ const Window = time.Hour
 // Linux architecture agentvm runs on.
 const clockTicks = 100
 
+// procStat is one read of a process.
+type procStat struct {
+	cpuSec float64 // user+system CPU time
+	rss    int64   // resident bytes
+	start  uint64  // start time, in clock ticks since boot (/proc/<pid>/stat field 22)
+}
+
 type series struct {
 	pid      int
+	start    uint64   // with pid, the process's identity: a reused pid is another QEMU
 	ring     []Sample // oldest first once full: ring[next:] then ring[:next]
 	next     int
 	full     bool
@@ -59,17 +67,18 @@ type Sampler struct {
 	mu     sync.Mutex
 	series map[string]*series
 
-	// readProc reads a process's CPU seconds and RSS (tests replace it).
-	readProc func(pid int) (cpuSec float64, rss int64, err error)
+	// readProc reads a process (tests replace it).
+	readProc func(pid int) (procStat, error)
 	now      func() time.Time
 }
 
-// New returns a sampler that keeps Window of samples taken every interval.
+// New returns a sampler that keeps Window of samples taken every interval
+// (at least one sample, for an interval longer than Window).
 func New(interval time.Duration) *Sampler {
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
-	return &Sampler{interval: interval, size: int(Window / interval), series: map[string]*series{},
+	return &Sampler{interval: interval, size: max(1, int(Window/interval)), series: map[string]*series{},
 		readProc: readProc, now: time.Now}
 }
 
@@ -92,17 +101,20 @@ func (s *Sampler) Run(ctx context.Context, list func(context.Context) []Proc) {
 }
 
 // Sample measures procs once. VMs not in procs are forgotten (stopped,
-// suspended or deleted: a wake starts a new QEMU and a new series).
+// suspended or deleted: a wake starts a new QEMU and a new series). A
+// process is known by its pid and start time, so a pid the kernel reused
+// for another QEMU starts a new series too.
 func (s *Sampler) Sample(procs []Proc) {
 	now := s.now()
 	seen := make(map[string]bool, len(procs))
 	for _, p := range procs {
 		seen[p.VMID] = true
-		cpu, rss, err := s.readProc(p.PID)
+		st, err := s.readProc(p.PID)
+		cpu, rss := st.cpuSec, st.rss
 		s.mu.Lock()
 		sr := s.series[p.VMID]
-		if sr == nil || sr.pid != p.PID {
-			sr = &series{pid: p.PID, ring: make([]Sample, 0, min(s.size, 64))}
+		if sr == nil || sr.pid != p.PID || err == nil && sr.start != st.start {
+			sr = &series{pid: p.PID, start: st.start, ring: make([]Sample, 0, min(s.size, 64))}
 			s.series[p.VMID] = sr
 		}
 		if err == nil {
@@ -154,49 +166,51 @@ func (s *Sampler) Samples(vmID string) []Sample {
 	return out
 }
 
-// readProc reads user+system CPU seconds from /proc/<pid>/stat and the
-// resident set from /proc/<pid>/statm.
-func readProc(pid int) (float64, int64, error) {
+// readProc reads user+system CPU seconds and the start time from
+// /proc/<pid>/stat and the resident set from /proc/<pid>/statm.
+func readProc(pid int) (procStat, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, 0, err
+		return procStat{}, err
 	}
-	cpu, err := parseStat(string(b))
+	cpu, start, err := parseStat(string(b))
 	if err != nil {
-		return 0, 0, err
+		return procStat{}, err
 	}
 	m, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
 	if err != nil {
-		return 0, 0, err
+		return procStat{}, err
 	}
 	f := strings.Fields(string(m))
 	if len(f) < 2 {
-		return 0, 0, fmt.Errorf("statm of %d: %q", pid, m)
+		return procStat{}, fmt.Errorf("statm of %d: %q", pid, m)
 	}
 	pages, err := strconv.ParseInt(f[1], 10, 64)
 	if err != nil {
-		return 0, 0, err
+		return procStat{}, err
 	}
-	return cpu, pages * int64(os.Getpagesize()), nil
+	return procStat{cpuSec: cpu, rss: pages * int64(os.Getpagesize()), start: start}, nil
 }
 
-// parseStat returns utime+stime in seconds from a /proc/<pid>/stat line.
-// The command name (field 2) may contain spaces and parentheses: fields are
-// counted from the last ')'.
-func parseStat(line string) (float64, error) {
+// parseStat returns utime+stime in seconds and the start time (clock ticks
+// since boot) from a /proc/<pid>/stat line. The command name (field 2) may
+// contain spaces and parentheses: fields are counted from the last ')'.
+func parseStat(line string) (float64, uint64, error) {
 	i := strings.LastIndexByte(line, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("bad stat line")
+		return 0, 0, fmt.Errorf("bad stat line")
 	}
 	f := strings.Fields(line[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("short stat line")
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15,
+	// starttime field 22.
+	if len(f) < 20 {
+		return 0, 0, fmt.Errorf("short stat line")
 	}
 	ut, err1 := strconv.ParseUint(f[11], 10, 64)
 	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("bad stat times")
+	start, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0, fmt.Errorf("bad stat fields")
 	}
-	return float64(ut+st) / clockTicks, nil
+	return float64(ut+st) / clockTicks, start, nil
 }

@@ -10,8 +10,11 @@ func TestRingAndCPU(t *testing.T) {
 	s := New(10 * time.Second)
 	now := time.Unix(1000, 0)
 	cpu := 0.0
+	start := uint64(100)
 	s.now = func() time.Time { return now }
-	s.readProc = func(pid int) (float64, int64, error) { return cpu, int64(pid) << 20, nil }
+	s.readProc = func(pid int) (procStat, error) {
+		return procStat{cpuSec: cpu, rss: int64(pid) << 20, start: start}, nil
+	}
 	for i := 0; i < s.size+50; i++ {
 		s.Sample([]Proc{{VMID: "a", PID: 7}})
 		now = now.Add(10 * time.Second)
@@ -35,6 +38,17 @@ func TestRingAndCPU(t *testing.T) {
 	if n := len(s.Samples("a")); n != 0 {
 		t.Fatalf("after a new pid: %d samples, want 0", n)
 	}
+	s.Sample([]Proc{{VMID: "a", PID: 8}})
+	if n := len(s.Samples("a")); n != 1 {
+		t.Fatalf("the same process again: %d samples, want 1", n)
+	}
+	// The same pid reused by another process (another start time): a new
+	// series, not a CPU delta across two processes.
+	start = 5000
+	s.Sample([]Proc{{VMID: "a", PID: 8}})
+	if n := len(s.Samples("a")); n != 0 {
+		t.Fatalf("after the pid was reused: %d samples, want 0", n)
+	}
 	s.Sample(nil)
 	if s.Samples("a") != nil {
 		t.Fatal("a VM no longer running keeps its series")
@@ -42,14 +56,27 @@ func TestRingAndCPU(t *testing.T) {
 }
 
 func TestReadSelf(t *testing.T) {
-	cpu, rss, err := readProc(os.Getpid())
-	if err != nil || cpu < 0 || rss <= 0 {
-		t.Fatalf("readProc(self) = %v, %v, %v", cpu, rss, err)
+	st, err := readProc(os.Getpid())
+	if err != nil || st.cpuSec < 0 || st.rss <= 0 || st.start == 0 {
+		t.Fatalf("readProc(self) = %+v, %v", st, err)
 	}
-	if _, err := parseStat("12 (a b) c) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0"); err != nil {
-		t.Fatal(err)
+	line := "12 (a b) c) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0 98765 1000 10"
+	c, start, err := parseStat(line)
+	if err != nil || c != 3 || start != 98765 {
+		t.Fatalf("a name with spaces and parens: %v s, start %d, %v; want 3 s, start 98765", c, start, err)
 	}
-	if c, _ := parseStat("12 (a b) c) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0"); c != 3 {
-		t.Fatalf("utime+stime of a name with spaces and parens: %v, want 3 s", c)
+	if _, _, err := parseStat("12 (x) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0"); err == nil {
+		t.Fatal("a line without the start time parsed")
+	}
+}
+
+func TestIntervalLongerThanWindow(t *testing.T) {
+	s := New(2 * Window) // must not panic
+	s.readProc = func(int) (procStat, error) { return procStat{cpuSec: 1, rss: 1, start: 1}, nil }
+	for i := 0; i < 3; i++ {
+		s.Sample([]Proc{{VMID: "a", PID: 1}})
+	}
+	if n := len(s.Samples("a")); n != 1 {
+		t.Fatalf("%d samples, want 1", n)
 	}
 }

@@ -33,31 +33,14 @@ func (e *Execution) Text() string {
 }
 
 // RunCode runs code in a code-interpreter VM. onEvent (optional) sees every
-// event as it arrives; the returned Execution collects them. An error in the
-// code is Execution.Error, not err; err is for the call itself (and a run that
+// event as it arrives; the returned Execution collects them (all of the
+// output: use RunCodeEvents to keep only what you need). An error in the code
+// is Execution.Error, not err; err is for the call itself (and a run that
 // ended abnormally).
 func (c *Client) RunCode(ctx context.Context, id string, req api.RunCodeRequest, onEvent func(api.CodeEvent)) (*Execution, error) {
-	hreq, err := c.newRequest(ctx, "POST", vmPath(id, "/code"), req)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.HTTP.Do(hreq)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach agentvm at %s: %w", c.BaseURL, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return nil, decodeError(resp)
-	}
 	ex := &Execution{}
 	var stdout, stderr strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 80<<20)
-	for sc.Scan() {
-		var e api.CodeEvent
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return ex, fmt.Errorf("run code: bad event from the server: %w", err)
-		}
+	err := c.RunCodeEvents(ctx, id, req, func(e api.CodeEvent) {
 		if onEvent != nil {
 			onEvent(e)
 		}
@@ -72,19 +55,47 @@ func (c *Client) RunCode(ctx context.Context, id string, req api.RunCodeRequest,
 			ex.Error = &e
 		case api.CodeCount:
 			ex.ExecutionCount = e.ExecutionCount
-		case api.CodeEnd:
-			ex.Stdout, ex.Stderr = stdout.String(), stderr.String()
+		}
+	})
+	ex.Stdout, ex.Stderr = stdout.String(), stderr.String()
+	return ex, err
+}
+
+// RunCodeEvents runs code and hands each event to onEvent as it arrives,
+// keeping nothing. It returns when the run ends; a run that ends abnormally
+// (the end event carries an error, or the stream breaks) is an error.
+func (c *Client) RunCodeEvents(ctx context.Context, id string, req api.RunCodeRequest, onEvent func(api.CodeEvent)) error {
+	hreq, err := c.newRequest(ctx, "POST", vmPath(id, "/code"), req)
+	if err != nil {
+		return err
+	}
+	resp, err := c.HTTP.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("cannot reach agentvm at %s: %w", c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeError(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 80<<20)
+	for sc.Scan() {
+		var e api.CodeEvent
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return fmt.Errorf("run code: bad event from the server: %w", err)
+		}
+		onEvent(e)
+		if e.Type == api.CodeEnd {
 			if e.Error != "" {
-				return ex, fmt.Errorf("run code: %s", e.Error)
+				return fmt.Errorf("run code: %s", e.Error)
 			}
-			return ex, nil
+			return nil
 		}
 	}
-	ex.Stdout, ex.Stderr = stdout.String(), stderr.String()
 	if err := sc.Err(); err != nil {
-		return ex, fmt.Errorf("run code: %w", err)
+		return fmt.Errorf("run code: %w", err)
 	}
-	return ex, fmt.Errorf("run code: the stream ended before the run did")
+	return fmt.Errorf("run code: the stream ended before the run did")
 }
 
 // ListCodeContexts lists the VM's code contexts.

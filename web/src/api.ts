@@ -1,6 +1,8 @@
 // The API client of the console: same-origin fetch with the session cookie
-// (sent by the browser, never seen by this code) and the CSRF token on
-// every state-changing call.
+// (a random session id, sent by the browser, never seen by this code) and
+// the CSRF token on every call, GETs included (the server refuses a
+// cookie request without it, except event streams, WebSockets and
+// downloads).
 
 export interface Session {
   admin: boolean;
@@ -40,8 +42,7 @@ async function errorOf(resp: Response): Promise<ApiError> {
 }
 
 export async function raw(method: string, path: string, body?: BodyInit | null, headers: Record<string, string> = {}): Promise<Response> {
-  const h: Record<string, string> = { ...headers };
-  if (method !== 'GET' && method !== 'HEAD') Object.assign(h, csrfHeaders());
+  const h: Record<string, string> = { ...headers, ...csrfHeaders() };
   const resp = await fetch(path, { method, headers: h, body: body ?? undefined, credentials: 'same-origin', cache: 'no-store' });
   if (resp.status === 401 && !path.startsWith('/console/')) {
     session = null;
@@ -86,14 +87,17 @@ export async function signIn(token: string): Promise<Session> {
   return session!;
 }
 
+// signOut ends the session on the server; it throws when the server did
+// not (the page then stays signed in and says so).
 export async function signOut(): Promise<void> {
-  await fetch('/console/session', { method: 'DELETE', credentials: 'same-origin', headers: csrfHeaders() });
+  const resp = await fetch('/console/session', { method: 'DELETE', credentials: 'same-origin', headers: csrfHeaders() });
+  if (!resp.ok && resp.status !== 401) throw await errorOf(resp);
   session = null;
 }
 
 // Streams a response body line by line (followed logs and events).
 export async function streamLines(path: string, signal: AbortSignal, onLine: (line: string) => void): Promise<void> {
-  const resp = await fetch(path, { credentials: 'same-origin', signal, cache: 'no-store' });
+  const resp = await fetch(path, { credentials: 'same-origin', signal, cache: 'no-store', headers: csrfHeaders() });
   if (!resp.ok) throw await errorOf(resp);
   const reader = resp.body!.getReader();
   const dec = new TextDecoder();

@@ -70,7 +70,7 @@ export function renderFiles(el: HTMLElement, vm: VM, start = '/root'): () => voi
 
   const edit = async (p: string) => {
     try {
-      const text = await (await fetch(fileURL(vm, p), { credentials: 'same-origin', cache: 'no-store' })).text();
+      const text = await (await fetch(fileURL(vm, p), { credentials: 'same-origin', cache: 'no-store', headers: csrfHeaders() })).text();
       const area = h('textarea', { rows: 20, spellcheck: false, class: 'mono' });
       area.value = text;
       const save = h('button', { type: 'submit', class: 'primary' }, 'Save');

@@ -4,7 +4,7 @@ import { confirmAction } from './dialog';
 import { clear, field, fmtAge, fmtBytes, fmtTime, h, toast } from './dom';
 import type { HostInfo, NetworkInfo, Snapshot, Token, VM } from './types';
 
-const PERMS = ['exec', 'files', 'ssh', 'term', 'preview'];
+const PERMS = ['exec', 'files', 'ssh', 'term', 'preview', 'display'];
 
 function table(label: string, cols: string[], rows: HTMLElement[], empty: string): HTMLElement {
   return h('table', { 'aria-label': label },

@@ -54,9 +54,22 @@ export function renderTerminal(el: HTMLElement, vm: VM): () => void {
   };
   const onWindowResize = () => fit?.fit();
 
+  // OSC 8 hyperlinks the program in the VM prints: http(s) only (no
+  // javascript:, data:, file: or custom schemes), confirmed with the real
+  // address (the link's text may say anything), opened without an opener.
+  const linkHandler = {
+    allowNonHttpProtocols: false,
+    activate: (_ev: MouseEvent, text: string) => {
+      let u: URL;
+      try { u = new URL(text); } catch { return; }
+      if (u.protocol !== 'http:' && u.protocol !== 'https:') return;
+      if (window.confirm(`Open ${u.href} from the terminal?`)) window.open(u.href, '_blank', 'noopener,noreferrer');
+    },
+  };
+
   const attach = async (name: string) => {
     detach();
-    const t = new Terminal({ cursorBlink: true, scrollback: 10000, fontFamily: 'DejaVu Sans Mono, Liberation Mono, monospace', fontSize: 14, convertEol: false });
+    const t = new Terminal({ cursorBlink: true, scrollback: 10000, fontFamily: 'DejaVu Sans Mono, Liberation Mono, monospace', fontSize: 14, convertEol: false, linkHandler });
     const f = new FitAddon();
     t.loadAddon(f);
     t.open(screen);

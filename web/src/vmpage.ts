@@ -5,6 +5,7 @@ import { actionButtons } from './actions';
 import { renderMetrics } from './charts';
 import { subscribe } from './events';
 import { clear, fmtAge, fmtBytes, fmtTime, h, toast } from './dom';
+import { renderDisplay } from './display';
 import { renderFiles } from './files';
 import { renderPorts } from './ports';
 import { renderServices } from './services';
@@ -12,10 +13,11 @@ import { renderTerminal } from './terminal';
 import { stateBadge } from './vmlist';
 import type { AgentEvent, VM } from './types';
 
-interface Tab { id: string; label: string; render: (el: HTMLElement, vm: VM) => () => void; adminOnly?: boolean; perm?: string[] }
+interface Tab { id: string; label: string; render: (el: HTMLElement, vm: VM) => () => void; adminOnly?: boolean; perm?: string[]; when?: (vm: VM) => boolean }
 
 const TABS: Tab[] = [
   { id: 'terminal', label: 'Terminal', render: renderTerminal, perm: ['term'] },
+  { id: 'display', label: 'Display', render: (el, vm) => renderDisplay(el, vm), perm: ['display'], when: (vm) => vm.image === 'browser' },
   { id: 'files', label: 'Files', render: (el, vm) => renderFiles(el, vm, currentSession()?.user ? `/home/${currentSession()!.user}` : '/root'), perm: ['files'] },
   { id: 'ports', label: 'Ports', render: renderPorts },
   { id: 'services', label: 'Services', render: renderServices, perm: ['exec'] },
@@ -58,6 +60,10 @@ export function renderVMPage(main: HTMLElement, id: string, tabID: string): () =
     try {
       vm = await api<VM>('GET', vmPath(id));
       drawHeader(vm);
+      for (const t of tabs) { // tabs that only some images have
+        const b = tablist.querySelector<HTMLElement>(`[data-tab="${t.id}"]`);
+        if (b) b.hidden = !applies(t, vm);
+      }
     } catch (e) {
       if (e instanceof ApiError && e.status === 404) {
         toast(`VM ${id} is gone`);
@@ -87,8 +93,9 @@ export function renderVMPage(main: HTMLElement, id: string, tabID: string): () =
     b.addEventListener('click', () => select(t));
     // Arrow keys move between tabs (the ARIA tabs pattern).
     b.addEventListener('keydown', (ev) => {
-      const i = tabs.indexOf(t);
-      const next = ev.key === 'ArrowRight' ? tabs[(i + 1) % tabs.length] : ev.key === 'ArrowLeft' ? tabs[(i - 1 + tabs.length) % tabs.length] : null;
+      const shown = vm ? tabs.filter((x) => applies(x, vm!)) : tabs;
+      const i = shown.indexOf(t);
+      const next = ev.key === 'ArrowRight' ? shown[(i + 1) % shown.length] : ev.key === 'ArrowLeft' ? shown[(i - 1 + shown.length) % shown.length] : null;
       if (!next) return;
       ev.preventDefault();
       select(next);
@@ -98,8 +105,12 @@ export function renderVMPage(main: HTMLElement, id: string, tabID: string): () =
   }
   panel.id = 'vm-panel';
   clear(main, h('p', null, h('a', { href: '#/' }, '← All VMs')), header, tablist, panel);
-  reload().then(() => { if (vm) select(current); });
+  reload().then(() => { if (vm) select(applies(current, vm) ? current : tabs.find((t) => applies(t, vm!)) ?? current); });
   return () => { unsub(); closeTab(); };
+}
+
+function applies(t: Tab, vm: VM): boolean {
+  return !t.when || t.when(vm);
 }
 
 function fact(k: string, v: string): HTMLElement[] {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +19,9 @@ import (
 )
 
 const envFile = "/etc/agentvm/env"
+
+// envReaders is the group that may read envFile (the code interpreter's user).
+const envReaders = "user"
 
 func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
 	info := guest.Info{Version: guest.Version, Proto: guest.ProtoVersion}
@@ -225,5 +229,15 @@ func (a *Agent) storeEnv(env map[string]string) error {
 		return err
 	}
 	a.env.Store(&m)
-	return writeFile(p, b, 0o600)
+	if err := writeFile(p, b, 0o600); err != nil {
+		return err
+	}
+	// The code interpreter runs as user "user" and reads the VM's variables
+	// from here: the file is root's, readable by that group alone.
+	if g, err := user.LookupGroup(envReaders); err == nil {
+		if gid, err := strconv.Atoi(g.Gid); err == nil && os.Chown(p, 0, gid) == nil {
+			return os.Chmod(p, 0o640)
+		}
+	}
+	return os.Chmod(p, 0o600)
 }

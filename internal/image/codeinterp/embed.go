@@ -8,13 +8,26 @@ package codeinterp
 
 import "embed"
 
-//go:embed server.py jskernel.js
+// names are the files server.py needs at run time, installed side by side
+// (server.py imports the Python modules from its own directory).
+var names = []string{
+	"server.py",        // HTTP server, state, main
+	"common.py",        // constants, errors, helpers
+	"contexts.py",      // Stream, Context base, bash contexts
+	"pycontext.py",     // Python contexts (ipykernel)
+	"jscontext.py",     // JavaScript contexts
+	"kernel_module.py", // runs inside each Python kernel
+	"peers.py",         // client uid check (/proc/net/tcp)
+	"jskernel.js",      // runs in each node process
+}
+
+//go:embed server.py common.py contexts.py pycontext.py jscontext.py kernel_module.py peers.py jskernel.js
 var files embed.FS
 
 // Files returns the files to install, by name.
 func Files() map[string]string {
 	out := map[string]string{}
-	for _, n := range []string{"server.py", "jskernel.js"} {
+	for _, n := range names {
 		b, err := files.ReadFile(n)
 		if err != nil {
 			panic(err) // embedded at build time: cannot fail

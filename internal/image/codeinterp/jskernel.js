@@ -7,7 +7,8 @@
 // processes; console output and process.stdout/stderr writes of user code are
 // sent as events, so their order is preserved.
 //
-//   in:  {"op":"execute","id":N,"code":"...","env":{"K":"V"}}
+//   in:  {"op":"execute","id":N,"code":"...","env":{"K":"V"}}   (env: this run only)
+//        {"op":"setenv","env":{"K":"V"},"unset":["K2"]}            (persistent)
 //   out: {"ev":"ready","node":"v18.x","acorn":bool,"typescript":bool}
 //        {"ev":"stdout"|"stderr","id":N|null,"text":"..."}
 //        {"ev":"result","id":N,"data":{"text/plain":"..."},"main":true}
@@ -17,8 +18,8 @@
 // Code runs in the process's global context (vm.runInThisContext), so
 // globals persist across executions.  Top-level declarations are turned into
 // global assignments (re-running `const x = ...` works), top-level await and
-// static `import` are supported (rewritten with acorn when it is available:
-// Debian's nodejs depends on node-acorn).  SIGINT interrupts the running
+// static `import` are supported (rewritten with acorn: node's own copy, which
+// server.py exposes by starting node with --expose-internals).  SIGINT interrupts the running
 // execution (vm breakOnSigint, or by rejecting a pending top-level await);
 // the context and its globals survive.
 
@@ -93,7 +94,9 @@ captureStream(process.stderr, 'stderr');
 // ---------------------------------------------------------------------------
 
 function loadAcorn() {
-  const candidates = ['acorn', '/usr/share/nodejs/acorn', '/usr/lib/nodejs/acorn',
+  // The parser node itself uses (reachable with --expose-internals; Debian's
+  // node resolves it to its node-acorn package), then public copies.
+  const candidates = ['internal/deps/acorn/acorn/dist/acorn', 'acorn', '/usr/share/nodejs/acorn', '/usr/lib/nodejs/acorn',
     '/usr/lib/node_modules/acorn', '/usr/local/lib/node_modules/acorn',
     path.join(__dirname, 'node_modules', 'acorn')];
   for (const c of candidates) {
@@ -349,7 +352,13 @@ async function runCell(code) {
   cellNo += 1;
   const filename = `cell-${cellNo}.js`;
   if (LANG === 'typescript') {
-    code = Module.stripTypeScriptTypes(code, { mode: 'strip' });
+    const emitWarning = process.emitWarning;
+    process.emitWarning = () => {}; // "stripTypeScriptTypes is an experimental feature"
+    try {
+      code = Module.stripTypeScriptTypes(code, { mode: 'strip' });
+    } finally {
+      process.emitWarning = emitWarning;
+    }
   }
   let t = null;
   try {
@@ -402,6 +411,11 @@ function applyEnv(env) {
   };
 }
 
+function setGlobalEnv(msg) {
+  for (const k of msg.unset || []) delete process.env[k];
+  for (const [k, v] of Object.entries(msg.env || {})) process.env[k] = String(v);
+}
+
 async function execute(msg) {
   const id = msg.id;
   currentId = id;
@@ -448,6 +462,7 @@ input.on('data', (chunk) => {
       continue;
     }
     if (msg.op === 'execute') queue = queue.then(() => execute(msg));
+    else if (msg.op === 'setenv') queue = queue.then(() => setGlobalEnv(msg));
   }
 });
 input.on('end', () => process.exit(0));

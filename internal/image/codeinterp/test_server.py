@@ -8,7 +8,12 @@ Needs Debian's python3-ipykernel, python3-jupyter-client, python3-numpy,
 python3-pandas, python3-matplotlib (the server is started with an
 interpreter that has them: $CODEINTERP_TEST_PYTHON, this interpreter, or
 /usr/bin/python3), plus node ($CODEINTERP_TEST_NODE or node on PATH; the
-JavaScript tests are skipped without it) and bash.
+JavaScript tests are skipped without it) and bash.  Without such a Python
+the tests are skipped, or fail when CODEINTERP_REQUIRE=1 is set.  One server
+is started for the module on a free port; CODEINTERP_TEST_SHOW_LOG=1 prints
+its log.  The warm round-trip latency and the startup time are printed to
+stderr (speed targets belong to benchmarks: no test asserts on timing; every
+wait is for a condition, with a generous deadline).
 """
 
 import base64
@@ -16,6 +21,8 @@ import http.client
 import importlib.util
 import json
 import os
+import pwd
+import secrets
 import shutil
 import socket
 import statistics
@@ -27,9 +34,12 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 SERVER = os.path.join(HERE, "server.py")
 MAX_CONTEXTS = 12
 GRACE = 2.0
+DEADLINE = 120.0  # for waits on conditions; never reached when things work
 
 _server = None
 _port = None
@@ -37,6 +47,7 @@ _tmp = None
 _node = None
 _startup_seconds = None
 _server_log = None
+_machine_id_file = None
 
 
 def _python_with_jupyter():
@@ -61,28 +72,35 @@ def _free_port():
 
 
 def setUpModule():
-    global _server, _port, _tmp, _node, _startup_seconds, _server_log
+    global _server, _port, _tmp, _node, _startup_seconds, _server_log, _machine_id_file
     python = _python_with_jupyter()
     if python is None:
+        if os.environ.get("CODEINTERP_REQUIRE") == "1":
+            raise RuntimeError("CODEINTERP_REQUIRE=1 but no Python with jupyter_client, ipykernel "
+                               "and zmq was found (set CODEINTERP_TEST_PYTHON)")
         raise unittest.SkipTest("no Python with jupyter_client and ipykernel found")
     _node = os.environ.get("CODEINTERP_TEST_NODE") or shutil.which("node")
     _tmp = tempfile.mkdtemp(prefix="codeinterp-test-")
     home = os.path.join(_tmp, "home")
     os.makedirs(home)
     _port = _free_port()
+    _machine_id_file = os.path.join(_tmp, "machine-id")
+    set_machine_id()
     env = dict(os.environ)
     env["HOME"] = home
     env["CODEINTERP_PRESET"] = "from-server-env"
     env.pop("MPLBACKEND", None)
     cmd = [python, SERVER, "--host", "127.0.0.1", "--port", str(_port), "--cwd", home,
            "--max-contexts", str(MAX_CONTEXTS), "--keepalive-seconds", "0.5",
-           "--interrupt-grace-seconds", str(GRACE), "--runtime-dir", _tmp]
+           "--interrupt-grace-seconds", str(GRACE), "--runtime-dir", _tmp,
+           "--env-file", os.path.join(_tmp, "sandbox-env.json"),
+           "--machine-id-file", _machine_id_file]
     if _node:
         cmd += ["--node", _node]
     _server_log = open(os.path.join(_tmp, "server.log"), "w+")
     t0 = time.monotonic()
     _server = subprocess.Popen(cmd, env=env, stdout=_server_log, stderr=subprocess.STDOUT)
-    deadline = t0 + 90
+    deadline = t0 + 180
     while time.monotonic() < deadline:
         if _server.poll() is not None:
             _server_log.seek(0)
@@ -180,7 +198,9 @@ class Execution:
         return bool(self.events) and self.events[-1]["type"] == "end_of_execution"
 
 
-def execute(code, timeout=90, **fields):
+def execute(code, timeout=DEADLINE, on_event=None, on_sent=None, **fields):
+    """Runs code; on_event(ev) sees every event (keepalives too) as it
+    arrives, on_sent() runs once the request is written."""
     body = {"code": code}
     body.update(fields)
     conn = http.client.HTTPConnection("127.0.0.1", _port, timeout=timeout)
@@ -188,6 +208,8 @@ def execute(code, timeout=90, **fields):
     try:
         conn.request("POST", "/execute", body=json.dumps(body),
                      headers={"Content-Type": "application/json"})
+        if on_sent:
+            on_sent()
         r = conn.getresponse()
         if r.status != 200:
             return Execution(r.status, r.read().decode(), time.monotonic() - t0, [], dict(r.getheaders()))
@@ -197,6 +219,8 @@ def execute(code, timeout=90, **fields):
             if not line:
                 break
             ev = json.loads(line)
+            if on_event:
+                on_event(ev)
             if ev["type"] == "keepalive":
                 continue
             events.append(ev)
@@ -204,6 +228,71 @@ def execute(code, timeout=90, **fields):
         return Execution(200, events, time.monotonic() - t0, arrivals, dict(r.getheaders()))
     finally:
         conn.close()
+
+
+class Background:
+    """execute() in a thread.  wait_marker() returns once the execution has
+    printed the marker (e.g. "started") to stdout; join() returns the result."""
+
+    def __init__(self, testcase, code, marker="started", **fields):
+        self.tc = testcase
+        self.marker = marker
+        self.seen = threading.Event()
+        self.sent = threading.Event()
+        self.result = None
+        self.error = None
+        self.out = ""
+
+        def on_event(ev):
+            if ev["type"] == "stdout":
+                self.out += ev["text"]
+                if self.marker in self.out:
+                    self.seen.set()
+
+        def run():
+            try:
+                self.result = execute(code, on_event=on_event, on_sent=self.sent.set, **fields)
+            except Exception as e:  # noqa: BLE001 - reported by join()
+                self.error = e
+            finally:
+                self.sent.set()
+                self.seen.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def wait_marker(self):
+        self.tc.assertTrue(self.seen.wait(DEADLINE), f"no {self.marker!r} within {DEADLINE}s")
+        self.tc.assertIsNone(self.error)
+        self.tc.assertIn(self.marker, self.out, self.result and self.result.events)
+
+    def join(self):
+        self.thread.join(DEADLINE)
+        self.tc.assertFalse(self.thread.is_alive(), "execution did not end")
+        self.tc.assertIsNone(self.error)
+        return self.result
+
+
+def py_wait_for(path, deadline=DEADLINE / 2):
+    """Python code that waits until path exists (or deadline seconds pass)."""
+    return (f"import os as _os, time as _time\n_d = _time.monotonic() + {deadline}\n"
+            f"while not _os.path.exists({path!r}) and _time.monotonic() < _d:\n"
+            f"    _time.sleep(0.01)\n")
+
+
+def touch(path):
+    with open(path, "w"):
+        pass
+
+
+def set_machine_id(value=None):
+    """Writes a (new random) machine id to the server's --machine-id-file."""
+    value = value or secrets.token_hex(16)
+    tmp = _machine_id_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(value + "\n")
+    os.replace(tmp, _machine_id_file)
+    return value
 
 
 def create_context(testcase, **body):
@@ -227,8 +316,6 @@ def raw_http(data, read_timeout=30):
             if not b:
                 break
             chunks.append(b)
-            if b"\r\n\r\n" in b"".join(chunks) and data.startswith(b"GET"):
-                pass
         return b"".join(chunks)
     finally:
         s.close()
@@ -378,18 +465,32 @@ class TestPython(unittest.TestCase):
         self.assertEqual(got, [("stdout", "a\n"), ("stderr", "b\n"), ("stdout", "c\n")])
 
     def test_output_is_streamed(self):
-        ex = execute("import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')")
-        first = next(i for i, e in enumerate(ex.events) if e["type"] == "stdout")
-        self.assertLess(ex.arrivals[first], 1.2)
-        self.assertGreaterEqual(ex.elapsed, 1.5)
+        # The code goes on only once the test has received "first": without
+        # streaming it would wait in vain and print "no flag".
+        flag = tempfile.mktemp(dir=_tmp)
+
+        def on_event(ev):
+            if ev["type"] == "stdout" and "first" in ev["text"]:
+                touch(flag)
+
+        code = ("print('first', flush=True)\n" + py_wait_for(flag) +
+                f"print('second' if _os.path.exists({flag!r}) else 'no flag')")
+        ex = execute(code, on_event=on_event)
         self.assertEqual(ex.stdout, "first\nsecond\n")
 
     def test_keepalive_lines(self):
-        conn = http.client.HTTPConnection("127.0.0.1", _port, timeout=30)
-        conn.request("POST", "/execute", body=json.dumps({"code": "import time; time.sleep(1.3)"}))
-        lines = [json.loads(l) for l in conn.getresponse().read().splitlines()]
-        conn.close()
+        # The code ends once the test has received a keepalive line.
+        flag = tempfile.mktemp(dir=_tmp)
+        lines = []
+
+        def on_event(ev):
+            lines.append(ev)
+            if ev == {"type": "keepalive"}:
+                touch(flag)
+
+        ex = execute(py_wait_for(flag) + f"_os.path.exists({flag!r})", on_event=on_event)
         self.assertIn({"type": "keepalive"}, lines)
+        self.assertEqual(ex.text, "True")
         self.assertEqual(lines[-1], {"type": "end_of_execution"})
 
     def test_error_with_traceback(self):
@@ -509,7 +610,6 @@ class TestPython(unittest.TestCase):
         execute("survivor = 41", context_id=ctx["id"])
         ex = execute("import time\nprint('before', flush=True)\ntime.sleep(60)", context_id=ctx["id"],
                      timeout_ms=1000)
-        self.assertLess(ex.elapsed, 5)
         self.assertEqual(ex.error["name"], "TimeoutError")
         self.assertIn("KeyboardInterrupt", ex.error["traceback"])
         self.assertEqual(len(ex.of("error")), 1)
@@ -525,28 +625,26 @@ class TestPython(unittest.TestCase):
                            "context_id": ctx["id"]}).encode()
         s = socket.create_connection(("127.0.0.1", _port))
         s.sendall(b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        s.settimeout(10)
+        s.settimeout(DEADLINE)
         buf = b""
         while b'"go\\n"' not in buf:
-            buf += s.recv(4096)
+            b = s.recv(4096)
+            self.assertTrue(b, buf)
+            buf += b
         s.close()
-        t0 = time.monotonic()
-        ex = execute("kept", context_id=ctx["id"], timeout_ms=10000)
+        # Unless the disconnect interrupted the sleep(120), this times out.
+        ex = execute("kept", context_id=ctx["id"], timeout_ms=60000)
         self.assertEqual(ex.text, "yes")
-        self.assertLess(time.monotonic() - t0, 5)
 
     def test_interrupt_endpoint(self):
         ctx = create_context(self)
-        box = {}
-        t = threading.Thread(target=lambda: box.setdefault("ex", execute(
-            "import time\nval = 9\ntime.sleep(60)", context_id=ctx["id"])))
-        t.start()
-        time.sleep(1.0)
+        bg = Background(self, "import time\nval = 9\nprint('started', flush=True)\ntime.sleep(600)",
+                        context_id=ctx["id"])
+        bg.wait_marker()
         status, body = request_json("POST", f"/contexts/{ctx['id']}/interrupt")
         self.assertEqual(status, 200)
         self.assertEqual(body, {"interrupted": True})
-        t.join(20)
-        self.assertEqual(box["ex"].error["name"], "KeyboardInterrupt")
+        self.assertEqual(bg.join().error["name"], "KeyboardInterrupt")
         self.assertEqual(execute("val", context_id=ctx["id"]).text, "9")
 
     def test_unresponsive_kernel_is_restarted(self):
@@ -557,7 +655,6 @@ class TestPython(unittest.TestCase):
         ex = execute(code, context_id=ctx["id"], timeout_ms=500)
         self.assertEqual(ex.error["name"], "TimeoutError")
         self.assertIn("restarted", ex.error["value"])
-        self.assertLess(ex.elapsed, GRACE + 5)
         ex = execute("lost", context_id=ctx["id"])
         self.assertIn("restarted", ex.stderr)
         self.assertEqual(ex.error["name"], "NameError")
@@ -571,30 +668,71 @@ class TestPython(unittest.TestCase):
         ex = execute("2 * 21", context_id=ctx["id"])
         self.assertEqual(ex.text, "42")
 
-    def test_contexts_run_concurrently_and_serialize(self):
+    def test_contexts_run_concurrently(self):
+        # Each execution announces itself, then waits for the other one's
+        # announcement: run one after the other, they would give up alone.
         a, b = create_context(self), create_context(self)
-        out = {}
+        d = tempfile.mkdtemp(dir=_tmp)
+        mine = {k: os.path.join(d, k) for k in ("a", "b")}
 
-        def run(key, ctx):
-            out[key] = execute("import time; time.sleep(1.5); 'done'", context_id=ctx["id"])
+        def code(me, other):
+            return (f"open({mine[me]!r}, 'w').close()\n" + py_wait_for(mine[other]) +
+                    f"'together' if _os.path.exists({mine[other]!r}) else 'alone'")
 
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=run, args=(k, c)) for k, c in (("a", a), ("b", b))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        self.assertLess(time.monotonic() - t0, 2.9)
-        self.assertEqual(out["a"].text, "done")
-        self.assertEqual(out["b"].text, "done")
-        # the same context runs one execution at a time
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=run, args=(k, a)) for k in ("c", "d")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        self.assertGreaterEqual(time.monotonic() - t0, 3.0)
+        bgs = [Background(self, code("a", "b"), context_id=a["id"]),
+               Background(self, code("b", "a"), context_id=b["id"])]
+        self.assertEqual([bg.join().text for bg in bgs], ["together", "together"])
+
+    def test_context_serializes_executions(self):
+        # The first execution holds a busy marker until the second request
+        # has been sent; the second one must not find it.
+        ctx = create_context(self)
+        d = tempfile.mkdtemp(dir=_tmp)
+        busy, second_sent = os.path.join(d, "busy"), os.path.join(d, "second-sent")
+        code = ("import os\n"
+                f"try:\n    os.close(os.open({busy!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))\n"
+                "    mine = 'serial'\nexcept FileExistsError:\n    mine = 'overlap'\n"
+                "print('started', flush=True)\n" + py_wait_for(second_sent) +
+                f"if mine == 'serial':\n    os.unlink({busy!r})\nmine")
+        first = Background(self, code, context_id=ctx["id"])
+        first.wait_marker()
+        second = Background(self, code, context_id=ctx["id"])
+        self.assertTrue(second.sent.wait(DEADLINE))
+        touch(second_sent)
+        self.assertEqual([first.join().text, second.join().text], ["serial", "serial"])
+
+
+class TestGlobalEnvFile(unittest.TestCase):
+    """--env-file: sandbox-wide variables applied to every context."""
+
+    def write(self, env):
+        path = os.path.join(_tmp, "sandbox-env.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(env, f)
+        os.replace(tmp, path)
+
+    def tearDown(self):
+        try:
+            os.unlink(os.path.join(_tmp, "sandbox-env.json"))
+        except FileNotFoundError:
+            pass
+
+    def test_env_file(self):
+        self.write({"CI_GLOBAL": "g1"})
+        self.assertEqual(execute("import os; os.getenv('CI_GLOBAL')").text, "g1")
+        # a per-execution value wins once, then the sandbox-wide one is back
+        self.assertEqual(execute("import os; os.getenv('CI_GLOBAL')", env_vars={"CI_GLOBAL": "o"}).text, "o")
+        self.assertEqual(execute("import os; os.getenv('CI_GLOBAL')").text, "g1")
+        self.assertEqual(execute("echo $CI_GLOBAL", language="bash").stdout, "g1\n")
+        if _node:
+            self.assertEqual(execute("process.env.CI_GLOBAL", language="js").text, "g1")
+        self.write({"CI_OTHER": "x"})
+        self.assertEqual(execute("import os; (os.getenv('CI_GLOBAL'), os.getenv('CI_OTHER'))").text,
+                         "(None, 'x')")
+        self.assertEqual(execute("echo ${CI_GLOBAL:-unset} $CI_OTHER", language="bash").stdout, "unset x\n")
+        os.unlink(os.path.join(_tmp, "sandbox-env.json"))
+        self.assertEqual(execute("import os; os.getenv('CI_OTHER', 'gone')").text, "gone")
 
 
 class TestContexts(unittest.TestCase):
@@ -640,26 +778,21 @@ class TestContexts(unittest.TestCase):
 
     def test_restart_during_execution(self):
         ctx = create_context(self)
-        box = {}
-        t = threading.Thread(target=lambda: box.setdefault("ex", execute(
-            "import time; time.sleep(60)", context_id=ctx["id"])))
-        t.start()
-        time.sleep(1.0)
+        bg = Background(self, "import time\nprint('started', flush=True)\ntime.sleep(600)",
+                        context_id=ctx["id"])
+        bg.wait_marker()
         self.assertEqual(request("POST", f"/contexts/{ctx['id']}/restart")[0], 200)
-        t.join(30)
-        self.assertEqual(box["ex"].error["name"], "ContextRestarting")
-        self.assertTrue(box["ex"].ended)
+        ex = bg.join()
+        self.assertEqual(ex.error["name"], "ContextRestarting")
+        self.assertTrue(ex.ended)
         self.assertEqual(execute("5", context_id=ctx["id"]).text, "5")
 
     def test_delete_during_execution(self):
         status, ctx = request_json("POST", "/contexts", {"language": "bash"})
-        box = {}
-        t = threading.Thread(target=lambda: box.setdefault("ex", execute("sleep 60", context_id=ctx["id"])))
-        t.start()
-        time.sleep(0.5)
+        bg = Background(self, "echo started; sleep 600", context_id=ctx["id"])
+        bg.wait_marker()
         self.assertEqual(request("DELETE", f"/contexts/{ctx['id']}")[0], 200)
-        t.join(30)
-        self.assertEqual(box["ex"].error["name"], "ContextDeleted")
+        self.assertEqual(bg.join().error["name"], "ContextDeleted")
 
     def test_context_limit(self):
         created = []
@@ -755,7 +888,6 @@ class TestJavaScript(unittest.TestCase):
         self.run_js("var keepMe = 'kept'")
         ex = self.run_js("while (true) {}", timeout_ms=800)
         self.assertEqual(ex.error["name"], "TimeoutError")
-        self.assertLess(ex.elapsed, 5)
         self.assertEqual(self.run_js("keepMe").text, "kept")
         ex = self.run_js("await new Promise(r => setTimeout(r, 60000))", timeout_ms=800)
         self.assertEqual(ex.error["name"], "TimeoutError")
@@ -817,10 +949,19 @@ class TestBash(unittest.TestCase):
         ex = self.run_sh("sleep 60; echo not-reached", timeout_ms=800)
         self.assertEqual(ex.error["name"], "TimeoutError")
         self.assertNotIn("not-reached", ex.stdout)
-        self.assertLess(ex.elapsed, 5)
         ex = self.run_sh("while true; do :; done", timeout_ms=500)
         self.assertEqual(ex.error["name"], "TimeoutError")
         self.assertEqual(self.run_sh("echo $KEEP").stdout, "1\n")
+
+    def test_user_functions_do_not_break_the_shell(self):
+        self.run_sh("printf() { echo hijacked; }; export() { :; }; unset() { :; }; .() { :; }")
+        ex = self.run_sh("echo $CI_B", env_vars={"CI_B": "still works"})
+        self.assertEqual(ex.stdout, "still works\n")
+        self.assertEqual(self.run_sh("echo ${CI_B:-restored}").stdout, "restored\n")
+
+    def test_invalid_utf8_output(self):
+        ex = self.run_sh("printf 'a\\377b\\n'")
+        self.assertEqual(ex.stdout, "a\ufffdb\n")
 
     def test_exit_restarts_shell(self):
         ex = self.run_sh("exit 3")
@@ -847,12 +988,205 @@ class TestPerformance(unittest.TestCase):
                     self.assertEqual("".join(e["text"] for e in events if e["type"] == "stdout"), "1\n")
                 times = times[5:]
                 p50 = statistics.median(times) * 1000
-                report.append(f"{lang} p50 {p50:.1f} ms")
-                self.assertLess(p50, 250)
+                report.append(f"{lang} p50 {p50:.1f} ms")  # reported, not asserted (see bench/)
         finally:
             conn.close()
         sys.stderr.write(f"\n[codeinterp] warm round trip (50 runs): {', '.join(report)}; "
                          f"startup to healthy {_startup_seconds:.2f}s\n")
+
+
+# /proc/net/tcp{,6} samples (little-endian): server 127.0.0.1:49999 (C34F)
+# and ::1:49999; clients 40000.. (9C40..).  Line 2 is the server's end of
+# the connection from 40000 (owned by the server's uid, here 1002).
+PROC_TCP_SAMPLE = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:C34F 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 101 1 0 100 0 0 10 0
+   1: 0100007F:9C40 0100007F:C34F 01 00000000:00000000 00:00000000 00000000  1001        0 102 1 0 20 4 30 10 -1
+   2: 0100007F:C34F 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1002        0 103 1 0 20 4 30 10 -1
+   3: 0100007F:9C41 0100007F:C34F 01 00000000:00000000 00:00000000 00000000 65534        0 104 1 0 20 4 30 10 -1
+   4: 0100007F:9C42 0100007F:C34F 06 00000000:00000000 03:00000F5A 00000000     0        0 0 3 0
+   5: 0100007F:9C45 0100007F:C34F 04 00000000:00000000 01:00000014 00000000  1001        0 0 1 0
+   6: 0100007F:9C46 0100007F:C34F 05 00000000:00000000 03:00001770 00000000     0        0 0 3 0
+"""
+PROC_TCP6_SAMPLE = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:9C43 00000000000000000000000001000000:C34F 01 00000000:00000000 00:00000000 00000000     0        0 201 1 0 20 4 30 10 -1
+   1: 0000000000000000FFFF00000100007F:9C44 0000000000000000FFFF00000100007F:C34F 01 00000000:00000000 00:00000000 00000000  1001        0 202 1 0 20 4 30 10 -1
+"""
+
+
+class FakeSocket:
+    def __init__(self, name):
+        self.name = name
+
+    def getsockname(self):
+        return self.name
+
+
+@unittest.skipUnless(sys.byteorder == "little", "samples are little-endian")
+class TestPeerUidLookup(unittest.TestCase):
+    """peers.py against crafted /proc/net/tcp{,6} samples."""
+
+    def setUp(self):
+        import peers
+        self.peers = peers
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        self.paths = (os.path.join(d, "tcp"), os.path.join(d, "tcp6"))
+        for path, text in zip(self.paths, (PROC_TCP_SAMPLE, PROC_TCP6_SAMPLE)):
+            with open(path, "w") as f:
+                f.write(text)
+
+    def owners(self, client, server):
+        return self.peers.socket_owners(client, server, self.paths)
+
+    def test_socket_owners(self):
+        v4 = ("127.0.0.1", 49999)
+        # line 1 (the client's socket), not line 2 (the server's end, uid 1002)
+        self.assertEqual(self.owners(("127.0.0.1", 40000), v4), {1001})
+        self.assertEqual(self.owners(("127.0.0.1", 40001), v4), {65534})
+        # timewait lines say uid 0 whoever owned the socket: ignored, also
+        # as the FIN_WAIT2 left by a client that closed after its request
+        self.assertEqual(self.owners(("127.0.0.1", 40002), v4), set())
+        self.assertEqual(self.owners(("127.0.0.1", 40006), v4), set())
+        # and so are sockets no process holds any more (inode 0)
+        self.assertEqual(self.owners(("127.0.0.1", 40005), v4), set())
+        self.assertEqual(self.owners(("127.0.0.1", 40009), v4), set())
+        self.assertEqual(self.owners(("::1", 40003, 0, 0), ("::1", 49999, 0, 0)), {0})
+        # an IPv4 client of a dual-stack server: in tcp, or in tcp6 (mapped)
+        mapped = ("::ffff:127.0.0.1", 49999, 0, 0)
+        self.assertEqual(self.owners(("::ffff:127.0.0.1", 40000, 0, 0), mapped), {1001})
+        self.assertEqual(self.owners(("::ffff:127.0.0.1", 40004, 0, 0), mapped), {1001})
+        self.assertEqual(self.owners(("127.0.0.1", 40004), v4), {1001})
+        self.assertEqual(self.peers.socket_owners(("127.0.0.1", 40000), v4, ("/nonexistent",) * 2), set())
+
+    def test_peer_allowed(self):
+        request = FakeSocket(("127.0.0.1", 49999))
+        allowed = {0, 1001}
+        self.assertTrue(self.peers.peer_allowed(request, ("127.0.0.1", 40000), allowed, self.paths))
+        with self.assertLogs("codeinterp", "WARNING") as logs:
+            self.assertFalse(self.peers.peer_allowed(request, ("127.0.0.1", 40001), allowed, self.paths))
+            self.assertFalse(self.peers.peer_allowed(request, ("127.0.0.1", 40002), allowed, self.paths))
+            self.assertFalse(self.peers.peer_allowed(request, ("10.0.0.7", 40000), allowed, self.paths))
+        self.assertIn("uid 65534", logs.output[0])
+        self.assertTrue(self.peers.peer_allowed(request, ("127.0.0.1", 40001), {65534}, self.paths))
+
+    def test_parse_uids(self):
+        self.assertEqual(self.peers.parse_uids("", 1001), {0, 1001})
+        self.assertEqual(self.peers.parse_uids("0, 5", 1001), {0, 5})
+        self.assertEqual(self.peers.parse_uids("root", 1001), {0})
+        with self.assertRaises(ValueError):
+            self.peers.parse_uids("no-such-user-xyz", 1001)
+
+    def test_server_verify_request(self):
+        import server
+        srv = server.Server.__new__(server.Server)
+        srv.allow_uids = frozenset({0})
+        srv.proc_net_tcp = self.paths
+        with self.assertLogs("codeinterp", "WARNING"):
+            self.assertFalse(srv.verify_request(FakeSocket(("127.0.0.1", 49999)), ("127.0.0.1", 40000)))
+        srv.allow_uids = frozenset({1001})
+        self.assertTrue(srv.verify_request(FakeSocket(("127.0.0.1", 49999)), ("127.0.0.1", 40000)))
+
+
+class TestPeerUidLive(unittest.TestCase):
+    """The running server (default --allow-uids: 0 and its own uid)."""
+
+    CLIENT = ("exec 3<>/dev/tcp/127.0.0.1/{port} || exit 9\n"
+              "printf 'GET /health HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3\n"
+              "cat <&3\n")
+
+    def bash_client(self, preexec_fn=None):
+        return subprocess.run(["bash", "-c", self.CLIENT.format(port=_port)], cwd="/",
+                              capture_output=True, timeout=DEADLINE, preexec_fn=preexec_fn)
+
+    def test_same_uid_allowed(self):
+        raw = raw_http(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 200"), raw[:100])
+        r = self.bash_client()
+        self.assertTrue(r.stdout.startswith(b"HTTP/1.1 200"), (r.stdout, r.stderr))
+
+    def test_other_uid_refused(self):
+        if os.getuid() != 0:
+            self.skipTest("needs root to connect as another user")
+        nobody = pwd.getpwnam("nobody")
+
+        def become_nobody():
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+
+        r = self.bash_client(become_nobody)
+        self.assertNotIn(b"HTTP/1.1", r.stdout, r.stderr)
+        self.assertNotEqual(r.returncode, 9, r.stderr)  # it did connect
+        _server_log.flush()
+        with open(_server_log.name) as f:
+            self.assertIn(f"owned by uid {nobody.pw_uid}", f.read())
+        self.assertEqual(request("GET", "/health")[0], 200)
+
+
+def js_kernel_pids():
+    """Pids of the server's node children (JavaScript contexts)."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == _server.pid and b"jskernel.js" in cmdline:
+            out.add(int(name))
+    return out
+
+
+class TestReseedOnNewMachine(unittest.TestCase):
+    """--machine-id-file changes (a VM restored or forked): fresh random state."""
+
+    def test_python_reseeds_on_each_change(self):
+        ctx = create_context(self)
+        seed = "random.seed(7); np.random.seed(7)"
+        execute(f"import random, numpy as np\n{seed}\nfirst = (random.random(), float(np.random.random()))\n"
+                f"{seed}", context_id=ctx["id"])
+        draw = (f"now = (random.random(), float(np.random.random()))\n{seed}\n"
+                "[a == b for a, b in zip(now, first)]")
+        self.assertEqual(execute(draw, context_id=ctx["id"]).text, "[True, True]")
+        for _ in range(2):  # not only on the first change
+            set_machine_id()
+            self.assertEqual(execute(draw, context_id=ctx["id"]).text, "[False, False]")
+            self.assertEqual(execute(draw, context_id=ctx["id"]).text, "[True, True]")
+
+    def test_bash_reseeds_random(self):
+        ctx = create_context(self, language="bash")
+        execute("RANDOM=7; first=\"$RANDOM $RANDOM $RANDOM\"; RANDOM=7", context_id=ctx["id"])
+        draw = ("now=\"$RANDOM $RANDOM $RANDOM\"; RANDOM=7; "
+                "if [ \"$now\" = \"$first\" ]; then echo same; else echo differs; fi")
+        self.assertEqual(execute(draw, context_id=ctx["id"]).stdout, "same\n")
+        set_machine_id()
+        self.assertEqual(execute(draw, context_id=ctx["id"]).stdout, "differs\n")
+        self.assertEqual(execute(draw, context_id=ctx["id"]).stdout, "same\n")
+
+    @needs_node
+    def test_unused_js_context_restarts(self):
+        ctx = create_context(self, language="javascript")
+        before = js_kernel_pids()
+        self.assertTrue(before)
+        set_machine_id()
+        ex = execute("process.pid", context_id=ctx["id"])
+        self.assertIsNone(ex.error)
+        self.assertNotIn(int(ex.text), before)
+        self.assertEqual(ex.stderr, "")
+
+    @needs_node
+    def test_used_js_context_keeps_state(self):
+        ctx = create_context(self, language="javascript")
+        pid = execute("var keptJs = 5; process.pid", context_id=ctx["id"]).text
+        set_machine_id()
+        self.assertEqual(execute("[keptJs, process.pid].join(' ')", context_id=ctx["id"]).text,
+                         f"5 {pid}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ export { Terminal, Terminals, type AttachOptions } from './terminals.js'
 export { Ports, Domains } from './ports.js'
 export { Services, Processes, Jobs, type JobLogOptions } from './services.js'
 export { Events, type EventListOptions } from './events.js'
+export { Code, type RunCodeOptions, type Execution } from './code.js'
 export type { ClientOptions, CallOptions, BodySource } from './http.js'
 export {
   AgentVMError,

@@ -38,6 +38,9 @@ export type ServiceInfo = Schemas['ServiceInfo']
 export type JobInfo = Schemas['JobInfo']
 export type Event = Schemas['Event']
 export type APIErrorBody = Schemas['Error']
+export type RunCodeRequest = Schemas['RunCodeRequest']
+export type CodeEvent = Schemas['CodeEvent']
+export type CodeContext = Schemas['CodeContext']
 
 export type ExposeRequest = JSONBody<'exposePort'>
 export type CreateNetworkRequest = JSONBody<'createNetwork'>

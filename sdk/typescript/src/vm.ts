@@ -1,6 +1,7 @@
 // The VM handle: one VM's lifecycle, exec, and its sub-resources (files,
 // terminals, ports, services, processes, jobs, events).
 import type { Duplex } from 'node:stream'
+import { Code } from './code.js'
 import { Events } from './events.js'
 import {
   type Command,
@@ -50,6 +51,8 @@ export class VM {
   readonly processes: Processes
   readonly jobs: Jobs
   readonly events: Events
+  /** Live kernels of a code-interpreter VM (`image: 'code-interpreter'`). */
+  readonly code: Code
 
   /** @internal */
   constructor(
@@ -65,6 +68,7 @@ export class VM {
     this.processes = new Processes(t, this.id)
     this.jobs = new Jobs(t, this.id)
     this.events = new Events(t, this.id)
+    this.code = new Code(t, this.id)
   }
 
   /** The VM's name (its id until fetched, when opened by id). */
@@ -151,6 +155,16 @@ export class VM {
   /** The VM's log (serial console and QEMU output; the last 4 MiB). */
   logs(o: CallOptions = {}): Promise<string> {
     return this.t.text('GET', this.path('/logs'), o)
+  }
+
+  /**
+   * A PNG of a browser VM's display (`image: 'browser'`); `scale` in (0, 1]
+   * shrinks it. Drive its Chromium with the DevTools protocol on port 9222
+   * (`connect(9222)`, or the port's preview URL).
+   */
+  async screenshot(opts: { scale?: number } & CallOptions = {}): Promise<Uint8Array> {
+    const resp = await this.t.fetch('GET', this.path('/screenshot'), { query: { scale: opts.scale }, signal: opts.signal })
+    return new Uint8Array(await resp.arrayBuffer())
   }
 
   /** Puts the VM on a private network; null takes it off. */

@@ -305,7 +305,9 @@ export interface paths {
         /**
          * Open a raw TCP stream to a port inside the VM
          * @description Connects to `port` inside the VM through its virtual network; no port is
-         *     opened on the host. The request must carry `Upgrade: agentvm-tcp`
+         *     opened on the host. When nothing listens on the VM's address, the port
+         *     on the VM's loopback is dialled from inside the guest (the browser
+         *     image's DevTools port 9222 listens there). The request must carry `Upgrade: agentvm-tcp`
          *     (case-insensitive; send `Connection: Upgrade` too). The VM must be
          *     `running`; a `paused` VM is resumed and a `suspended` VM woken first
          *     (waiting for any lifecycle operation in progress on the VM). The connection to the guest port is made before the response
@@ -1629,6 +1631,59 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/vms/{id}/screenshot": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description VM id or name (the id is tried first). */
+                id: components["parameters"]["VMRef"];
+            };
+            cookie?: never;
+        };
+        /**
+         * A PNG of the VM's display (browser image; needs `display`)
+         * @description The whole X display of a browser VM (Chromium's window and anything
+         *     else on it), read from the X server's framebuffer. A `paused` VM is
+         *     resumed and a `suspended` VM woken first.
+         */
+        get: operations["screenshot"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/vms/{id}/vnc": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description VM id or name (the id is tried first). */
+                id: components["parameters"]["VMRef"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Live view of the VM's display, VNC over WebSocket (browser image; needs `display`)
+         * @description A WebSocket upgrade (subprotocol `binary` accepted, not required)
+         *     whose binary messages carry the display's RFB (VNC) stream both ways,
+         *     as noVNC expects: an interactive view (keyboard and pointer) of a
+         *     browser VM's display. No VNC password: this endpoint's token is the
+         *     credential. Browsers may pass the token as `?access_token=`; the web
+         *     console uses its session cookie. A `suspended` VM is woken first.
+         */
+        get: operations["connectVNC"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1808,7 +1863,7 @@ export interface components {
             /** @description The secret is an E2B API key (e2b_ and 40 hex digits) for the E2B-compatible API. Without a vm it is an admin key (default TTL 8760h). */
             e2b?: boolean;
             /** @description Default all. */
-            allow?: ("exec" | "files" | "ssh" | "term" | "preview")[];
+            allow?: ("exec" | "files" | "ssh" | "term" | "preview" | "display")[];
             /**
              * @description Go duration, default 1h, at most 8760h
              * @example 1h
@@ -1939,7 +1994,7 @@ export interface components {
              * @description the image the VM was made from
              * @enum {string}
              */
-            image: "default" | "code-interpreter";
+            image: "default" | "code-interpreter" | "browser";
             idle_timeout_s?: number;
             delete_after_s?: number;
             restart?: string;
@@ -2033,8 +2088,11 @@ export interface components {
             /**
              * @description The image: `default` (Debian with Python, Node.js and git) or
              *     `code-interpreter` (alias `code-interpreter-v1`; also Jupyter
-             *     kernels with numpy, pandas and matplotlib, see /code). Each image
-             *     is built on first use and has its own template. Not with `from`.
+             *     kernels with numpy, pandas and matplotlib, see /code) or `browser`
+             *     (Chromium on a virtual display, running when the VM is created;
+             *     its DevTools protocol on port 9222 of the VM, see /screenshot and
+             *     /vnc). Each image is built on first use and has its own template.
+             *     Not with `from`.
              */
             image?: string;
             /**
@@ -5023,6 +5081,108 @@ export interface operations {
                 };
             };
             409: components["responses"]["Conflict"];
+        };
+    };
+    screenshot: {
+        parameters: {
+            query?: {
+                /** @description Shrink the image by this factor, in (0, 1] (default 1). */
+                scale?: number;
+            };
+            header?: never;
+            path: {
+                /** @description VM id or name (the id is tried first). */
+                id: components["parameters"]["VMRef"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The screenshot. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "image/png": string;
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            /** @description The VM has no display (it was not made from the browser image), or its state does not allow it (`conflict`). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The framebuffer read from the guest is not a screen agentvm can decode (`unavailable`). */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The guest agent is not reachable, or waking the VM failed (`unavailable`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    connectVNC: {
+        parameters: {
+            query?: never;
+            header: {
+                Upgrade: "websocket";
+            };
+            path: {
+                /** @description VM id or name (the id is tried first). */
+                id: components["parameters"]["VMRef"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switching Protocols: the WebSocket carries RFB. */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            /** @description The VM has no display (it was not made from the browser image), or its state does not allow it (`conflict`). */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description The VM is not attached or waking it failed (`unavailable`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
 }

@@ -1,0 +1,575 @@
+"""Execution plumbing: the streamed response of one /execute request
+(Stream), the life cycle shared by all contexts (Context) and the bash
+context.  The Python and JavaScript contexts are in pycontext.py and
+jscontext.py."""
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import common
+from common import (KernelStartError, PipeReader, descendants, dumps, error_event,
+                    kill_group, now_iso, wait_fds, write_all)
+
+log = logging.getLogger("codeinterp")
+
+
+# ---------------------------------------------------------------------------
+# Streaming response for one /execute request
+# ---------------------------------------------------------------------------
+
+# After the client's end of stream, how often a keepalive probes whether it
+# still reads (a write to a closed connection fails by the second probe).
+EOF_PROBE_INTERVAL = 0.25
+
+
+class Stream:
+    """Writes events of one execution and watches for timeout/disconnect."""
+
+    def __init__(self, handler, timeout_s):
+        self.handler = handler
+        self.sock = handler.connection
+        self.chunked = handler.request_version != "HTTP/1.0"
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s if timeout_s else None
+        self.timeout_s = timeout_s
+        self.gone = False
+        self.timed_out = False
+        self.interrupt_requested = False
+        self.can_peek = True
+        self.eof_seen = False
+        self.last_write = self.started
+        self.error_sent = False
+        self.held_error = None
+        self.notes = []
+        self.lock = threading.Lock()
+
+    # -- low level -------------------------------------------------------
+    def _write(self, payload):
+        if self.gone:
+            return
+        with self.lock:
+            try:
+                if self.chunked:
+                    self.handler.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                else:
+                    self.handler.wfile.write(payload)
+                self.last_write = time.monotonic()
+            except (OSError, ValueError):
+                self.gone = True
+
+    def send(self, ev):
+        self._write(dumps(ev) + b"\n")
+
+    def close(self):
+        """Ends the response body (terminating chunk)."""
+        if self.chunked and not self.gone:
+            with self.lock:
+                try:
+                    self.handler.wfile.write(b"0\r\n\r\n")
+                except (OSError, ValueError):
+                    self.gone = True
+
+    # -- used by contexts --------------------------------------------------
+    def emit(self, ev):
+        if ev.get("type") in ("stdout", "stderr") and len(ev.get("text", "")) > common.MAX_TEXT_EVENT:
+            text = ev["text"]
+            for i in range(0, len(text), common.MAX_TEXT_EVENT):
+                self.send(dict(ev, text=text[i:i + common.MAX_TEXT_EVENT]))
+            return
+        if ev.get("type") == "error":
+            if self.timed_out:
+                # The kernel's reaction to our interrupt; reported as TimeoutError.
+                self.held_error = ev
+                return
+            if self.error_sent:
+                return
+            self.error_sent = True
+        self.send(ev)
+
+    def output(self, name, text):
+        if text:
+            self.emit({"type": name, "text": text, "timestamp": now_iso()})
+
+    def _peer_closed(self):
+        if not self.can_peek or self.gone:
+            return False
+        try:
+            if not wait_fds([self.sock.fileno()], 0):
+                return False
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            if data == b"":
+                # The client finished sending. That is a disconnect only if
+                # it is not reading either, which writes tell (poll keeps
+                # writing keepalives from now on): a half-closed client (or
+                # relay) still gets its answer.
+                self.eof_seen, self.can_peek = True, False
+                return False
+            # The client sent something (pipelining); stop peeking, rely on writes.
+            self.can_peek = False
+            return False
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
+
+    def poll(self):
+        """Returns None or why the execution should stop: 'disconnect',
+        'timeout' or 'interrupt'.  Also sends keepalives."""
+        now = time.monotonic()
+        if not self.gone and self._peer_closed():
+            self.gone = True
+        interval = EOF_PROBE_INTERVAL if self.eof_seen else common.KEEPALIVE_INTERVAL
+        if not self.gone and now - self.last_write >= interval:
+            self.send({"type": "keepalive"})
+        if self.gone:
+            return "disconnect"
+        if self.deadline is not None and now >= self.deadline:
+            self.timed_out = True
+            return "timeout"
+        if self.interrupt_requested:
+            return "interrupt"
+        return None
+
+    def finish(self):
+        if self.timed_out:
+            value = f"Execution timed out after {self.timeout_s * 1000:.0f} ms and was interrupted"
+            if self.notes:
+                value += "; " + "; ".join(self.notes)
+            tb = self.held_error.get("traceback", "") if self.held_error else ""
+            self.send(error_event("TimeoutError", value, tb))
+        self.send({"type": "end_of_execution"})
+        self.close()
+
+
+# ---------------------------------------------------------------------------
+# Contexts
+# ---------------------------------------------------------------------------
+
+class Context:
+    """A persistent execution environment backed by one child process.
+
+    Random state: a context may be started before a VM snapshot is taken,
+    and every VM restored or forked from it then holds a copy of the same
+    process.  Before each execution the context compares /etc/machine-id
+    (which the guest agent rewrites for each VM) with the value it saw last;
+    on a change it restarts itself if it never ran user code
+    (restart_if_unused_on_new_machine) or else calls _reseed().  Subclasses
+    with reseed_on_first_execution also reseed before their first execution.
+    """
+
+    language = "?"
+    reseed_on_first_execution = True
+    restart_if_unused_on_new_machine = False
+
+    def __init__(self, server, ctx_id, cwd):
+        self.server = server
+        self.id = ctx_id
+        self.cwd = cwd
+        self.exec_lock = threading.Lock()
+        self.life_lock = threading.Lock()
+        self.ready = threading.Event()
+        self.start_error = None
+        self.closed = False
+        self.restarting = False
+        self.needs_restart = False
+        self.proc = None
+        self.active_stream = None
+        self.exec_count = 0
+        self.genv_version, self.genv = None, {}
+        self.seen_machine_id = None  # None: reseed before the next execution
+        self.ran_user_code = False
+
+    def info(self):
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self):
+        """Starts the process; blocks until ready.  Raises KernelStartError."""
+        try:
+            with self.exec_lock:
+                self._spawn()
+        except Exception as e:  # noqa: BLE001 - reported to the client
+            self.start_error = str(e) or e.__class__.__name__
+            self._kill_process()
+            raise KernelStartError(self.start_error) from e
+        finally:
+            self.ready.set()
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def _signal_kill(self):
+        """Kills the process without touching fds/sockets (safe without
+        exec_lock); a running execution notices and ends."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            kill_group(proc.pid, signal.SIGKILL)
+
+    def restart(self):
+        with self.life_lock:
+            self.restarting = True
+            try:
+                self._signal_kill()
+                with self.exec_lock:
+                    self._kill_process()
+                    self.exec_count = 0
+                    self.needs_restart = False
+                    self._spawn()
+            finally:
+                self.restarting = False
+
+    def close(self):
+        self.closed = True
+        with self.life_lock:
+            self._signal_kill()
+            if self.exec_lock.acquire(timeout=10):
+                try:
+                    self._kill_process()
+                finally:
+                    self.exec_lock.release()
+            else:
+                log.warning("context %s: execution did not end; leaving cleanup", self.id)
+
+    def interrupt(self):
+        stream = self.active_stream
+        if stream is not None:
+            stream.interrupt_requested = True
+            return True
+        return False
+
+    # -- execution ------------------------------------------------------------
+    def execute(self, code, env, stream):
+        while not self.ready.wait(0.2):
+            if stream.poll() in ("timeout", "disconnect"):
+                return
+        if self.start_error:
+            stream.emit(error_event("ContextError", f"Context failed to start: {self.start_error}"))
+            return
+        while not self.exec_lock.acquire(timeout=0.2):
+            reason = stream.poll()
+            if reason in ("timeout", "disconnect"):
+                if reason == "timeout":
+                    stream.notes.append("the context was still busy with a previous execution")
+                return
+        try:
+            if self.closed:
+                stream.emit(error_event("ContextNotFound", f"Context {self.id} was deleted"))
+                return
+            self.active_stream = stream
+            self._execute_locked(code, env, stream)
+        except Exception as e:  # noqa: BLE001 - never let a request kill the server
+            log.exception("execution failed in context %s", self.id)
+            stream.emit(error_event("InternalError", f"{e.__class__.__name__}: {e}"))
+        finally:
+            self.active_stream = None
+            self.exec_lock.release()
+
+    def _execute_locked(self, code, env, stream):
+        machine_id = self.server.machine_id()
+        if machine_id != self.seen_machine_id and self.restart_if_unused_on_new_machine \
+                and self.seen_machine_id is not None and not self.ran_user_code and self.alive():
+            # Started before a snapshot this VM was restored or forked from:
+            # a new process gets fresh random state, and nothing is lost.
+            log.info("context %s: new machine id; restarting the unused %s context",
+                     self.id, self.language)
+            self.needs_restart = True
+        if self.needs_restart or not self.alive():
+            was_dead = not self.alive()
+            self._kill_process()
+            self._spawn()
+            self.needs_restart = False
+            if was_dead:
+                stream.output("stderr", f"[codeinterp] the {self.language} context had stopped; "
+                                        "it was restarted and its previous state is lost\n")
+        try:
+            genv = self.server.global_env()
+            if genv is not None and genv[0] != self.genv_version:
+                unset = sorted(k for k in self.genv if k not in genv[1])
+                if genv[1] or unset:
+                    self._apply_global_env(genv[1], unset)
+                self.genv_version, self.genv = genv
+            machine_id = self.server.machine_id()
+            if machine_id != self.seen_machine_id:
+                self._reseed(self.seen_machine_id is None)
+                self.seen_machine_id = machine_id
+            self.ran_user_code = True
+            self._begin(code, env, stream)
+        except OSError:
+            if self.alive():
+                raise
+            # died while receiving the code: reported by the loop below
+        reason = None
+        t_abort = t_intr = 0.0
+        while True:
+            if self._pump(stream, 0.05 if reason else 0.1):
+                break
+            if not self.alive():
+                self.needs_restart = True
+                if self.closed:
+                    stream.emit(error_event("ContextDeleted", "The context was deleted during execution"))
+                elif self.restarting:
+                    stream.emit(error_event("ContextRestarting", "Context was restarted"))
+                else:
+                    code_ = self.proc.poll() if self.proc else None
+                    stream.emit(error_event(
+                        "KernelDied",
+                        f"The {self.language} process exited unexpectedly (exit status {code_}); "
+                        "it will be restarted on the next execution and its state is lost"))
+                return
+            now = time.monotonic()
+            if reason is None:
+                reason = stream.poll()
+                if reason:
+                    log.info("context %s: interrupting (%s)", self.id, reason)
+                    self._interrupt(1)
+                    t_abort = t_intr = now
+            else:
+                stream.poll()
+                if now - t_abort > common.INTERRUPT_GRACE:
+                    log.warning("context %s ignored interrupts; killing it", self.id)
+                    self.needs_restart = True
+                    self._kill_process()
+                    msg = (f"the {self.language} context did not respond to interrupts within "
+                           f"{common.INTERRUPT_GRACE:.0f} s and was restarted; its state is lost")
+                    if stream.timed_out:
+                        stream.notes.append(msg)
+                    else:
+                        stream.emit(error_event("KernelRestarted", msg[0].upper() + msg[1:]))
+                    return
+                if now - t_intr > common.REINTERRUPT_EVERY:
+                    self._interrupt(2)
+                    t_intr = now
+        self._finish(env, stream)
+
+    def _spawn(self):
+        self.genv_version, self.genv = None, {}
+        self.ran_user_code = False
+        # A new process has fresh random state: it needs no reseeding unless
+        # the machine changes (read before starting, so that a snapshot taken
+        # while it starts counts as a change).
+        self.seen_machine_id = None if self.reseed_on_first_execution else self.server.machine_id()
+        self._start_process()
+
+    # -- to implement ------------------------------------------------------------
+    def _start_process(self):
+        raise NotImplementedError
+
+    def _apply_global_env(self, env, unset):
+        """Sets sandbox-wide variables (--env-file) persistently."""
+        raise NotImplementedError
+
+    def _reseed(self, first):
+        """Gives the process fresh pseudo-random state (see the class doc);
+        first: before the first execution rather than on a new machine."""
+
+    def _kill_process(self):
+        raise NotImplementedError
+
+    def _begin(self, code, env, stream):
+        raise NotImplementedError
+
+    def _pump(self, stream, timeout):
+        raise NotImplementedError
+
+    def _interrupt(self, attempt):
+        if self.proc is not None:
+            kill_group(self.proc.pid, signal.SIGINT)
+
+    def _finish(self, env, stream):
+        pass
+
+    def _terminate_proc(self, grace=1.0):
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            kill_group(proc.pid, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace if grace > 0 else 5)
+            except subprocess.TimeoutExpired:
+                kill_group(proc.pid, signal.SIGKILL)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    log.error("process %s did not die", proc.pid)
+        # (An already reaped process's group is not signalled: its pid may
+        # have been reused.)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                if f:
+                    f.close()
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------
+# Bash
+# ---------------------------------------------------------------------------
+
+class BashContext(Context):
+    language = "bash"
+
+    def __init__(self, server, ctx_id, cwd):
+        super().__init__(server, ctx_id, cwd)
+        self.readers = None
+        self.ctl_buf = ""
+        self.ctl_w = None
+        self.token = None
+        self.result = None
+        self.interrupted = False
+        self.cell_file = None
+
+    def _send(self, text, deadline=None):
+        write_all(self.proc.stdin.fileno(), text.encode("utf-8"),
+                  deadline or time.monotonic() + 30, self.proc)
+
+    def _start_process(self):
+        ctl_r, ctl_w = os.pipe()
+        env = dict(os.environ)
+        for k in ("PROMPT_COMMAND", "MAILCHECK", "MAIL", "BASH_ENV", "ENV", "HISTFILE"):
+            env.pop(k, None)
+        env.update({"PS1": "", "PS2": "", "PS0": "", "PS4": "+ ", "TERM": env.get("TERM", "dumb")})
+        try:
+            self.proc = subprocess.Popen(
+                ["bash", "--noprofile", "--norc", "--noediting", "-i"], cwd=self.cwd, env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(ctl_w,), start_new_session=True)
+        except OSError as e:
+            os.close(ctl_r)
+            os.close(ctl_w)
+            raise KernelStartError(f"cannot run bash: {e}") from e
+        os.close(ctl_w)
+        self.ctl_w = ctl_w  # the number as seen by bash
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        self.readers = {"ctl": PipeReader(ctl_r),
+                        "stdout": PipeReader(self.proc.stdout.fileno()),
+                        "stderr": PipeReader(self.proc.stderr.fileno())}
+        self.ctl_buf = ""
+        self.cell_file = os.path.join(self.server.runtime_dir, f"bash-{self.id}.sh")
+        token = secrets.token_hex(8)
+        self._send(f"set +o history +m; unset HISTFILE MAILCHECK PROMPT_COMMAND; "
+                   f"builtin printf 'READY {token} %s\\n' \"$$\" >&{self.ctl_w}\n")
+        deadline = time.monotonic() + common.START_TIMEOUT
+        while time.monotonic() < deadline:
+            for line in self._read(0.1, None):
+                if line.startswith(f"READY {token}"):
+                    # Discard startup noise ("no job control", prompts).
+                    self.readers["stdout"].read()
+                    self.readers["stderr"].read()
+                    return
+            if self.proc.poll() is not None:
+                raise KernelStartError(f"bash exited with status {self.proc.returncode}")
+        raise KernelStartError("timed out waiting for bash")
+
+    def _read(self, timeout, stream):
+        fds = [r.fd for r in self.readers.values() if not r.eof]
+        if not fds:
+            time.sleep(timeout)
+            return []
+        ready = wait_fds(fds, timeout)
+        lines = []
+        for name in ("stdout", "stderr", "ctl"):
+            r = self.readers[name]
+            if r.fd not in ready:
+                continue
+            text = r.read()
+            if not text:
+                continue
+            if name == "ctl":
+                self.ctl_buf += text
+                *done, self.ctl_buf = self.ctl_buf.split("\n")
+                lines.extend(done)
+            elif stream is not None:
+                if name == "stderr" and self.interrupted and text.strip() == "":
+                    continue  # interactive bash echoes a newline on SIGINT
+                stream.output(name, text)
+        return lines
+
+    def _kill_process(self):
+        self._terminate_proc(grace=0)
+        if self.readers:
+            self.readers["ctl"].close()
+            self.readers = None
+        if self.cell_file:
+            try:
+                os.unlink(self.cell_file)
+            except OSError:
+                pass
+
+    @staticmethod
+    def _quote(s):
+        return "'" + s.replace("'", "'\\''") + "'"
+
+    def _reseed(self, first):
+        # Assigning RANDOM seeds bash's generator ($SRANDOM, bash >= 5.1,
+        # reads getrandom() and needs nothing).
+        self._send(f"RANDOM={secrets.randbelow(1 << 31)}\n")
+
+    def _apply_global_env(self, env, unset):
+        parts = [f"builtin unset {k}; " for k in unset]
+        parts += [f"builtin export {k}={self._quote(v)}; " for k, v in sorted(env.items())]
+        if parts:
+            self._send("".join(parts) + "\n")
+
+    def _begin(self, code, env, stream):
+        self.exec_count += 1
+        stream.emit({"type": "number_of_executions", "execution_count": self.exec_count})
+        fd = os.open(self.cell_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(code)
+            if not code.endswith("\n"):
+                f.write("\n")
+        self.token = secrets.token_hex(8)
+        self.result = None
+        self.interrupted = False
+        set_env, restore_env = [], []
+        for i, (k, v) in enumerate(sorted((env or {}).items())):
+            set_env.append(f"__ci_s{i}=${{{k}+x}}; __ci_v{i}=${{{k}-}}; builtin export {k}={self._quote(v)}; ")
+            restore_env.append(f"if [ -n \"$__ci_s{i}\" ]; then builtin export {k}=\"$__ci_v{i}\"; "
+                               f"else builtin unset {k}; fi; builtin unset __ci_s{i} __ci_v{i}; ")
+        # Line 1 runs the cell (SIGINT aborts this whole line in an interactive
+        # shell); line 2 always runs and reports the status.
+        self._send(f"__ci_rc=130; {''.join(set_env)}{{ builtin . {self._quote(self.cell_file)}; }} </dev/null; "
+                   f"__ci_rc=$?\n"
+                   f"{''.join(restore_env)}builtin printf '%s %s\\n' {self.token} \"$__ci_rc\" >&{self.ctl_w}\n")
+
+    def _interrupt(self, attempt):
+        self.interrupted = True
+        if self.proc is None:
+            return
+        if attempt == 1:
+            kill_group(self.proc.pid, signal.SIGINT)
+        else:
+            # Something ignores SIGINT: kill the shell's children, keep the shell.
+            for pid in descendants(self.proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def _pump(self, stream, timeout):
+        for line in self._read(timeout, stream):
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == self.token:
+                try:
+                    self.result = int(parts[1])
+                except ValueError:
+                    self.result = 1
+        if self.result is None:
+            return False
+        for name in ("stdout", "stderr"):
+            text = self.readers[name].read()
+            if text and not (name == "stderr" and self.interrupted and not text.strip()):
+                stream.output(name, text)
+        rc = self.result
+        if self.interrupted and rc in (130, 137, 143):
+            stream.emit(error_event("KeyboardInterrupt", "Execution interrupted"))
+        elif rc != 0:
+            stream.emit(error_event("ExitCodeError", f"Command exited with code {rc}"))
+        return True
