@@ -70,10 +70,14 @@ func (s *Server) codeGuest(w http.ResponseWriter, r *http.Request) (*http.Client
 	}
 	id := v.ID
 	return &http.Client{Transport: &http.Transport{
-		// The server listens on the guest's loopback: DialPort reaches it
-		// through the guest agent.
+		// The server listens on the guest's loopback: the guest agent dials
+		// it from inside (waking the VM first).
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return s.svc.DialPort(ctx, id, image.CodeInterpreterPort)
+			_, gc, err := s.svc.Guest(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return gc.DialTCP(ctx, "127.0.0.1", image.CodeInterpreterPort)
 		},
 		DisableKeepAlives:  true,
 		DisableCompression: true,

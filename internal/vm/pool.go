@@ -209,6 +209,11 @@ func (s *Service) fillOne(key poolKey) error {
 	if err == nil {
 		_, err = agent.Run(ctx, guest.ExecRequest{Argv: []string{"true"}}, nil, nil, nil)
 	}
+	if err == nil && len(img.Ready) > 0 {
+		// and through the image's service (the code interpreter's HTTP
+		// path), which this QEMU process has not run yet either
+		err = waitReady(ctx, agent, img)
+	}
 	if err != nil {
 		s.destroy(context.Background(), v)
 		return err
