@@ -14,5 +14,5 @@ echo "==> code interpreter server (python unittest, real Jupyter kernels)"
 echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"
 FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 echo "==> end-to-end tests (real QEMU VMs)"
-go test -p 1 -count=1 -timeout 45m -v ./e2e/...
+go test -p 1 -count=1 -timeout 75m -v ./e2e/...
 echo "==> all tests passed"

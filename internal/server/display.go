@@ -48,7 +48,7 @@ func (s *Server) screenshotVM(w http.ResponseWriter, r *http.Request) {
 		}
 		scale = f
 	}
-	v, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
+	v, gc, err := s.guestOf(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -23,11 +23,6 @@ log = logging.getLogger("codeinterp")
 # Streaming response for one /execute request
 # ---------------------------------------------------------------------------
 
-# After the client's end of stream, how often a keepalive probes whether it
-# still reads (a write to a closed connection fails by the second probe).
-EOF_PROBE_INTERVAL = 0.25
-
-
 class Stream:
     """Writes events of one execution and watches for timeout/disconnect."""
 
@@ -42,7 +37,6 @@ class Stream:
         self.timed_out = False
         self.interrupt_requested = False
         self.can_peek = True
-        self.eof_seen = False
         self.last_write = self.started
         self.error_sent = False
         self.held_error = None
@@ -104,12 +98,10 @@ class Stream:
                 return False
             data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             if data == b"":
-                # The client finished sending. That is a disconnect only if
-                # it is not reading either, which writes tell (poll keeps
-                # writing keepalives from now on): a half-closed client (or
-                # relay) still gets its answer.
-                self.eof_seen, self.can_peek = True, False
-                return False
+                # The client is gone. (Writes cannot tell: the guest agent's
+                # relay keeps reading after the host closes its stream.)
+                log.info("client closed the connection during the execution")
+                return True
             # The client sent something (pipelining); stop peeking, rely on writes.
             self.can_peek = False
             return False
@@ -124,8 +116,7 @@ class Stream:
         now = time.monotonic()
         if not self.gone and self._peer_closed():
             self.gone = True
-        interval = EOF_PROBE_INTERVAL if self.eof_seen else common.KEEPALIVE_INTERVAL
-        if not self.gone and now - self.last_write >= interval:
+        if not self.gone and now - self.last_write >= common.KEEPALIVE_INTERVAL:
             self.send({"type": "keepalive"})
         if self.gone:
             return "disconnect"
