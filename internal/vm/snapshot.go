@@ -14,7 +14,6 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
-	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -87,10 +86,6 @@ func ValidateSnapshotName(n string) error {
 	}
 	if snapIDRe.MatchString(n) {
 		return fmt.Errorf("%w: invalid snapshot name %q: names of the form snap-<hex> are reserved for snapshot ids", ErrInvalid, n)
-	}
-	if _, err := image.Resolve(n); err == nil {
-		// E2B's templates are images or snapshots, looked up in that order.
-		return fmt.Errorf("%w: invalid snapshot name %q: it names an image", ErrInvalid, n)
 	}
 	return nil
 }
