@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -241,13 +239,7 @@ func (b *bench) runBrowser(ctx context.Context) error {
 	}
 
 	logf("browser: %d creates to a CDP answer from the warm pool", b.o.creates)
-	dir := filepath.Join(b.tmp, "browserpool")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	os.Setenv("AGENTVM_TEMPLATE_DIR", b.srv.templateDir)
-	srv, err := startServer(ctx, b.srv.bin, dir, true, 1)
-	os.Unsetenv("AGENTVM_TEMPLATE_DIR")
+	srv, err := b.startPoolServer(ctx, "browserpool")
 	if err != nil {
 		return err
 	}

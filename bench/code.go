@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -100,13 +98,7 @@ func (b *bench) runCode(ctx context.Context) error {
 	r.CreateNoPool, r.CreateExec = summarize(noPool), summarize(plain)
 
 	logf("code interpreter: %d creates to first result from the warm pool", b.o.creates)
-	dir := filepath.Join(b.tmp, "codepool")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	os.Setenv("AGENTVM_TEMPLATE_DIR", b.srv.templateDir)
-	srv, err := startServer(ctx, b.srv.bin, dir, true, 1)
-	os.Unsetenv("AGENTVM_TEMPLATE_DIR")
+	srv, err := b.startPoolServer(ctx, "codepool")
 	if err != nil {
 		return err
 	}

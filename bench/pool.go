@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -13,15 +11,7 @@ import (
 // poolLoop measures creates served by the warm pool: a second server with
 // --warm-pool 1 on the same template, each create made once the pool is refilled.
 func (b *bench) poolLoop(ctx context.Context) error {
-	dir := filepath.Join(b.tmp, "pool")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	// The pool server uses the template this run cold-booted (serve reads
-	// AGENTVM_TEMPLATE_DIR as the default of --template-dir).
-	os.Setenv("AGENTVM_TEMPLATE_DIR", b.srv.templateDir)
-	srv, err := startServer(ctx, b.srv.bin, dir, true, 1)
-	os.Unsetenv("AGENTVM_TEMPLATE_DIR")
+	srv, err := b.startPoolServer(ctx, "pool")
 	if err != nil {
 		return err
 	}

@@ -231,3 +231,16 @@ func trimLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return strings.TrimSpace(s)
 }
+
+// startPoolServer starts a second server with a warm pool of one VM under
+// b.tmp/name, on the template this run's main server built (serve reads
+// AGENTVM_TEMPLATE_DIR as the default of --template-dir).
+func (b *bench) startPoolServer(ctx context.Context, name string) (*server, error) {
+	dir := filepath.Join(b.tmp, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	os.Setenv("AGENTVM_TEMPLATE_DIR", b.srv.templateDir)
+	defer os.Unsetenv("AGENTVM_TEMPLATE_DIR")
+	return startServer(ctx, b.srv.bin, dir, true, 1)
+}

@@ -1,8 +1,3 @@
-//go:build browser
-
-// The browser image's end-to-end tests (issue 17, in progress): run them with
-// go test -tags browser -run 'TestBrowser' ./e2e/
-
 package e2e
 
 import (

@@ -94,24 +94,25 @@ func chromiumUnit() string {
 	}
 	return `[Unit]
 Description=agentvm browser (Chromium on :99; DevTools protocol on 127.0.0.1:9222)
-# Stopped before the D-Bus daemon: Chromium aborts when its bus goes away.
-After=agentvm-xvfb.service agentvm-wm.service dbus.service
+After=agentvm-xvfb.service agentvm-wm.service
 BindsTo=agentvm-xvfb.service
 
 [Service]
 User=user
 Group=user
 WorkingDirectory=/home/user
-Environment=HOME=/home/user DISPLAY=:99
+# No system D-Bus: when the power button is pressed logind announces the
+# shutdown there, and Chromium then exits at once as on SIGTERM (below);
+# it also aborts when the bus goes away. It needs nothing from it.
+Environment=HOME=/home/user DISPLAY=:99 DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent
 # A lock left by the last boot names another host (the template's, or the
 # VM's before a rename): Chromium would refuse the profile.
 ExecStartPre=/bin/rm -f ` + BrowserProfile + `/SingletonLock ` + BrowserProfile + `/SingletonSocket ` + BrowserProfile + `/SingletonCookie
 ExecStart=/usr/bin/chromium` + flags + ` about:blank
-# Chromium writes cookies every 30 s, and at a quit. On a signal it saves
-# its tabs but not the cookies of the last 30 s (measured: a cookie set just
-# before a stop, under SIGTERM and under SIGINT, was gone after the start);
-# the DevTools protocol's Browser.close quits it the way a user does.
-ExecStop=/usr/bin/python3 ` + browserCloseScript + `
+# Chromium writes cookies every 30 s, and when it quits. On SIGTERM it
+# assumes the session is ending, saves its tabs and exits at once, without
+# the cookies of the last 30 s (measured: a cookie set just before a stop
+# was gone after the start); SIGINT quits it the way a user does.
 KillSignal=SIGINT
 KillMode=mixed
 TimeoutStopSec=20
@@ -123,50 +124,10 @@ WantedBy=multi-user.target
 `
 }
 
-// browserCloseScript asks Chromium to quit over its DevTools protocol
-// (Browser.close) and waits for it to exit. Python's standard library has
-// no WebSocket client: this speaks the one frame it needs.
-const browserCloseScript = "/usr/local/lib/agentvm/browser-close.py"
-
-const browserClose = `import base64, json, os, socket, sys, time, urllib.request
-
-def main():
-    v = json.load(urllib.request.urlopen("http://127.0.0.1:9222/json/version", timeout=5))
-    path = "/" + v["webSocketDebuggerUrl"].split("/", 3)[3]
-    s = socket.create_connection(("127.0.0.1", 9222), timeout=5)
-    key = base64.b64encode(os.urandom(16)).decode()
-    s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1:9222\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % (path, key)).encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(4096)
-        if not chunk:
-            return
-        head += chunk
-    if b" 101 " not in head.split(b"\r\n", 1)[0]:
-        return
-    payload = json.dumps({"id": 1, "method": "Browser.close"}).encode()
-    mask = os.urandom(4)
-    s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
-    s.settimeout(20)
-    try:
-        while s.recv(4096):
-            pass
-    except OSError:
-        pass
-    pid = os.environ.get("MAINPID", "")
-    deadline = time.time() + 20
-    while pid and os.path.exists("/proc/" + pid) and time.time() < deadline:
-        time.sleep(0.1)
-
-try:
-    main()
-except Exception as e:
-    print("browser-close: %s" % e, file=sys.stderr)
-`
-
 // chromiumPolicy: reopen the last session's tabs at start (after a stop and
-// start of the VM), download without asking, no sign-in or password prompts.
+// start of the VM), download without asking, no sign-in or password prompts,
+// no on-device AI model (Chromium 156 starts loading one a few minutes after
+// start, at a cost in CPU that emulation makes large).
 const chromiumPolicy = `{
   "RestoreOnStartup": 1,
   "DownloadDirectory": "/home/user/Downloads",
@@ -178,7 +139,8 @@ const chromiumPolicy = `{
   "TranslateEnabled": false,
   "PasswordManagerEnabled": false,
   "BackgroundModeEnabled": false,
-  "HardwareAccelerationModeEnabled": false
+  "HardwareAccelerationModeEnabled": false,
+  "GenAILocalFoundationalModelSettings": 1
 }
 `
 
@@ -209,9 +171,108 @@ StandardOutput=socket
 StandardError=journal
 `
 
-// browserReady: the DevTools protocol answers with a page open, and the
-// framebuffer file exists.
-const browserReady = `test -s ` + BrowserFramebuffer + ` && curl -sf --max-time 5 http://127.0.0.1:9222/json/list | grep -q '"type": "page"'`
+// browserReady: the framebuffer file exists and Chromium answers the
+// DevTools protocol over its WebSockets, a tab evaluating JavaScript and the
+// browser its version. The template is saved once it does; a warm-pool VM
+// runs it too, so the first CDP session of a VM claimed from the pool finds
+// that code already translated by its QEMU (under emulation the first
+// session in a fresh QEMU process takes seconds).
+const browserReady = `test -s ` + BrowserFramebuffer + ` && python3 ` + browserReadyScript + ` >/dev/null`
+
+// browserReadyScript is the DevTools round trip of browserReady, in
+// Python's standard library (which has no WebSocket client: it speaks the
+// few frames it needs). It prints the browser's product.
+const browserReadyScript = "/usr/local/lib/agentvm/browser-ready.py"
+
+const browserReadyPy = `import json, os, socket, sys
+
+PORT = 9222
+
+
+def connect():
+    return socket.create_connection(("127.0.0.1", PORT), timeout=20)
+
+
+def get(path):
+    s = connect()
+    s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (path, PORT)).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("%s: closed" % path)
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    if b" 200 " not in lines[0]:
+        raise RuntimeError("%s: %r" % (path, lines[0]))
+    size = [int(l.split(b":", 1)[1]) for l in lines if l.lower().startswith(b"content-length:")][0]
+    while len(body) < size:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("%s: closed" % path)
+        body += chunk
+    return json.loads(body)
+
+
+def call(ws_url, method, params):
+    path = "/" + ws_url.split("/", 3)[3]
+    s = connect()
+    s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: YWdlbnR2bS1icm93c2VyLTE=\r\nSec-WebSocket-Version: 13\r\n\r\n" % (path, PORT)).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("closed during the handshake")
+        data += chunk
+    head, _, data = data.partition(b"\r\n\r\n")
+    if b" 101 " not in head.split(b"\r\n", 1)[0]:
+        raise RuntimeError("no WebSocket: %r" % head[:80])
+    payload = json.dumps({"id": 1, "method": method, "params": params}).encode()
+    n = len(payload)
+    hdr = bytes([0x81, 0x80 | n]) if n < 126 else bytes([0x81, 0xfe]) + n.to_bytes(2, "big")
+    mask = os.urandom(4)
+    s.sendall(hdr + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def need(k):
+        nonlocal data
+        while len(data) < k:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError("closed before the answer")
+            data += chunk
+
+    while True:
+        need(2)
+        ln, off = data[1] & 0x7f, 2
+        if ln == 126:
+            need(4)
+            ln, off = int.from_bytes(data[2:4], "big"), 4
+        elif ln == 127:
+            need(10)
+            ln, off = int.from_bytes(data[2:10], "big"), 10
+        need(off + ln)
+        frame, data = data[off:off + ln], data[off + ln:]
+        try:
+            m = json.loads(frame)
+        except ValueError:
+            continue
+        if m.get("id") == 1:
+            if "error" in m:
+                raise RuntimeError("%s: %s" % (method, m["error"]))
+            return m["result"]
+
+
+pages = [t for t in get("/json/list") if t.get("type") == "page"]
+if not pages:
+    sys.exit("no page open")
+r = call(pages[0]["webSocketDebuggerUrl"], "Runtime.evaluate", {"expression": "6 * 7", "returnByValue": True})
+if r.get("result", {}).get("value") != 42:
+    sys.exit("Runtime.evaluate: %r" % r)
+v = call(get("/json/version")["webSocketDebuggerUrl"], "Browser.getVersion", {})
+print(v.get("product", ""))
+`
 
 var browserFlavor = flavor{
 	name: Browser,
@@ -230,7 +291,7 @@ var browserFlavor = flavor{
 		{"/etc/systemd/system/agentvm-vnc.socket", 0o644, vncSocket},
 		{"/etc/systemd/system/agentvm-vnc@.service", 0o644, vncUnit},
 		{"/etc/chromium/policies/managed/agentvm.json", 0o644, chromiumPolicy},
-		{browserCloseScript, 0o755, browserClose},
+		{browserReadyScript, 0o755, browserReadyPy},
 	},
 	script: `set -eu
 for u in agentvm-xvfb.service agentvm-wm.service agentvm-chromium.service; do

@@ -239,7 +239,7 @@ func TestBuild(t *testing.T) {
 
 func TestFlavors(t *testing.T) {
 	for in, want := range map[string]string{"": Default, "base": Default, "default": Default,
-		"code-interpreter": CodeInterpreter, "code-interpreter-v1": CodeInterpreter} {
+		"code-interpreter": CodeInterpreter, "code-interpreter-v1": CodeInterpreter, "browser": Browser} {
 		if got, err := Resolve(in); err != nil || got != want {
 			t.Errorf("Resolve(%q) = %q, %v; want %q", in, got, err, want)
 		}
