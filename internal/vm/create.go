@@ -67,18 +67,29 @@ func ValidateName(n string) error {
 // ValidEnv reports whether K=V is a usable environment variable (create and exec).
 func ValidEnv(k, v string) bool { return envRe.MatchString(k) && !strings.ContainsRune(v, 0) }
 
+// recordedImage is the image name a VM record holds for name (an image or
+// an alias): the image's own name, and "" for the default image.
+func recordedImage(name string) (string, error) {
+	img, err := image.Resolve(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if img == image.Default {
+		return "", nil
+	}
+	return img, nil
+}
+
 // Validate fills defaults and checks every field.
 func (o *CreateOptions) Validate() error {
 	if err := checkEgress(o.Egress); err != nil {
 		return err
 	}
-	img, err := image.Resolve(o.Image)
+	img, err := recordedImage(o.Image)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		return err
 	}
-	if o.Image = img; img == image.Default {
-		o.Image = ""
-	}
+	o.Image = img
 	if !ValidRestart(o.Restart) {
 		return fmt.Errorf("%w: restart policy must be never, on-failure or always, got %q", ErrInvalid, o.Restart)
 	}

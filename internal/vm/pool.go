@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
-	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -20,30 +18,13 @@ import (
 // a create that finds one only pushes the new identity. Pool VMs are rows in state
 // "pool", hidden from the API; they are destroyed when the server stops or restarts.
 
-type poolKey struct {
-	image string // "" is the default image
-	cpus  int
-	mem   int64
-}
-
-func (k poolKey) String() string {
-	s := fmt.Sprintf("%dx%d", k.cpus, k.mem)
-	if k.image != "" {
-		s = k.image + "/" + s
-	}
-	return s
-}
-
 // claimPooled turns a ready pool VM into the requested VM. It returns a nil VM and
 // error when no pool VM of this shape is ready; the caller then restores a new one.
 // created is false when an idempotency key matched an earlier VM.
 func (s *Service) claimPooled(ctx context.Context, o CreateOptions, imgSize int64) (v *store.VM, created bool, err error) {
-	if s.cfg.PoolSize <= 0 {
-		return nil, false, nil
-	}
 	key := poolKey{o.Image, o.CPUs, o.MemoryMiB}
 	for {
-		id := s.popPool(key)
+		id := s.pool.pop(key)
 		if id == "" {
 			return nil, false, nil
 		}
@@ -53,17 +34,6 @@ func (s *Service) claimPooled(ctx context.Context, o CreateOptions, imgSize int6
 		}
 		s.log.Warn("pool VM unusable, trying the next", "vm", id, "err", err)
 	}
-}
-
-func (s *Service) popPool(key poolKey) string {
-	s.poolMu.Lock()
-	defer s.poolMu.Unlock()
-	ids := s.pool[key]
-	if len(ids) == 0 {
-		return ""
-	}
-	s.pool[key] = ids[1:]
-	return ids[0]
 }
 
 func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize int64) (*store.VM, bool, error) {
@@ -86,7 +56,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		// the name or key was taken meanwhile: the pool VM is still good
 		v.Name, v.IdempotencyKey, v.State = "pool-"+v.ID, "", statePool
-		s.pushPool(poolKey{v.Image, v.CPUs, v.MemoryMiB}, v.ID)
+		s.pool.push(poolKey{v.Image, v.CPUs, v.MemoryMiB}, v.ID)
 		if errors.Is(err, store.ErrConflict) {
 			if o.IdempotencyKey != "" {
 				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
@@ -125,44 +95,19 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	return v, true, nil
 }
 
-func (s *Service) pushPool(key poolKey, id string) {
-	s.poolMu.Lock()
-	defer s.poolMu.Unlock()
-	s.pool[key] = append(s.pool[key], id)
-}
-
-// maxPoolShapes bounds how many shapes keep warm VMs; the least recently created
-// shape's pool is dropped to make room for a new one.
-const maxPoolShapes = 3
-
-// refillPool tops the pool of one shape up in the background, one VM at a time.
+// refillPool tops the pool of one shape up in the background, one VM at a
+// time, after recording the shape as the most recently created one.
 func (s *Service) refillPool(key poolKey) {
 	if s.cfg.PoolSize <= 0 {
 		return
 	}
-	s.evictPoolShapes(key)
-	s.poolMu.Lock()
-	if s.poolFilling[key] || len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed {
-		s.poolMu.Unlock()
+	s.destroyPooled(s.pool.touch(key))
+	if !s.pool.startFill(key) {
 		return
 	}
-	s.poolFilling[key] = true
-	s.poolFills.Add(1)
-	s.poolMu.Unlock()
 	go func() {
-		defer s.poolFills.Done()
-		defer func() {
-			s.poolMu.Lock()
-			s.poolFilling[key] = false
-			s.poolMu.Unlock()
-		}()
-		for {
-			s.poolMu.Lock()
-			full := len(s.pool[key]) >= s.cfg.PoolSize || s.poolClosed || !slices.Contains(s.poolOrder, key)
-			s.poolMu.Unlock()
-			if full {
-				return
-			}
+		defer s.pool.endFill(key)
+		for s.pool.wants(key) {
 			if err := s.fillOne(key); err != nil {
 				s.log.Warn("warm pool refill failed", "shape", key.String(), "err", err)
 				return
@@ -191,10 +136,7 @@ func (s *Service) fillOne(key poolKey) error {
 		s.destroy(context.Background(), v)
 		return err
 	}
-	s.poolMu.Lock()
-	closed := s.poolClosed
-	s.poolMu.Unlock()
-	if closed {
+	if s.pool.isClosed() {
 		s.destroy(context.Background(), v)
 		return errors.New("server is stopping")
 	}
@@ -223,19 +165,16 @@ func (s *Service) fillOne(key poolKey) error {
 		s.destroy(context.Background(), v)
 		return err
 	}
-	s.pushPool(key, v.ID)
+	s.pool.push(key, v.ID)
 	s.log.Info("warm pool VM ready", "vm", v.ID, "shape", key.String())
 	return nil
 }
 
 // WarmPool fills the pool of an image and shape (used at start-up).
 func (s *Service) WarmPool(imageName string, cpus int, memMiB int64) error {
-	canon, err := image.Resolve(imageName)
+	canon, err := recordedImage(imageName)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	if canon == image.Default {
-		canon = ""
+		return err
 	}
 	s.refillPool(poolKey{canon, cpus, memMiB})
 	return nil
@@ -243,14 +182,8 @@ func (s *Service) WarmPool(imageName string, cpus int, memMiB int64) error {
 
 // drainPool destroys every pool VM (server shutdown) and stops refills.
 func (s *Service) drainPool(ctx context.Context) {
-	s.poolMu.Lock()
-	s.poolClosed = true
-	s.pool = map[poolKey][]string{}
-	s.poolMu.Unlock()
-	done := make(chan struct{})
-	go func() { s.poolFills.Wait(); close(done) }() // a refill under way finishes or undoes itself
 	select {
-	case <-done:
+	case <-s.pool.close(): // a refill under way finishes or undoes itself
 	case <-ctx.Done():
 	}
 	vms, err := s.store.ListVMs(ctx)
@@ -266,37 +199,11 @@ func (s *Service) drainPool(ctx context.Context) {
 
 // PoolReady counts ready pool VMs per shape, keyed "<cpus>x<memory MiB>",
 // prefixed "<image>/" for images other than the default.
-func (s *Service) PoolReady() map[string]int {
-	s.poolMu.Lock()
-	defer s.poolMu.Unlock()
-	out := map[string]int{}
-	for k, ids := range s.pool {
-		out[k.String()] = len(ids)
-	}
-	return out
-}
+func (s *Service) PoolReady() map[string]int { return s.pool.counts() }
 
-// evictPoolShapes records key as the most recently created shape and destroys the
-// warm VMs of shapes beyond maxPoolShapes.
-func (s *Service) evictPoolShapes(key poolKey) {
-	s.poolMu.Lock()
-	order := []poolKey{key}
-	for _, k := range s.poolOrder {
-		if k != key {
-			order = append(order, k)
-		}
-	}
-	var evict []string
-	if len(order) > maxPoolShapes {
-		for _, k := range order[maxPoolShapes:] {
-			evict = append(evict, s.pool[k]...)
-			delete(s.pool, k)
-		}
-		order = order[:maxPoolShapes]
-	}
-	s.poolOrder = order
-	s.poolMu.Unlock()
-	for _, id := range evict {
+// destroyPooled destroys the pool VMs of shapes the pool no longer keeps.
+func (s *Service) destroyPooled(ids []string) {
+	for _, id := range ids {
 		if v, err := s.store.GetVM(context.Background(), id); err == nil && v.State == statePool {
 			s.destroy(context.Background(), v)
 		}

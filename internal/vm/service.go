@@ -76,12 +76,7 @@ type Service struct {
 	imgMu sync.Mutex
 	imgs  map[string]*imageSlot // by canonical name
 
-	poolMu      sync.Mutex
-	pool        map[poolKey][]string // ready pool VM ids per shape
-	poolFilling map[poolKey]bool
-	poolClosed  bool
-	poolFills   sync.WaitGroup
-	poolOrder   []poolKey // shapes by most recent create
+	pool *warmPool
 }
 
 // New creates the service. Call Reconcile before serving requests.
@@ -104,7 +99,7 @@ func New(cfg Config, st Store) (*Service, error) {
 		}
 	}
 	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
-		pool: map[poolKey][]string{}, poolFilling: map[poolKey]bool{}}, nil
+		pool: newWarmPool(cfg.PoolSize)}, nil
 }
 
 // Accel returns the accelerator in use.

@@ -86,22 +86,6 @@ func TestStateTable(t *testing.T) {
 	}
 }
 
-func TestPoolShapeEviction(t *testing.T) {
-	s := &Service{pool: map[poolKey][]string{}, poolFilling: map[poolKey]bool{}}
-	for i := 1; i <= maxPoolShapes+2; i++ {
-		s.poolOrder = append([]poolKey{{"", 1, int64(i)}}, s.poolOrder...)
-	}
-	s.poolOrder = s.poolOrder[:maxPoolShapes]
-	s.evictPoolShapes(poolKey{"", 2, 512})
-	if len(s.poolOrder) != maxPoolShapes || s.poolOrder[0] != (poolKey{"", 2, 512}) {
-		t.Fatalf("order %v", s.poolOrder)
-	}
-	s.evictPoolShapes(poolKey{"", 1, 4}) // already known: moves to the front, nothing else dropped
-	if s.poolOrder[0] != (poolKey{"", 1, 4}) || len(s.poolOrder) != maxPoolShapes {
-		t.Fatalf("order %v", s.poolOrder)
-	}
-}
-
 func TestValidateSnapshotName(t *testing.T) {
 	for _, ok := range []string{"base-1", "snap-test_ei9go2xj", "Team.v2", "a"} {
 		if err := ValidateSnapshotName(ok); err != nil {
