@@ -22,6 +22,8 @@ command -v python3 >/dev/null || pkgs+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
 # The web console's tests drive Debian's headless Chromium (e2e/console_test.go).
 command -v chromium >/dev/null || pkgs+=(chromium)
+# The store's tests start a PostgreSQL of their own (internal/pgtest).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || pkgs+=(postgresql)
 # The code interpreter's server is tested on the host (scripts/test.sh) with
 # the packages its image installs.
 /usr/bin/python3 -c 'import ipykernel, jupyter_client, numpy, pandas, matplotlib' 2>/dev/null ||

@@ -7,8 +7,8 @@ scripts/setup.sh
 export PATH="$PATH:/usr/local/go/bin"
 echo "==> go vet"
 go vet ./...
-echo "==> unit tests (-race)"
-go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
+echo "==> unit tests (-race; the store's suite on SQLite and on a PostgreSQL it starts)"
+env -u AGENTVM_TEST_NO_POSTGRES go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
 echo "==> code interpreter server (python unittest, real Jupyter kernels)"
 (cd internal/image/codeinterp && CODEINTERP_REQUIRE=1 /usr/bin/python3 -m unittest -q test_server)
 echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"

@@ -72,6 +72,7 @@ func serveCmd() *cobra.Command {
 	}
 	f := c.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir(), "data directory (env AGENTVM_DATA_DIR)")
+	f.StringVar(&cfg.Store, "store", os.Getenv("AGENTVM_STORE"), "metadata database (env AGENTVM_STORE): a SQLite file path, sqlite:PATH or a PostgreSQL URL postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=... (default: agentvm.db in the data dir)")
 	f.StringVar(&cfg.Listen, "listen", envOr("AGENTVM_LISTEN", "127.0.0.1:7070"), "API listen address")
 	f.StringVar(&cfg.Accel, "accel", envOr("AGENTVM_ACCEL", "auto"), "accelerator: auto, kvm or tcg")
 	f.StringVar(&cfg.CacheDir, "cache-dir", image.DefaultCacheDir(), "image and template cache (env AGENTVM_CACHE_DIR)")

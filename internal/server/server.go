@@ -50,6 +50,9 @@ type Config struct {
 	QEMU               string
 	AgentPath          string
 	AllowPrivateEgress bool
+	// Store is the metadata database: "" is the SQLite file agentvm.db in
+	// DataDir; else a path, sqlite:PATH or a postgres:// URL.
+	Store string
 	// KeepRunning leaves VMs running when the server stops (for daemon upgrades);
 	// otherwise they are suspended and woken at the next start.
 	KeepRunning bool
@@ -165,8 +168,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.cfg.RunDir = cfg.RunDir
-	if s.store, err = store.Open(filepath.Join(cfg.DataDir, "agentvm.db")); err != nil {
+	dsn := cfg.Store
+	if dsn == "" {
+		dsn = filepath.Join(cfg.DataDir, "agentvm.db")
+	}
+	if s.store, err = store.OpenContext(ctx, dsn); err != nil {
 		return nil, err
+	}
+	s.log.Info("metadata store", "backend", s.store.Backend(), "store", store.Redact(dsn))
+	// One daemon per database: the records name this data dir's files.
+	owner, err := loadOrCreateRandom(filepath.Join(cfg.DataDir, "instance-id"), "", 16)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.ClaimOwner(ctx, owner); err != nil {
+		return nil, fmt.Errorf("metadata store %s: %w", store.Redact(dsn), err)
 	}
 	s.tokens = auth.New(s.store, s.token)
 	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)
@@ -350,16 +366,22 @@ func (s *Server) closeResources() {
 }
 
 func loadOrCreateToken(path string) (string, error) {
+	return loadOrCreateRandom(path, "avm_", 24)
+}
+
+// loadOrCreateRandom reads the value kept in path, or makes one (prefix and
+// n random bytes in hex) and keeps it there.
+func loadOrCreateRandom(path, prefix string, n int) (string, error) {
 	if b, err := os.ReadFile(path); err == nil {
 		if t := strings.TrimSpace(string(b)); t != "" {
 			return t, nil
 		}
 	}
-	b := make([]byte, 24)
+	b := make([]byte, n)
 	rand.Read(b)
-	t := "avm_" + hex.EncodeToString(b)
+	t := prefix + hex.EncodeToString(b)
 	if err := os.WriteFile(path, []byte(t+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("write admin token: %w", err)
+		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	return t, nil
 }

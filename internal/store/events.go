@@ -24,14 +24,16 @@ var MaxEventsPerVM = 5000
 // AddEvent appends an event (setting its Seq) and prunes the VM's oldest
 // events beyond MaxEventsPerVM now and then.
 func (s *Store) AddEvent(ctx context.Context, e *Event) error {
+	if badText([]any{e.VMID}) {
+		return ErrBadText
+	}
 	data, _ := json.Marshal(e)
-	r, err := s.db.ExecContext(ctx, `INSERT INTO events (vm_id, time, data) VALUES (?,?,?)`, e.VMID, e.Time.UnixNano(), string(data))
+	err := s.queryRow(ctx, `INSERT INTO events (vm_id, time, data) VALUES (?,?,?) RETURNING seq`, e.VMID, e.Time.UnixNano(), string(data)).Scan(&e.Seq)
 	if err != nil {
 		return err
 	}
-	e.Seq, _ = r.LastInsertId()
 	if e.Seq%100 == 0 {
-		s.db.ExecContext(ctx, `DELETE FROM events WHERE vm_id=? AND seq <= (SELECT seq FROM events WHERE vm_id=? ORDER BY seq DESC LIMIT 1 OFFSET ?)`,
+		s.exec(ctx, `DELETE FROM events WHERE vm_id=? AND seq <= (SELECT seq FROM events WHERE vm_id=? ORDER BY seq DESC LIMIT 1 OFFSET ?)`,
 			e.VMID, e.VMID, MaxEventsPerVM)
 	}
 	return nil
@@ -48,7 +50,7 @@ func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit 
 }
 
 func (s *Store) queryEvents(ctx context.Context, q string, args ...any) ([]*Event, error) {
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -86,13 +88,13 @@ func (s *Store) LatestEvents(ctx context.Context, vmID string, limit int) ([]*Ev
 
 // DeleteEvents removes a VM's events.
 func (s *Store) DeleteEvents(ctx context.Context, vmID string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM events WHERE vm_id=?`, vmID)
+	_, err := s.exec(ctx, `DELETE FROM events WHERE vm_id=?`, vmID)
 	return err
 }
 
 // LastEventSeq is the newest event's seq (0 when there is none).
 func (s *Store) LastEventSeq(ctx context.Context) (int64, error) {
 	var seq int64
-	err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&seq)
+	err := s.queryRow(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&seq)
 	return seq, err
 }

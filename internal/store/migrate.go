@@ -9,7 +9,7 @@ import (
 // migrations are the schema's numbered steps: migrations[i] takes a database
 // from version i to i+1, in one transaction, and PRAGMA user_version records
 // the version reached. Never change a step that has been released: add the
-// next one.
+// next one, here and in pgMigrations (migrate_pg.go), which keeps the numbers.
 var migrations = []string{
 	// 1: the tables. A database from before numbered migrations (version 0,
 	// its tables already there) passes through unchanged.
@@ -78,6 +78,11 @@ CREATE INDEX vms_state ON vms(state);`,
 	end_at INTEGER NOT NULL,
 	auto_pause INTEGER NOT NULL,
 	created_at INTEGER NOT NULL
+);`,
+	// 4: facts about the database itself: which daemon owns it.
+	`CREATE TABLE meta (
+	key TEXT PRIMARY KEY,
+	value TEXT NOT NULL
 );`,
 }
 

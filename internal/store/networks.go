@@ -20,14 +20,14 @@ type Network struct {
 // CreateNetwork inserts a network; ErrConflict if the name is taken.
 func (s *Store) CreateNetwork(ctx context.Context, n *Network) error {
 	data, _ := json.Marshal(n)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO networks (name, created_at, data) VALUES (?,?,?)`, n.Name, n.CreatedAt.UnixNano(), string(data))
+	_, err := s.exec(ctx, `INSERT INTO networks (name, created_at, data) VALUES (?,?,?)`, n.Name, n.CreatedAt.UnixNano(), string(data))
 	return mapErr(err)
 }
 
 // UpdateNetwork replaces a network's record.
 func (s *Store) UpdateNetwork(ctx context.Context, n *Network) error {
 	data, _ := json.Marshal(n)
-	r, err := s.db.ExecContext(ctx, `UPDATE networks SET data=? WHERE name=?`, string(data), n.Name)
+	r, err := s.exec(ctx, `UPDATE networks SET data=? WHERE name=?`, string(data), n.Name)
 	if err != nil {
 		return err
 	}
@@ -40,7 +40,7 @@ func (s *Store) UpdateNetwork(ctx context.Context, n *Network) error {
 // GetNetwork finds a network by name.
 func (s *Store) GetNetwork(ctx context.Context, name string) (*Network, error) {
 	var data string
-	err := s.db.QueryRowContext(ctx, `SELECT data FROM networks WHERE name=?`, name).Scan(&data)
+	err := s.queryRow(ctx, `SELECT data FROM networks WHERE name=?`, name).Scan(&data)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -53,7 +53,7 @@ func (s *Store) GetNetwork(ctx context.Context, name string) (*Network, error) {
 
 // ListNetworks returns every network, oldest first.
 func (s *Store) ListNetworks(ctx context.Context) ([]*Network, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT data FROM networks ORDER BY created_at`)
+	rows, err := s.query(ctx, `SELECT data FROM networks ORDER BY created_at`)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func (s *Store) ListNetworks(ctx context.Context) ([]*Network, error) {
 
 // DeleteNetwork removes a network record; ErrNotFound if unknown.
 func (s *Store) DeleteNetwork(ctx context.Context, name string) error {
-	r, err := s.db.ExecContext(ctx, `DELETE FROM networks WHERE name=?`, name)
+	r, err := s.exec(ctx, `DELETE FROM networks WHERE name=?`, name)
 	if err != nil {
 		return err
 	}

@@ -29,14 +29,16 @@ type Domain struct {
 
 // PutPort inserts or replaces an exposure.
 func (s *Store) PutPort(ctx context.Context, p *Port) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO ports (vm_id, port, kind, public, host_addr, host_port, created_at) VALUES (?,?,?,?,?,?,?)`,
+	_, err := s.exec(ctx, `INSERT INTO ports (vm_id, port, kind, public, host_addr, host_port, created_at) VALUES (?,?,?,?,?,?,?)
+		ON CONFLICT (vm_id, port, kind) DO UPDATE SET public=excluded.public, host_addr=excluded.host_addr,
+		host_port=excluded.host_port, created_at=excluded.created_at`,
 		p.VMID, p.Port, p.Kind, p.Public, p.HostAddr, p.HostPort, p.CreatedAt.UnixNano())
 	return mapErr(err)
 }
 
 // DeletePort removes an exposure; ErrNotFound if there was none.
 func (s *Store) DeletePort(ctx context.Context, vmID string, port int, kind string) error {
-	r, err := s.db.ExecContext(ctx, `DELETE FROM ports WHERE vm_id=? AND port=? AND kind=?`, vmID, port, kind)
+	r, err := s.exec(ctx, `DELETE FROM ports WHERE vm_id=? AND port=? AND kind=?`, vmID, port, kind)
 	if err != nil {
 		return err
 	}
@@ -53,7 +55,7 @@ func (s *Store) ListPorts(ctx context.Context, vmID string) ([]*Port, error) {
 		q += ` WHERE vm_id=?`
 		args = append(args, vmID)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY vm_id, port, kind`, args...)
+	rows, err := s.query(ctx, q+` ORDER BY vm_id, port, kind`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -73,16 +75,16 @@ func (s *Store) ListPorts(ctx context.Context, vmID string) ([]*Port, error) {
 
 // DeletePorts removes every exposure and domain of a VM.
 func (s *Store) DeletePorts(ctx context.Context, vmID string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM ports WHERE vm_id=?`, vmID); err != nil {
+	if _, err := s.exec(ctx, `DELETE FROM ports WHERE vm_id=?`, vmID); err != nil {
 		return err
 	}
-	_, err := s.db.ExecContext(ctx, `DELETE FROM domains WHERE vm_id=?`, vmID)
+	_, err := s.exec(ctx, `DELETE FROM domains WHERE vm_id=?`, vmID)
 	return err
 }
 
 // PutDomain maps a domain; ErrConflict if it maps to another VM already.
 func (s *Store) PutDomain(ctx context.Context, d *Domain) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO domains (domain, vm_id, port, created_at) VALUES (?,?,?,?)
+	_, err := s.exec(ctx, `INSERT INTO domains (domain, vm_id, port, created_at) VALUES (?,?,?,?)
 		ON CONFLICT(domain) DO UPDATE SET port=excluded.port WHERE domains.vm_id=excluded.vm_id`,
 		d.Domain, d.VMID, d.Port, d.CreatedAt.UnixNano())
 	if err != nil {
@@ -102,7 +104,7 @@ func (s *Store) PutDomain(ctx context.Context, d *Domain) error {
 func (s *Store) GetDomain(ctx context.Context, domain string) (*Domain, error) {
 	var d Domain
 	var ts int64
-	err := s.db.QueryRowContext(ctx, `SELECT domain, vm_id, port, created_at FROM domains WHERE domain=?`, domain).Scan(&d.Domain, &d.VMID, &d.Port, &ts)
+	err := s.queryRow(ctx, `SELECT domain, vm_id, port, created_at FROM domains WHERE domain=?`, domain).Scan(&d.Domain, &d.VMID, &d.Port, &ts)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, ErrNotFound
@@ -120,7 +122,7 @@ func (s *Store) ListDomains(ctx context.Context, vmID string) ([]*Domain, error)
 		q += ` WHERE vm_id=?`
 		args = append(args, vmID)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY domain`, args...)
+	rows, err := s.query(ctx, q+` ORDER BY domain`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +142,7 @@ func (s *Store) ListDomains(ctx context.Context, vmID string) ([]*Domain, error)
 
 // DeleteDomain removes a domain; ErrNotFound if unknown.
 func (s *Store) DeleteDomain(ctx context.Context, domain string) error {
-	r, err := s.db.ExecContext(ctx, `DELETE FROM domains WHERE domain=?`, domain)
+	r, err := s.exec(ctx, `DELETE FROM domains WHERE domain=?`, domain)
 	if err != nil {
 		return err
 	}

@@ -38,14 +38,16 @@ func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, created_at) VALUES (?,?,?,?,?,?)`,
+	_, err = s.exec(ctx, `INSERT INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, created_at) VALUES (?,?,?,?,?,?)
+		ON CONFLICT (vm_id) DO UPDATE SET template_id=excluded.template_id, metadata=excluded.metadata,
+		end_at=excluded.end_at, auto_pause=excluded.auto_pause, created_at=excluded.created_at`,
 		sb.VMID, sb.TemplateID, string(md), unixMs(sb.EndAt), sb.AutoPause, sb.CreatedAt.UnixNano())
 	return err
 }
 
 // SetSandboxEnd changes a sandbox's end time; ErrNotFound if there is no record.
 func (s *Store) SetSandboxEnd(ctx context.Context, vmID string, end time.Time) error {
-	r, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET end_at=? WHERE vm_id=?`, unixMs(end), vmID)
+	r, err := s.exec(ctx, `UPDATE sandboxes SET end_at=? WHERE vm_id=?`, unixMs(end), vmID)
 	if err != nil {
 		return err
 	}
@@ -57,7 +59,7 @@ func (s *Store) SetSandboxEnd(ctx context.Context, vmID string, end time.Time) e
 
 // DeleteSandbox removes a sandbox record (no error if there was none).
 func (s *Store) DeleteSandbox(ctx context.Context, vmID string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE vm_id=?`, vmID)
+	_, err := s.exec(ctx, `DELETE FROM sandboxes WHERE vm_id=?`, vmID)
 	return err
 }
 
@@ -79,7 +81,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (*Sandbox, error) {
 
 // GetSandbox returns a sandbox record; ErrNotFound if there is none.
 func (s *Store) GetSandbox(ctx context.Context, vmID string) (*Sandbox, error) {
-	sb, err := scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE vm_id=?`, vmID))
+	sb, err := scanSandbox(s.queryRow(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE vm_id=?`, vmID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -88,7 +90,7 @@ func (s *Store) GetSandbox(ctx context.Context, vmID string) (*Sandbox, error) {
 
 // ListSandboxes returns every sandbox record, newest first.
 func (s *Store) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at DESC, vm_id`)
+	rows, err := s.query(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at DESC, vm_id`)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,6 @@
 // Package store persists agentvm's metadata (VMs, snapshots, tokens, port
-// exposures and domains, private networks, events) in SQLite, with
-// numbered schema migrations (migrate.go).
+// exposures and domains, private networks, events) in SQLite or
+// PostgreSQL, with numbered schema migrations (migrate.go, migrate_pg.go).
 package store
 
 import (
@@ -9,11 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
-	_ "modernc.org/sqlite"
 )
 
 var (
@@ -54,8 +52,16 @@ type VM struct {
 	// Source is the snapshot or parent VM a VM was made from, if any.
 	Source string `json:"source,omitempty"`
 	// Layout is the QEMU device set of the VM's running or saved state
-	// (qemu.Config.Layout): "" is the current one.
+	// (qemu.Config.Layout): "" is qemu.CPUHotplugDeviceSet, the one of
+	// records written before the device sets were named here.
 	Layout string `json:"layout,omitempty"`
+	// HotMemoryMiB is the part of MemoryMiB plugged live through the
+	// virtio-mem device (a restore needs it; a boot from disk folds it
+	// into the boot memory).
+	HotMemoryMiB int64 `json:"hot_memory_mib,omitempty"`
+	// SavedBy is the QEMU that wrote a suspended VM's state (nil for
+	// states written before it was recorded).
+	SavedBy *SavedBy `json:"saved_by,omitempty"`
 	// NextCPUs and NextMemoryMiB, when set, apply at the next start.
 	NextCPUs      int   `json:"next_cpus,omitempty"`
 	NextMemoryMiB int64 `json:"next_memory_mib,omitempty"`
@@ -99,23 +105,28 @@ type Snapshot struct {
 	Network       string      `json:"network,omitempty"`
 	Egress        *api.Egress `json:"egress,omitempty"`
 	NetworkEgress *api.Egress `json:"network_egress,omitempty"`
+	// HotMemoryMiB is the part of MemoryMiB plugged live through virtio-mem.
+	HotMemoryMiB int64 `json:"hot_memory_mib,omitempty"`
+	// SavedBy is the QEMU that wrote the state (nil in snapshots taken
+	// before it was recorded).
+	SavedBy *SavedBy `json:"saved_by,omitempty"`
 }
 
-// Store is a SQLite-backed metadata store.
-type Store struct{ db *sql.DB }
+// SavedBy names what wrote a saved memory and device state. QEMU loads the
+// states of older versions of the same machine type, CPU model and device
+// set (forward migration), never those of newer ones.
+type SavedBy struct {
+	QEMU      string `json:"qemu"` // e.g. "7.2.22"
+	Machine   string `json:"machine"`
+	Accel     string `json:"accel"`
+	CPUModel  string `json:"cpu_model"`
+	DeviceSet string `json:"device_set"`
+}
 
-// Open opens (creating if needed) the database at path.
-func Open(path string) (*Store, error) {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
-	if err != nil {
-		return nil, err
-	}
-	db.SetMaxOpenConns(1)
-	if err := migrate(context.Background(), db); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("database %s: %w", path, err)
-	}
-	return &Store{db: db}, nil
+// Store is the metadata store, in SQLite or PostgreSQL (backend.go).
+type Store struct {
+	db *sql.DB
+	pg bool // PostgreSQL: $n placeholders
 }
 
 // Close closes the database.
@@ -128,17 +139,10 @@ func nullable(s string) any {
 	return s
 }
 
-func mapErr(err error) error {
-	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint") {
-		return fmt.Errorf("%w: %v", ErrConflict, err)
-	}
-	return err
-}
-
 // CreateVM inserts a new VM; ErrConflict if its name, idempotency key or network index is taken.
 func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 	data, _ := json.Marshal(v)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, state, created_at, data) VALUES (?,?,?,?,?,?,?)`,
+	_, err := s.exec(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, state, created_at, data) VALUES (?,?,?,?,?,?,?)`,
 		v.ID, v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, v.CreatedAt.UnixNano(), string(data))
 	return mapErr(err)
 }
@@ -146,7 +150,7 @@ func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 // UpdateVM replaces a VM's record.
 func (s *Store) UpdateVM(ctx context.Context, v *VM) error {
 	data, _ := json.Marshal(v)
-	r, err := s.db.ExecContext(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, state=?, data=? WHERE id=?`,
+	r, err := s.exec(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, state=?, data=? WHERE id=?`,
 		v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, string(data), v.ID)
 	if err != nil {
 		return mapErr(err)
@@ -159,13 +163,13 @@ func (s *Store) UpdateVM(ctx context.Context, v *VM) error {
 
 // DeleteVM removes a VM's record.
 func (s *Store) DeleteVM(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM vms WHERE id=?`, id)
+	_, err := s.exec(ctx, `DELETE FROM vms WHERE id=?`, id)
 	return err
 }
 
 func (s *Store) one(ctx context.Context, where string, arg any) (*VM, error) {
 	var data string
-	err := s.db.QueryRowContext(ctx, `SELECT data FROM vms WHERE `+where, arg).Scan(&data)
+	err := s.queryRow(ctx, `SELECT data FROM vms WHERE `+where, arg).Scan(&data)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -195,7 +199,7 @@ func (s *Store) GetVMByIdempotencyKey(ctx context.Context, key string) (*VM, err
 
 // ListVMs returns all VMs, oldest first.
 func (s *Store) ListVMs(ctx context.Context) ([]*VM, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT data FROM vms ORDER BY created_at`)
+	rows, err := s.query(ctx, `SELECT data FROM vms ORDER BY created_at`)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +221,7 @@ func (s *Store) ListVMs(ctx context.Context) ([]*VM, error) {
 
 // FreeNetIndex returns the smallest network index not used by any VM.
 func (s *Store) FreeNetIndex(ctx context.Context) (int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT net_index FROM vms ORDER BY net_index`)
+	rows, err := s.query(ctx, `SELECT net_index FROM vms ORDER BY net_index`)
 	if err != nil {
 		return 0, err
 	}
@@ -240,7 +244,7 @@ func (s *Store) FreeNetIndex(ctx context.Context) (int, error) {
 // CreateSnapshot inserts a snapshot; ErrConflict if its name is taken.
 func (s *Store) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 	data, _ := json.Marshal(sn)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots (id, name, created_at, data) VALUES (?,?,?,?)`,
+	_, err := s.exec(ctx, `INSERT INTO snapshots (id, name, created_at, data) VALUES (?,?,?,?)`,
 		sn.ID, sn.Name, sn.CreatedAt.UnixNano(), string(data))
 	return mapErr(err)
 }
@@ -248,7 +252,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 // GetSnapshot finds a snapshot by id or name.
 func (s *Store) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, error) {
 	var data string
-	err := s.db.QueryRowContext(ctx, `SELECT data FROM snapshots WHERE id=? OR name=? ORDER BY id=? DESC LIMIT 1`, idOrName, idOrName, idOrName).Scan(&data)
+	err := s.queryRow(ctx, `SELECT data FROM snapshots WHERE id=? OR name=? ORDER BY (id=?) DESC LIMIT 1`, idOrName, idOrName, idOrName).Scan(&data)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -261,7 +265,7 @@ func (s *Store) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, er
 
 // ListSnapshots returns all snapshots, oldest first.
 func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT data FROM snapshots ORDER BY created_at`)
+	rows, err := s.query(ctx, `SELECT data FROM snapshots ORDER BY created_at`)
 	if err != nil {
 		return nil, err
 	}
@@ -283,6 +287,6 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 
 // DeleteSnapshot removes a snapshot record.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id=?`, id)
+	_, err := s.exec(ctx, `DELETE FROM snapshots WHERE id=?`, id)
 	return err
 }

@@ -26,7 +26,7 @@ type Token struct {
 // CreateToken inserts a token.
 func (s *Store) CreateToken(ctx context.Context, t *Token) error {
 	data, _ := json.Marshal(t)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (id, hash, vm_id, expires_at, created_at, data) VALUES (?,?,?,?,?,?)`,
+	_, err := s.exec(ctx, `INSERT INTO tokens (id, hash, vm_id, expires_at, created_at, data) VALUES (?,?,?,?,?,?)`,
 		t.ID, t.Hash, t.VMID, t.ExpiresAt.UnixNano(), t.CreatedAt.UnixNano(), string(data))
 	return mapErr(err)
 }
@@ -50,7 +50,7 @@ func scanTokens(rows *sql.Rows) ([]*Token, error) {
 
 // TokenByHash finds an unexpired token by the hash of its secret.
 func (s *Store) TokenByHash(ctx context.Context, hash string, now time.Time) (*Token, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT data FROM tokens WHERE hash=? AND expires_at>?`, hash, now.UnixNano())
+	rows, err := s.query(ctx, `SELECT data FROM tokens WHERE hash=? AND expires_at>?`, hash, now.UnixNano())
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*
 		q += ` AND vm_id=?`
 		args = append(args, vmID)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at`, args...)
+	rows, err := s.query(ctx, q+` ORDER BY created_at`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +81,7 @@ func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*
 
 // DeleteToken removes a token; ErrNotFound if there is none.
 func (s *Store) DeleteToken(ctx context.Context, id string) error {
-	r, err := s.db.ExecContext(ctx, `DELETE FROM tokens WHERE id=?`, id)
+	r, err := s.exec(ctx, `DELETE FROM tokens WHERE id=?`, id)
 	if err != nil {
 		return err
 	}
@@ -93,6 +93,6 @@ func (s *Store) DeleteToken(ctx context.Context, id string) error {
 
 // DeleteTokens removes every token of a VM, and expired tokens of any VM.
 func (s *Store) DeleteTokens(ctx context.Context, vmID string, now time.Time) error {
-	_, err := s.db.ExecContext(ctx, `DELETE FROM tokens WHERE vm_id=? OR expires_at<=?`, vmID, now.UnixNano())
+	_, err := s.exec(ctx, `DELETE FROM tokens WHERE vm_id=? OR expires_at<=?`, vmID, now.UnixNano())
 	return err
 }

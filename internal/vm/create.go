@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
@@ -125,6 +126,9 @@ func (o *CreateOptions) Validate() error {
 	}
 	if len(o.IdempotencyKey) > 200 {
 		return fmt.Errorf("%w: idempotency key longer than 200 bytes", ErrInvalid)
+	}
+	if strings.IndexByte(o.IdempotencyKey, 0) >= 0 || !utf8.ValidString(o.IdempotencyKey) {
+		return fmt.Errorf("%w: idempotency key with a NUL byte or invalid UTF-8", ErrInvalid)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ func TestValidate(t *testing.T) {
 		{Name: "Upper"}, {Name: "-x"}, {Name: "vm-0123456789ab"}, {Name: "a_b"}, {Name: string(make([]byte, 70))},
 		{CPUs: 65}, {CPUs: -1}, {MemoryMiB: 64},
 		{Labels: map[string]string{"": "x"}}, {Env: map[string]string{"A-B": "x"}},
+		{IdempotencyKey: "k\x00"}, {IdempotencyKey: "k\xff"},
 	}
 	for _, b := range bad {
 		if err := b.Validate(); !errors.Is(err, ErrInvalid) {

@@ -1,0 +1,286 @@
+// Package pgtest runs a throwaway PostgreSQL server (Debian's postgresql
+// package, a data dir of its own, a unix socket only) for the tests of the
+// store and of the daemon: one server per test process, one fresh database
+// per test.
+package pgtest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+)
+
+// SkipEnv, when set to 1, makes Database skip its test instead of failing
+// where PostgreSQL is not installed.
+const SkipEnv = "AGENTVM_TEST_NO_POSTGRES"
+
+// superuser is the role initdb makes; trust authentication on the socket.
+const superuser = "agentvm"
+
+// Server is one running postgres process.
+type Server struct {
+	dir   string // data dir, socket and log live under it
+	sock  string
+	cmd   *exec.Cmd
+	done  chan struct{}
+	admin *sql.DB
+
+	mu sync.Mutex
+	n  int
+}
+
+// binGlob is where Debian's postgresql package puts each version's programs.
+var binGlob = "/usr/lib/postgresql/*/bin"
+
+// BinDir returns the newest /usr/lib/postgresql/<version>/bin that has
+// initdb and postgres.
+func BinDir() (string, error) {
+	dirs, _ := filepath.Glob(binGlob)
+	var ok []string
+	for _, d := range dirs {
+		if fileExists(filepath.Join(d, "initdb")) && fileExists(filepath.Join(d, "postgres")) {
+			ok = append(ok, d)
+		}
+	}
+	if len(ok) == 0 {
+		return "", errors.New("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): run scripts/setup.sh, or set " + SkipEnv + "=1 to skip the PostgreSQL half of the tests")
+	}
+	version := func(d string) int {
+		v, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+		return v
+	}
+	sort.Slice(ok, func(i, j int) bool { return version(ok[i]) > version(ok[j]) })
+	return ok[0], nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// runAs is who runs postgres: postgres refuses to run as root, so as root
+// it is the postgres system user (or nobody).
+func runAs() (*syscall.Credential, error) {
+	if os.Getuid() != 0 {
+		return nil, nil
+	}
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err1 == nil && err2 == nil {
+			return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+		}
+	}
+	return nil, errors.New("running as root and there is no postgres or nobody user to run PostgreSQL as")
+}
+
+// Start initialises a data dir in a new temporary directory and starts
+// postgres on a unix socket there. Stop ends it and removes the directory.
+func Start(ctx context.Context) (*Server, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := runAs()
+	if err != nil {
+		return nil, err
+	}
+	// /tmp, not $TMPDIR: the postgres user must reach it, and a socket's
+	// path must stay short.
+	dir, err := os.MkdirTemp("/tmp", "agentvm-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	s := &Server{dir: dir, sock: dir, done: make(chan struct{})}
+	data := filepath.Join(dir, "data")
+	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "-U", superuser, "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	initdb.Dir = dir
+	if out, err := initdb.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+	}
+	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// No TCP listener; durability is not wanted of a test database.
+	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", s.sock,
+		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
+		"-c", "full_page_writes=off", "-c", "max_connections=200")
+	s.cmd.Dir = dir
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	// Pdeathsig: a test process that dies takes its postgres with it.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	if err := s.cmd.Start(); err != nil {
+		logf.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
+	logf.Close()
+	go func() { s.cmd.Wait(); close(s.done) }()
+	if s.admin, err = sql.Open("pgx", s.DSN("postgres")); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if err := s.waitReady(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.admin.PingContext(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return fmt.Errorf("postgres exited at start:\n%s", s.Log())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres did not accept connections in 2 minutes (%v):\n%s", err, s.Log())
+		}
+	}
+}
+
+// Log returns the end of the server's log.
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// DSN is the URL of database db on this server.
+func (s *Server) DSN(db string) string {
+	u := url.URL{Scheme: "postgres", User: url.User(superuser), Path: "/" + db, RawQuery: "host=" + url.QueryEscape(s.sock)}
+	return u.String()
+}
+
+// NewDatabase creates an empty database and returns its URL.
+func (s *Server) NewDatabase(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	s.n++
+	name := fmt.Sprintf("test_%d", s.n)
+	s.mu.Unlock()
+	// name is ours: digits and a prefix.
+	if _, err := s.admin.ExecContext(ctx, `CREATE DATABASE `+name); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return s.DSN(name), nil
+}
+
+// Stop ends postgres (fast shutdown, then a kill) and removes its directory.
+func (s *Server) Stop() {
+	if s.admin != nil {
+		s.admin.Close()
+	}
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-s.done:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+			<-s.done
+		}
+	}
+	os.RemoveAll(s.dir)
+}
+
+var (
+	shared    *Server
+	sharedErr error
+	sharedMu  sync.Mutex
+)
+
+// Database returns the URL of a fresh database on the test process's
+// server, started on first use (StopShared, from TestMain, stops it). Where
+// PostgreSQL is missing the test fails saying to run scripts/setup.sh,
+// unless AGENTVM_TEST_NO_POSTGRES=1 skips it.
+func Database(t testing.TB) string {
+	t.Helper()
+	if os.Getenv(SkipEnv) == "1" {
+		t.Skip(SkipEnv + "=1: the PostgreSQL half is skipped")
+	}
+	sharedMu.Lock()
+	if shared == nil && sharedErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		shared, sharedErr = Start(ctx)
+		cancel()
+	}
+	srv, err := shared, sharedErr
+	sharedMu.Unlock()
+	if err != nil {
+		t.Fatalf("PostgreSQL for the tests: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, err := srv.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+// StartT starts a server of the test's own, stopped at its end, with
+// Database's rules for a missing PostgreSQL.
+func StartT(t testing.TB) *Server {
+	t.Helper()
+	if os.Getenv(SkipEnv) == "1" {
+		t.Skip(SkipEnv + "=1: the PostgreSQL tests are skipped")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := Start(ctx)
+	if err != nil {
+		t.Fatalf("PostgreSQL for the test: %v", err)
+	}
+	t.Cleanup(srv.Stop)
+	return srv
+}
+
+// StopShared stops the server Database started, if any.
+func StopShared() {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if shared != nil {
+		shared.Stop()
+		shared = nil
+	}
+}
