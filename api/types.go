@@ -66,6 +66,9 @@ type VM struct {
 	// CreateMs is how long the create took on the server: restore plus identity, and
 	// the template's one-time cold boot when this was the first create of its shape.
 	CreateMs int64 `json:"create_ms,omitempty"`
+	// StateBytes is the disk space a suspended VM's saved memory and device
+	// state takes (allocated bytes of all its files; absent when not suspended).
+	StateBytes int64 `json:"state_bytes,omitempty"`
 }
 
 // CreateVMRequest creates a VM. Memory and Disk accept MiB as a bare number or a
@@ -257,6 +260,10 @@ const (
 	CodeUnavailable  = "unavailable"
 	CodeInternal     = "internal"
 	CodeForbidden    = "forbidden"
+	// CodeStateIncompatible answers 409: a snapshot or suspended VM was saved
+	// by a QEMU (or machine type, accelerator, CPU model) that this server's
+	// QEMU cannot restore, such as a newer QEMU.
+	CodeStateIncompatible = "state_incompatible"
 	// File operations answer with these too.
 	CodePermission   = "permission_denied"
 	CodeExists       = "exists"

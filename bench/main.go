@@ -6,10 +6,12 @@
 //
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
 //	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
+//	go run ./bench -restore [-json out.json]     # restores of a VM's own memory, stream vs pages format, 1 and 4 GiB (restore.go)
 //	go run ./bench -e2b [-creates 10] [-execs 50]  # the published e2b npm SDK vs the Go client (e2b.go)
 //	go run ./bench -tssdk [-execs 50]  # exec round trip through sdk/typescript vs the Go client (tssdk.go)
 //	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
 //	go run ./bench -browser [-creates 10] [-execs 50]  # browser image: create to CDP, screenshots, fork with an open page (browser.go)
+//	go run ./bench -memgrow  # live memory grow of a running VM, 1 GiB -> 4 GiB, against stop/resize/start (memgrow.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
 // data dir (and a fresh template dir unless -keep-template), and deletes every VM it
@@ -41,6 +43,7 @@ type options struct {
 	jsonPath     string
 	verbose      bool
 	lifecycle    bool
+	restore      bool
 	access       bool
 	net          bool
 	stress       bool
@@ -48,6 +51,7 @@ type options struct {
 	tssdk        bool
 	code         bool
 	browser      bool
+	memgrow      bool
 }
 
 func main() {
@@ -69,11 +73,13 @@ func main() {
 	flag.BoolVar(&o.tssdk, "tssdk", false, "run only the TypeScript SDK benchmark (exec round trip of true through sdk/typescript vs the Go client, same VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.code, "code", false, "run only the code-interpreter benchmark (run_code print(1) vs exec true on one VM, create to first result from the template and the warm pool); implies -keep-template unless it is given")
 	flag.BoolVar(&o.browser, "browser", false, "run only the browser benchmark (create to a CDP answer from the template and the warm pool vs a Chromium start, screenshots vs CDP's, fork of a VM with an open page vs a default fork); implies -keep-template unless it is given")
+	flag.BoolVar(&o.memgrow, "memgrow", false, "run only the live memory grow benchmark (resize of a running 1 GiB VM to 4 GiB until the guest's MemTotal shows it, against stop/resize/start); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
+	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.Parse()
-	if o.lifecycle || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser {
+	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -174,6 +180,12 @@ func run(ctx context.Context, o options) (code int) {
 	if o.browser {
 		phases = b.runBrowser
 	}
+	if o.memgrow {
+		phases = b.runMemGrow
+	}
+	if o.restore {
+		phases = b.runRestore
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -190,7 +202,16 @@ func run(ctx context.Context, o options) (code int) {
 	}
 	r.FinishedAt = time.Now().UTC()
 	var out any = r
-	if o.net {
+	if o.restore {
+		// runRestore printed its table; the JSON carries it in the notes.
+		out = struct {
+			StartedAt  time.Time `json:"started_at"`
+			FinishedAt time.Time `json:"finished_at"`
+			Host       Host      `json:"host"`
+			Notes      []string  `json:"notes"`
+			Errors     []string  `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.Notes, r.Errors}
+	} else if o.net {
 		r.PrintNet(os.Stdout)
 		out = struct {
 			StartedAt  time.Time  `json:"started_at"`
@@ -226,6 +247,15 @@ func run(ctx context.Context, o options) (code int) {
 			Code       *CodeReport `json:"code"`
 			Errors     []string    `json:"errors,omitempty"`
 		}{r.StartedAt, r.FinishedAt, r.Host, r.Code, r.Errors}
+	} else if o.memgrow {
+		r.PrintMemGrow(os.Stdout)
+		out = struct {
+			StartedAt  time.Time      `json:"started_at"`
+			FinishedAt time.Time      `json:"finished_at"`
+			Host       Host           `json:"host"`
+			MemGrow    *MemGrowReport `json:"memgrow"`
+			Errors     []string       `json:"errors,omitempty"`
+		}{r.StartedAt, r.FinishedAt, r.Host, r.MemGrow, r.Errors}
 	} else if o.browser {
 		r.PrintBrowser(os.Stdout)
 		out = struct {

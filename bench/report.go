@@ -130,6 +130,7 @@ type Report struct {
 	TSSDK     *TSSDKReport     `json:"tssdk,omitempty"`
 	Code      *CodeReport      `json:"code,omitempty"`
 	Browser   *BrowserReport   `json:"browser,omitempty"`
+	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
 	Net       *NetReport       `json:"net,omitempty"`

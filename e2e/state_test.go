@@ -161,16 +161,18 @@ func TestPauseSuspendWake(t *testing.T) {
 	if got := strings.TrimSpace(s.Exec(ctx, "life", "nproc").Stdout); got != "2" {
 		t.Fatalf("nproc after hot-adding a vCPU: %q", got)
 	}
-	// beyond the hotplug room, fewer vCPUs, and memory: at the next start
+	// beyond the hotplug room: at the next start; memory grows live
 	r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 40, Memory: 1 << 30})
-	if err != nil || r.CPUs != 2 || r.NextCPUs != 40 || !strings.Contains(r.Op.Message, "next start") {
+	if err != nil || r.CPUs != 2 || r.NextCPUs != 40 || !strings.Contains(r.Op.Message, "next start") ||
+		r.MemoryMiB != 1024 || r.NextMemoryMiB != 0 || !strings.Contains(r.Op.Message, "grown live") {
 		t.Fatalf("resize beyond the hotplug room: %v %+v", err, r)
 	}
+	// fewer vCPUs and less memory: at the next start
 	r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 1, Memory: 512 << 20})
-	if err != nil || r.CPUs != 2 || r.NextCPUs != 1 || !strings.Contains(r.Op.Message, "never removed live") {
+	if err != nil || r.CPUs != 2 || r.NextCPUs != 1 || !strings.Contains(r.Op.Message, "never removed live") || r.NextMemoryMiB != 512 {
 		t.Fatalf("resize to fewer vCPUs: %v %+v", err, r)
 	}
-	if r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 2}); err != nil || r.NextCPUs != 0 || r.NextMemoryMiB != 0 || !strings.Contains(r.Op.Message, "cancelled") {
+	if r, err = s.Client.ResizeVM(ctx, "life", api.ResizeRequest{CPUs: 2, Memory: 1 << 30}); err != nil || r.NextCPUs != 0 || r.NextMemoryMiB != 0 || !strings.Contains(r.Op.Message, "cancelled") {
 		t.Fatalf("back to the current count: %v %+v", err, r)
 	}
 
@@ -186,6 +188,11 @@ func TestPauseSuspendWake(t *testing.T) {
 	if got := strings.TrimSpace(s.Exec(ctx, "life", "nproc").Stdout); got != "2" {
 		t.Fatalf("nproc after suspend and wake: %q", got)
 	}
+	// and so did the memory grown live
+	if got, _ := s.Client.GetVM(ctx, "life"); got == nil || got.MemoryMiB != 1024 {
+		t.Fatalf("memory after suspend and wake: %+v", got)
+	}
+	waitMemTotal(t, s, ctx, "life", 850) // a 512 MiB guest shows under 400 MiB, +512 MiB plugged
 }
 
 func TestSnapshotAndFork(t *testing.T) {

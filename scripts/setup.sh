@@ -7,6 +7,16 @@ cd "$(dirname "$0")/.."
 need_go="1.26"
 export PATH="$PATH:/usr/local/go/bin"
 
+# AGENTVM_QEMU_BACKPORTS=1: on Debian 12, install QEMU 10 from bookworm-backports
+# in place of the distribution's QEMU 7.2 (scripts/qemu-backports.sh --system adds
+# the apt source if it is missing). Debian 13 and Ubuntu keep their own QEMU.
+if [ "${AGENTVM_QEMU_BACKPORTS:-0}" != 0 ] &&
+	! qemu-system-x86_64 --version 2>/dev/null | grep -q 'version \(1[0-9]\|[2-9][0-9]\)\.'; then
+	rc=0
+	scripts/qemu-backports.sh --system || rc=$?
+	[ "$rc" = 0 ] || [ "$rc" = 3 ] || exit "$rc"
+fi
+
 pkgs=()
 command -v qemu-system-x86_64 >/dev/null || pkgs+=(qemu-system-x86)
 command -v qemu-img >/dev/null || pkgs+=(qemu-utils)

@@ -21,8 +21,12 @@ type exitError struct{ code int }
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == qemu.StateCatArg { // QEMU reading a state file
-		if err := qemu.CatState(os.Args[2]); err != nil {
+	if len(os.Args) == 3 && (os.Args[1] == qemu.StateCatArg || os.Args[1] == qemu.StateCatEagerArg) { // QEMU reading a state file
+		cat := qemu.CatState
+		if os.Args[1] == qemu.StateCatEagerArg {
+			cat = qemu.CatStateEager
+		}
+		if err := cat(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, "agentvm state-cat:", err)
 			os.Exit(1)
 		}

@@ -33,7 +33,7 @@ func resizeCmd() *cobra.Command {
 		cpus         int
 		memory, disk string
 	)
-	c := lifecycleCmd("resize", "Grow a VM: disk and vCPUs online (up to 16), memory at the next start", func(c *client.Client, cmd *cobra.Command, id string) (*api.VM, error) {
+	c := lifecycleCmd("resize", "Grow a VM: disk, vCPUs (up to 16) and memory (up to 16 GiB more) online; the rest at the next start", func(c *client.Client, cmd *cobra.Command, id string) (*api.VM, error) {
 		req := api.ResizeRequest{CPUs: cpus}
 		var err error
 		if memory != "" {

@@ -132,6 +132,7 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	out.Network, out.Egress = v.Network, v.Egress
 	out.IdleTimeoutSec, out.DeleteAfterSec, out.Restart = v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart
 	out.Image = imageName(v.Image)
+	out.StateBytes = s.svc.StateBytes(v)
 	return out
 }
 

@@ -27,6 +27,7 @@ const testAdmin = "avm_admin"
 type testServer struct {
 	*Server
 	url string
+	dir string // the data dir
 }
 
 func newTestServer(t *testing.T, agent http.Handler) *testServer {
@@ -56,7 +57,7 @@ func newTestServer(t *testing.T, agent http.Handler) *testServer {
 	}
 	hs := httptest.NewServer(s.routes())
 	t.Cleanup(hs.Close)
-	return &testServer{Server: s, url: hs.URL}
+	return &testServer{Server: s, url: hs.URL, dir: dir}
 }
 
 // token issues a token for vm1.

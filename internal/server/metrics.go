@@ -83,6 +83,18 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	for _, st := range states {
 		fmt.Fprintf(bw, "agentvm_vms{state=%q} %d\n", st, byState[st])
 	}
+	fmt.Fprintln(bw, "# HELP agentvm_vm_state_bytes Disk space of a suspended VM's saved memory and device state (allocated bytes of its state and RAM files).")
+	fmt.Fprintln(bw, "# TYPE agentvm_vm_state_bytes gauge")
+	var stateTotal int64
+	for _, v := range vms {
+		if n := s.svc.StateBytes(v); n > 0 {
+			stateTotal += n
+			fmt.Fprintf(bw, "agentvm_vm_state_bytes{vm=%q,name=%q} %d\n", v.ID, v.Name, n)
+		}
+	}
+	fmt.Fprintln(bw, "# HELP agentvm_suspended_state_bytes Disk space of all suspended VMs' saved states.")
+	fmt.Fprintln(bw, "# TYPE agentvm_suspended_state_bytes gauge")
+	fmt.Fprintf(bw, "agentvm_suspended_state_bytes %d\n", stateTotal)
 	fmt.Fprintln(bw, "# HELP agentvm_host_memory_committed_bytes Memory of the VMs holding RAM (running, paused, creating).")
 	fmt.Fprintln(bw, "# TYPE agentvm_host_memory_committed_bytes gauge")
 	fmt.Fprintf(bw, "agentvm_host_memory_committed_bytes %d\n", committed)

@@ -488,6 +488,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusBadRequest, api.CodeInvalid
 	case errors.Is(err, vm.ErrNotFound):
 		status, code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, vm.ErrStateIncompatible):
+		status, code = http.StatusConflict, api.CodeStateIncompatible
 	case errors.Is(err, vm.ErrConflict):
 		status, code = http.StatusConflict, api.CodeConflict
 	case errors.Is(err, vm.ErrInsufficient):

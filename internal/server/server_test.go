@@ -90,3 +90,15 @@ func TestBearer(t *testing.T) {
 		t.Fatalf("header first: %q", got)
 	}
 }
+
+// A saved state this QEMU cannot restore is a 409 with its own code, and
+// the message names both QEMU versions.
+func TestStateIncompatibleMapping(t *testing.T) {
+	err := fmt.Errorf("wake box: %w", &vm.StateIncompatibleError{What: "VM box's suspended state", Why: "saved by QEMU 10.0.2, newer than this server's QEMU 7.2.22"})
+	rec := httptest.NewRecorder()
+	writeErr(rec, err)
+	body := rec.Body.String()
+	if rec.Code != 409 || !strings.Contains(body, `"code":"state_incompatible"`) || !strings.Contains(body, "10.0.2") || !strings.Contains(body, "7.2.22") {
+		t.Errorf("%d %s", rec.Code, body)
+	}
+}

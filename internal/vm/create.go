@@ -256,7 +256,7 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	if err != nil {
 		return err
 	}
-	v.Template = t.Key
+	v.Template, v.Layout, v.HotMemoryMiB = t.Key, qemu.DeviceSet, 0
 	p := s.paths(v.ID)
 	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
 		return err
@@ -303,7 +303,10 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		s.logEvent(v.ID, "cold boot from disk (accel %s)", s.cfg.Accel)
 	}
 	if mc.Incoming == "" {
-		mc.Layout, v.Layout = "", "" // a boot from disk gets the current device set
+		// A boot from disk gets the current device set, and memory plugged
+		// live becomes boot memory.
+		mc.Layout, v.Layout = qemu.DeviceSet, qemu.DeviceSet
+		mc.MemoryMiB, mc.PluggedMiB, v.HotMemoryMiB = v.MemoryMiB, 0, 0
 	}
 	m, err := qemu.Start(ctx, mc)
 	if err != nil && mc.Incoming != "" && mc.Layout != qemu.LegacyDeviceSet && layoutMismatch(err) {

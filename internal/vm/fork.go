@@ -109,7 +109,8 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 			missing++
 		}
 	}
-	s.logEvent(parent.ID, "forked x%d: %d MiB of state, parent paused %d ms", missing, res.Bytes>>20, res.Paused.Milliseconds())
+	s.log.Info("state saved", "vm", parent.ID, "op", "fork", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(state), "paused_ms", res.Paused.Milliseconds())
+	s.logEvent(parent.ID, "forked x%d: %d MiB of state (%s format), parent paused %d ms", missing, res.Bytes>>20, res.Format, res.Paused.Milliseconds())
 	out.PausedMs += res.Paused.Milliseconds()
 	out.Bytes = res.Bytes
 	errs := make([]error, len(children))
@@ -137,7 +138,7 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 			}
 			defer s.lock(v.ID, "create")()
 			t0 := time.Now()
-			v.Source, v.Layout = "fork of "+parent.Name, parent.Layout
+			v.Source, v.Layout, v.HotMemoryMiB = "fork of "+parent.Name, parent.Layout, parent.HotMemoryMiB
 			err = s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes)
 			if err == nil {
 				err = s.checkChild(ctx, v, want)

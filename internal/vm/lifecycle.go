@@ -55,7 +55,7 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 	if err := checkTransition(opStop, v); err != nil {
 		return nil, err
 	}
-	os.Remove(s.suspendPath(v.ID)) // a suspended VM's saved memory is dropped; its disk stays
+	qemu.RemoveState(s.suspendPath(v.ID)) // a suspended VM's saved memory is dropped; its disk stays
 	if in := s.instance(v.ID); in != nil {
 		in.mu.Lock()
 		in.expectExit = true
@@ -259,7 +259,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)
 		case api.StateRunning, api.StatePaused:
-			os.Remove(s.suspendPath(v.ID) + ".tmp")
+			qemu.RemoveState(s.suspendPath(v.ID) + ".tmp")
 			if !qemu.IsOurs(v.PID, v.ID) {
 				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
 					// the daemon died between writing the suspend state and recording it
@@ -269,7 +269,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 					continue
 				}
 			}
-			os.Remove(s.suspendPath(v.ID))
+			qemu.RemoveState(s.suspendPath(v.ID))
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
 				v.State, v.PID, v.ColdBoot, v.Error = api.StateCrashed, 0, true, "lost while the daemon was down: "+err.Error()
@@ -391,11 +391,20 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		s.store.UpdateVM(ctx, v)
 		s.log.Info("recorded the disk top of an interrupted snapshot", "vm", v.ID, "top", top)
 	}
-	// A QEMU started by an agentvm from before vCPU hot-add keeps its device
-	// set: its saves must be restored with it.
-	if l := qemu.RunningLayout(v.PID); l != v.Layout {
+	// A QEMU started by an earlier agentvm keeps its device set: its saves
+	// must be restored with it.
+	if l := qemu.RunningLayout(v.PID); l != "" && l != layoutOf(v) {
 		v.Layout = l
 		s.store.UpdateVM(ctx, v)
+	}
+	// A memory grow interrupted before it was recorded: the restore command
+	// line must plug what QEMU was asked for.
+	if qemu.MaxHotplugMiB(layoutOf(v)) > 0 {
+		if n, err := m.RequestedMemory(actx); err == nil && n != v.HotMemoryMiB {
+			s.log.Info("recorded the memory of an interrupted resize", "vm", v.ID, "was", v.MemoryMiB, "memory_mib", v.MemoryMiB-v.HotMemoryMiB+n)
+			v.MemoryMiB, v.HotMemoryMiB = v.MemoryMiB-v.HotMemoryMiB+n, n
+			s.store.UpdateVM(ctx, v)
+		}
 	}
 	// A CPU hot-add interrupted before it was recorded: the restore command
 	// line must name the vCPUs QEMU really has.

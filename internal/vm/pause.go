@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -144,14 +145,14 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	}
 	path := s.suspendPath(v.ID)
 	tmp := path + ".tmp"
-	os.Remove(tmp)
+	qemu.RemoveState(tmp)
 	start := time.Now()
 	res, err := in.machine.SaveStopped(ctx, tmp)
 	if err == nil {
-		err = os.Rename(tmp, path)
+		err = qemu.RenameState(tmp, path)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		qemu.RemoveState(tmp)
 		if v.State == api.StateRunning {
 			in.machine.Resume(context.Background()) // leave it as it was
 		} else {
@@ -167,8 +168,10 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	in.detach()
 	s.setInstance(v.ID, nil)
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID = table[opSuspend].to, 0
-	s.logEvent(v.ID, "suspended: %d MiB of state in %d ms", res.Bytes>>20, time.Since(start).Milliseconds())
+	v.State, v.PID, v.SavedBy = table[opSuspend].to, 0, s.savedByHere(layoutOf(v))
+	s.log.Info("state saved", "vm", v.ID, "op", "suspend", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(path), "ms", time.Since(start).Milliseconds())
+	s.logEvent(v.ID, "suspended: %d MiB of state (%s format, %d MiB on disk) in %d ms", res.Bytes>>20, res.Format,
+		qemu.DiskUsage(path)>>20, time.Since(start).Milliseconds())
 	// QEMU is gone: the record says so whatever the caller does (with the
 	// request's context a client hanging up here left a VM listed running
 	// without a QEMU until the next daemon start).
@@ -254,7 +257,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	}
 	p := s.paths(v.ID)
 	os.MkdirAll(p.Run, 0o700)
-	if _, err := os.Stat(s.suspendPath(v.ID)); err != nil {
+	if _, err := qemu.ReadStateInfo(s.suspendPath(v.ID)); err != nil && (os.IsNotExist(err) || errors.Is(err, qemu.ErrRAMFileLost)) {
 		// Without its memory state the VM can only boot from its disk,
 		// which keeps everything but the processes: say so, and let start
 		// do it.
@@ -264,9 +267,16 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		s.logEvent(v.ID, "wake impossible: %s", v.Error)
 		return fmt.Errorf("%w: VM %s lost its memory state; its disk is intact: start it with: agentvm start %s", ErrConflict, v.Name, v.Name)
 	}
+	if err := s.checkSuspendedState(v); err != nil {
+		err = fmt.Errorf("wake %s: %w; the state stays on disk (agentvm stop %s discards it, and start then boots the VM from its disk)", v.Name, err, v.Name)
+		v.Error = err.Error()
+		s.store.UpdateVM(context.Background(), v)
+		return err
+	}
 	s.killStrays(v, 0) // a QEMU of an interrupted wake would hold the disk
 	mc := s.machineConfig(v, p, img)
 	mc.Incoming = s.suspendPath(v.ID)
+	mc.EagerRAM = true // its own memory: the VM's later saves stay cheap
 	start := time.Now()
 	// A restore that cannot finish (a state stream that never ends) must
 	// not hold the VM, and everyone queued behind its lock, for ever.
@@ -282,6 +292,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	// that dies in between still finds a suspended VM with its state. The
 	// write does not depend on the caller staying: a running QEMU the
 	// record does not name would be killed by the next wake.
+	v.SavedBy = nil // it described the state this wake consumed
 	if err := s.store.UpdateVM(context.Background(), v); err != nil {
 		if in := s.instance(v.ID); in != nil {
 			in.kill()
@@ -291,7 +302,8 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		v.State, v.PID = api.StateSuspended, 0
 		return fmt.Errorf("wake %s: record it running: %w", v.Name, err)
 	}
-	os.Remove(s.suspendPath(v.ID))
+	// A QEMU that maps the state's RAM file keeps it until it exits.
+	qemu.RemoveState(s.suspendPath(v.ID))
 	s.logEvent(v.ID, "woke from suspend in %d ms (qemu pid %d)", time.Since(start).Milliseconds(), v.PID)
 	return nil
 }

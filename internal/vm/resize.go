@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
@@ -28,9 +29,10 @@ type ResizeResult struct {
 }
 
 // resize grows a VM. The disk grows online (block_resize, then the guest grows its
-// filesystem), vCPUs are hot-added to a running VM up to qemu.MaxCPUs; other CPU
-// changes and memory changes of a running VM apply at its next start. Shrinking
-// the disk is refused.
+// filesystem), vCPUs are hot-added to a running VM up to qemu.MaxCPUs and memory
+// is plugged into it up to qemu.HotplugMemoryMiB more than it booted with; other
+// CPU and memory changes of a running VM apply at its next start. Shrinking the
+// disk is refused.
 func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) (*ResizeResult, error) {
 	if o.CPUs == 0 && o.MemoryMiB == 0 && o.DiskBytes == 0 {
 		return nil, fmt.Errorf("%w: nothing to resize: give cpus, memory or disk", ErrInvalid)
@@ -73,7 +75,11 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 		return nil, err
 	}
 	msgs = append(msgs, m...)
-	msgs = append(msgs, s.resizeMemory(v, o.MemoryMiB)...)
+	m, err = s.resizeMemory(ctx, v, o.MemoryMiB)
+	if err != nil {
+		return nil, err
+	}
+	msgs = append(msgs, m...)
 	if len(msgs) == 0 {
 		msgs = append(msgs, "nothing changed")
 	}
@@ -152,23 +158,85 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 }
 
 // resizeMemory sets v's memory (0: unchanged): at once for a VM that is not
-// running, else for its next start.
-func (s *Service) resizeMemory(v *store.VM, mib int64) []string {
+// running; grown live through the virtio-mem device of a running VM when
+// there is room; else at its next start.
+func (s *Service) resizeMemory(ctx context.Context, v *store.VM, mib int64) ([]string, error) {
+	plug, msgs := decideMemory(v, mib)
+	if plug == 0 {
+		return msgs, nil
+	}
+	msg, err := s.growMemory(ctx, v, plug)
+	if err != nil {
+		return nil, err
+	}
+	if v.MemoryMiB != mib {
+		msg += fmt.Sprintf(" (rounded up to a multiple of %d MiB)", qemu.MemoryBlockMiB)
+	}
+	return []string{msg}, nil
+}
+
+// decideMemory records what needs no QEMU, or returns how much memory the
+// virtio-mem device of the running v must have plugged (0: nothing to plug).
+func decideMemory(v *store.VM, mib int64) (plug int64, msgs []string) {
 	switch {
 	case mib == 0:
-		return nil
+		return 0, nil
 	case mib == v.MemoryMiB && v.NextMemoryMiB != 0:
 		v.NextMemoryMiB = 0
-		return []string{"the pending memory change is cancelled"}
+		return 0, []string{"the pending memory change is cancelled"}
 	case mib == v.MemoryMiB:
-		return nil
+		return 0, nil
+	case !live(v):
+		// The next start boots from disk with all of it as boot memory.
+		v.MemoryMiB, v.NextMemoryMiB, v.HotMemoryMiB = mib, 0, 0
+		return 0, []string{"memory set; it applies when the VM starts"}
 	}
-	if !live(v) {
-		v.MemoryMiB, v.NextMemoryMiB = mib, 0
-		return []string{"memory set; it applies when the VM starts"}
+	boot, room := v.MemoryMiB-v.HotMemoryMiB, qemu.MaxHotplugMiB(layoutOf(v))
+	plug = (mib - boot + qemu.MemoryBlockMiB - 1) / qemu.MemoryBlockMiB * qemu.MemoryBlockMiB
+	if mib > v.MemoryMiB && v.State == api.StateRunning && plug <= room {
+		return plug, nil
 	}
 	v.NextMemoryMiB = mib
-	return []string{"memory changes apply at the next start (stop and start the VM)"}
+	why := fmt.Sprintf("memory is added live only to a running VM, up to %d MiB", boot+room)
+	switch {
+	case mib < v.MemoryMiB:
+		why = "memory is never removed live"
+	case room == 0:
+		why = "this VM's machine was started by an earlier agentvm, without room for more memory"
+	}
+	return 0, []string{"the memory size applies at the next start (stop and start the VM): " + why}
+}
+
+// growMemoryWait bounds how long a resize waits for the guest to plug the
+// memory it was given.
+const growMemoryWait = 2 * time.Minute
+
+// growMemory asks the running v's virtio-mem device for plug MiB and waits
+// until the guest has plugged them (it onlines them itself:
+// memhp_default_state=online). The record follows QEMU as soon as it is
+// asked: a later restore starts QEMU with that much plugged.
+func (s *Service) growMemory(ctx context.Context, v *store.VM, plug int64) (string, error) {
+	in, err := s.attached(v)
+	if err != nil {
+		return "", err
+	}
+	if err := in.machine.SetPluggedMemory(ctx, plug); err != nil {
+		return "", fmt.Errorf("grow memory: %w", err)
+	}
+	v.MemoryMiB, v.HotMemoryMiB, v.NextMemoryMiB = v.MemoryMiB-v.HotMemoryMiB+plug, plug, 0
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		return "", err
+	}
+	wctx, cancel := context.WithTimeout(ctx, growMemoryWait)
+	defer cancel()
+	if got, err := in.machine.WaitPlugged(wctx, plug); err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		return fmt.Sprintf("memory set to %d MiB, but so far the guest has plugged only %d of the %d MiB added to its boot memory (%v); it plugs the rest when it can",
+			v.MemoryMiB, got, plug, err), nil
+	}
+	return fmt.Sprintf("%d MiB of memory online now (grown live)", v.MemoryMiB), nil
 }
 
 // growCPUs hot-adds vCPUs to a running VM and brings them online in the

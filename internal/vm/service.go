@@ -272,7 +272,9 @@ const GuestMAC = "5a:94:ef:e4:0c:ee"
 // not speculate, and page-table isolation makes every guest syscall flush QEMU's
 // software TLB, which slows everything the guest does several times over.
 func kernelAppend(accel string) string {
-	a := "root=/dev/vda rw console=ttyS0 quiet loglevel=3 net.ifnames=0 panic=-1 systemd.show_status=false"
+	// memhp_default_state=online: memory plugged through virtio-mem (a live
+	// resize) comes online as soon as the guest adds it.
+	a := "root=/dev/vda rw console=ttyS0 quiet loglevel=3 net.ifnames=0 panic=-1 systemd.show_status=false memhp_default_state=online"
 	if accel == "tcg" {
 		a += " mitigations=off norandmaps"
 	}
@@ -282,9 +284,9 @@ func kernelAppend(accel string) string {
 func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Config {
 	return qemu.Config{
 		ID: v.ID, Binary: s.cfg.QEMU, Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel),
-		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
+		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB - v.HotMemoryMiB, PluggedMiB: v.HotMemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
 		Disk: s.diskPath(v), QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
-		MAC: GuestMAC, VMGenID: newUUID(), Layout: v.Layout,
+		MAC: GuestMAC, VMGenID: newUUID(), Layout: layoutOf(v),
 	}
 }
 

@@ -22,8 +22,19 @@ func (s *Service) shapeKey(cpus int, memMiB int64) string {
 	return s.shapeKeyFor(qemu.DeviceSet, cpus, memMiB)
 }
 
+// snapshotLayout is the device set a snapshot was taken with, found from
+// its key ("" when it was taken with another QEMU, accelerator or machine).
+func (s *Service) snapshotLayout(sn *store.Snapshot) string {
+	for _, ds := range []string{qemu.DeviceSet, qemu.CPUHotplugDeviceSet, qemu.LegacyDeviceSet} {
+		if sn.Key == s.shapeKeyFor(ds, sn.CPUs, sn.MemoryMiB) {
+			return ds
+		}
+	}
+	return ""
+}
+
 // shapeKeyFor is the shape key with a given device set (snapshots taken
-// before vCPU hot-add carry qemu.LegacyDeviceSet's).
+// by an earlier agentvm carry an earlier device set's).
 func (s *Service) shapeKeyFor(deviceSet string, cpus int, memMiB int64) string {
 	return hashStrings(s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel), deviceSet,
 		fmt.Sprint(cpus), fmt.Sprint(memMiB))
@@ -53,7 +64,7 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	if err != nil {
 		// The partial state goes first: on a full data dir it holds the
 		// space the guests' disk writes wait for.
-		os.Remove(statePath)
+		qemu.RemoveState(statePath)
 		s.resumeStoppedOnFullDisk(v.ID)
 		// If the freeze happened before a later step failed, QEMU writes to newTop now.
 		if top, qerr := in.machine.DiskTop(context.Background()); qerr == nil && top == newTop {
@@ -110,7 +121,7 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 	if sn.Name == "" {
 		sn.Name = sn.ID
 	}
-	sn.Network, sn.Egress = v.Network, v.Egress
+	sn.Network, sn.Egress, sn.HotMemoryMiB, sn.SavedBy = v.Network, v.Egress, v.HotMemoryMiB, s.savedByHere(layoutOf(v))
 	if v.Network != "" {
 		if n, err := s.store.GetNetwork(ctx, v.Network); err == nil {
 			sn.NetworkEgress = n.Egress
@@ -134,7 +145,9 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 		}
 		return nil, err
 	}
-	s.logEvent(v.ID, "snapshot %s: %d MiB of state, guest paused %d ms", sn.Name, res.Bytes>>20, sn.PausedMs)
+	s.log.Info("state saved", "vm", v.ID, "op", "snapshot", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(sn.State), "paused_ms", sn.PausedMs)
+	s.logEvent(v.ID, "snapshot %s: %d MiB of state (%s format, %d MiB on disk), guest paused %d ms", sn.Name, res.Bytes>>20, res.Format,
+		qemu.DiskUsage(sn.State)>>20, sn.PausedMs)
 	return sn, nil
 }
 
@@ -209,9 +222,9 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 		return nil, false, fmt.Errorf("%w: snapshot %s was taken with %d vCPUs and %d MiB; a restore keeps that shape (resize after create)",
 			ErrConflict, sn.Name, sn.CPUs, sn.MemoryMiB)
 	}
-	legacy := sn.Key == s.shapeKeyFor(qemu.LegacyDeviceSet, sn.CPUs, sn.MemoryMiB)
-	if sn.Key != s.shapeKey(sn.CPUs, sn.MemoryMiB) && !legacy {
-		return nil, false, fmt.Errorf("%w: snapshot %s was taken with another QEMU, accelerator or machine; it cannot be restored here", ErrConflict, sn.Name)
+	layout, err := s.snapshotRestoreLayout(sn)
+	if err != nil {
+		return nil, false, err
 	}
 	// A VM made from a snapshot is never more open than the VM it copies:
 	// unless told otherwise it joins that VM's network (if it still exists)
@@ -258,10 +271,7 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	}
 	defer s.lock(v.ID, "create")()
 	start := time.Now()
-	v.Source = "snapshot " + sn.Name
-	if legacy {
-		v.Layout = qemu.LegacyDeviceSet
-	}
+	v.Source, v.Layout, v.HotMemoryMiB = "snapshot "+sn.Name, layout, sn.HotMemoryMiB
 	if err := s.restoreState(ctx, v, sn.Disk, sn.Layers, sn.State, sn.DiskBytes); err != nil {
 		s.destroy(context.Background(), v)
 		return nil, false, err
@@ -391,10 +401,12 @@ func backingFile(ctx context.Context, path string) (string, error) {
 	return info.B, nil
 }
 
-// layoutOf is the device set of v's machine.
+// layoutOf is the device set of v's machine. Records that name none were
+// written before the virtio-mem device (qemu.DeviceSet names its layout
+// explicitly).
 func layoutOf(v *store.VM) string {
 	if v.Layout == "" {
-		return qemu.DeviceSet
+		return qemu.CPUHotplugDeviceSet
 	}
 	return v.Layout
 }

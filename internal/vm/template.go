@@ -124,7 +124,7 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	defer os.RemoveAll(run)
 	p := paths{Dir: tmp, Disk: t.disk(), Log: filepath.Join(tmp, "boot.log"), Run: run,
 		QMP: filepath.Join(run, "qmp.sock"), Agent: filepath.Join(run, "agent.sock"), Net: filepath.Join(run, "net.sock")}
-	v := &store.VM{ID: "tpl-" + key[:12], CPUs: cpus, MemoryMiB: memMiB}
+	v := &store.VM{ID: "tpl-" + key[:12], CPUs: cpus, MemoryMiB: memMiB, Layout: qemu.DeviceSet}
 	mc := s.machineConfig(v, p, img)
 	mc.Disk, mc.RAMPath, mc.RAMShared = t.disk(), t.ram(), true
 

@@ -40,7 +40,7 @@ const ACTIONS: Action[] = [
   },
   {
     label: 'Resize', states: ['running', 'paused', 'stopped', 'crashed'], run: async (vm) => {
-      const v = await ask(`Resize ${vm.name}`, 'Disk grows online; more vCPUs are added live; memory applies at the next start.', [
+      const v = await ask(`Resize ${vm.name}`, 'Disk grows online; more vCPUs and more memory are added live; less memory applies at the next start.', [
         { label: 'vCPUs', name: 'cpus', type: 'number', value: String(vm.cpus), min: 1 },
         { label: 'Memory (MiB or 1G)', name: 'memory', value: String(vm.memory_mib) },
         { label: 'Disk (e.g. 16G)', name: 'disk', value: '' },

@@ -299,9 +299,11 @@ func TestAgent(t *testing.T) {
 		// A background child that never stops writing to the pipe does not
 		// keep the exec open: it ends drainMax after the exit.
 		pidFile := filepath.Join(t.TempDir(), "pid")
-		r := e.mustRun(guest.ExecRequest{Shell: "yes & echo $! > " + pidFile}, nil)
+		// (The shell may exit before yes writes anything: under load it did.
+		// Its own line comes first either way.)
+		r := e.mustRun(guest.ExecRequest{Shell: "echo start; yes & echo $! > " + pidFile}, nil)
 		syscall.Kill(readPid(t, pidFile), syscall.SIGKILL)
-		if r.st.ExitCode != 0 || !strings.HasPrefix(r.stdout, "y\n") {
+		if r.st.ExitCode != 0 || !strings.HasPrefix(r.stdout, "start\n") {
 			t.Fatalf("got %+v, %d bytes", r.st, len(r.stdout))
 		}
 		t.Logf("returned after %v with %d bytes of background output", r.elapsed, len(r.stdout))

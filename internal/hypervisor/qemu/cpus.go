@@ -98,12 +98,17 @@ func (m *Machine) PresentCPUs(ctx context.Context) (int, error) {
 }
 
 // RunningLayout tells the device set of a running QEMU from its command
-// line: LegacyDeviceSet when it was started without vCPU hot-add room (by
-// an earlier agentvm, before an upgrade), else "" (the current one).
+// line (a QEMU started by an earlier agentvm, before an upgrade, keeps its
+// own), or "" when it cannot be read.
 func RunningLayout(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || bytes.Contains(b, []byte("maxcpus=")) {
+	switch {
+	case err != nil:
 		return ""
+	case bytes.Contains(b, []byte("virtio-mem-pci,")):
+		return DeviceSet
+	case bytes.Contains(b, []byte("maxcpus=")):
+		return CPUHotplugDeviceSet
 	}
 	return LegacyDeviceSet
 }

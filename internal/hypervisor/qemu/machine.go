@@ -22,7 +22,11 @@ const MachineType = "pc-q35-7.2"
 
 // DeviceSet names the device layout baked into every template and snapshot; bump it
 // whenever Args changes the guest-visible hardware.
-const DeviceSet = "ds2:virtio-blk-4q,virtio-net-stream,virtio-serial-agent,vmgenid,serial,cpu-hotplug16"
+const DeviceSet = "ds3:virtio-blk-4q,virtio-net-stream,virtio-serial-agent,vmgenid,serial,cpu-hotplug16,virtio-mem16G"
+
+// CPUHotplugDeviceSet is the layout with vCPU hot-add but without the
+// virtio-mem device. VMs saved by an earlier agentvm restore with it.
+const CPUHotplugDeviceSet = "ds2:virtio-blk-4q,virtio-net-stream,virtio-serial-agent,vmgenid,serial,cpu-hotplug16"
 
 // LegacyDeviceSet is the layout before vCPU hot-add (-smp N, virtio-blk
 // queues following -smp). VMs saved by an earlier agentvm restore with it.
@@ -38,7 +42,7 @@ type Config struct {
 	Accel     string // "kvm" or "tcg"
 	CPUModel  string
 	CPUs      int
-	MemoryMiB int64
+	MemoryMiB int64 // boot memory: the machine's main RAM
 	Kernel    string
 	Initrd    string
 	Append    string
@@ -51,15 +55,31 @@ type Config struct {
 	// IncomingShared says the state was saved with x-ignore-shared (a template: its
 	// RAM is the RAMPath file, not in the stream).
 	IncomingShared bool
+	// EagerRAM restores a page-format state into anonymous memory, its
+	// pages streamed back into QEMU (CatStateEager), rather than by mapping
+	// its RAM file copy-on-write: for a VM's own state (a wake), whose later
+	// saves would otherwise read the mapped file's holes, each one costing
+	// a page of page cache. Snapshots and forks, whose RAM file many VMs
+	// share, map it.
+	EagerRAM bool
+	// incomingOffset is where QEMU's stream starts in Incoming (after a
+	// page-format header), and incomingEager says the pages are streamed
+	// back (EagerRAM); set by Start.
+	incomingOffset int64
+	incomingEager  bool
 	QMPSock        string
 	AgentSock      string
 	NetSock        string
 	LogPath        string
 	MAC            string
 	VMGenID        string
-	// Layout is the device set to start with: DeviceSet ("" means it) or
-	// LegacyDeviceSet for a state saved before hot-add.
+	// Layout is the device set to start with: DeviceSet ("" means it),
+	// CPUHotplugDeviceSet or LegacyDeviceSet for a state saved by an
+	// earlier agentvm.
 	Layout string
+	// PluggedMiB is the memory plugged through the virtio-mem device on top
+	// of MemoryMiB (a restore of a VM that grew; 0 for a boot).
+	PluggedMiB int64
 }
 
 // Args returns the QEMU command line (without the binary).
@@ -87,7 +107,7 @@ func (c Config) Args() []string {
 		"-accel", accel,
 		"-cpu", c.CPUModel,
 		"-smp", smp,
-		"-m", fmt.Sprintf("%dM", c.MemoryMiB),
+		"-m", c.memorySize(),
 		"-object", mem,
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-kernel", c.Kernel, "-initrd", c.Initrd, "-append", c.Append,
@@ -105,6 +125,7 @@ func (c Config) Args() []string {
 		"-serial", "chardev:ser0",
 		"-qmp", "unix:" + c.QMPSock + ",server=on,wait=off",
 	}
+	a = append(a, c.memoryDeviceArgs()...)
 	if c.Incoming != "" {
 		a = append(a, "-incoming", "defer")
 	}
@@ -136,6 +157,24 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	defer logf.Close()
 	for _, s := range []string{cfg.QMPSock, cfg.AgentSock, cfg.NetSock} {
 		os.Remove(s)
+	}
+	if cfg.Incoming != "" && cfg.RAMPath == "" {
+		// A page-format state brings its RAM file: QEMU maps it
+		// copy-on-write and loads only the rest from the stream.
+		info, err := ReadStateInfo(cfg.Incoming)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		if info.Format == FormatPages {
+			if info.RAMSize != cfg.MemoryMiB<<20 {
+				return nil, fmt.Errorf("restore: state %s holds %d MiB of RAM, the VM has %d MiB", cfg.Incoming, info.RAMSize>>20, cfg.MemoryMiB)
+			}
+			if cfg.EagerRAM && info.InjectAt > 0 && ownStateReader() {
+				cfg.incomingEager = true
+			} else {
+				cfg.RAMPath, cfg.RAMShared, cfg.incomingOffset = info.RAMPath, false, info.Offset
+			}
+		}
 	}
 	cmd := exec.Command(cfg.Binary, cfg.Args()...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -381,6 +420,14 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 	var cmd []string
 	for _, a := range StateReader {
 		cmd = append(cmd, shellQuote(a))
+	}
+	switch off := m.cfg.incomingOffset; {
+	case m.cfg.incomingEager:
+		cmd = []string{shellQuote(StateReader[0]), StateCatEagerArg}
+	case off > 0 && !ownStateReader():
+		// CatState skips a page-format header itself; other readers get
+		// the stream from where it starts.
+		cmd = []string{"tail", "-c", "+" + strconv.FormatInt(off+1, 10)}
 	}
 	uri := "exec:" + strings.Join(cmd, " ") + " " + shellQuote(m.cfg.Incoming)
 	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {

@@ -30,6 +30,9 @@ type SaveResult struct {
 	Bytes int64
 	// Total is the whole save, precopy included.
 	Total time.Duration
+	// Format is how the state was written: FormatStream or FormatPages
+	// (then the guest's RAM is in <path>.ram).
+	Format string
 }
 
 // SaveLive writes the guest's RAM and device state to path while it keeps running
@@ -39,10 +42,20 @@ type SaveResult struct {
 //
 // Under TCG the save is stop-and-copy instead (see precopyUnreliable): the
 // guest is paused for the whole save, but the state is exact.
-func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (_ SaveResult, err error) {
-	if m.precopyUnreliable(ctx) {
+func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (SaveResult, error) {
+	if m.precopyUnreliable(ctx) || m.precopyAbortsOnPlugged(ctx) {
 		return m.saveStoppedAndResume(ctx, path, atStop)
 	}
+	pages := m.pagesFor(false)
+	res, err := m.saveLive(ctx, path, atStop, pages)
+	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
+		m.logSave("live save: %v; saving again as a plain stream", err)
+		res, err = m.saveLive(ctx, path, atStop, false)
+	}
+	return res, err
+}
+
+func (m *Machine) saveLive(ctx context.Context, path string, atStop func() error, pages bool) (_ SaveResult, err error) {
 	defer func() { err = m.exitedDuringSave(err) }()
 	stopped := make(chan time.Time, 1)
 	defer m.OnEvent(func(e Event) {
@@ -57,14 +70,15 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 		return SaveResult{}, err
 	}
 	start := time.Now()
-	uri, err := m.passFile(ctx, path, true)
+	sink, err := m.openSink(ctx, path, pages)
 	if err != nil {
 		return SaveResult{}, err
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
-		return SaveResult{}, err
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": sink.uri}); err != nil {
+		return SaveResult{}, sink.finish(err)
 	}
 	bytes, err := m.waitMigration(ctx)
+	err = sink.finish(err)
 	var stopAt time.Time
 	select {
 	case stopAt = <-stopped:
@@ -81,7 +95,22 @@ func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error
 	if _, cerr := m.qmp.Execute(context.Background(), "cont", nil); cerr != nil && err == nil {
 		err = cerr
 	}
-	return SaveResult{Paused: time.Since(stopAt), Bytes: bytes, Total: time.Since(start)}, err
+	return SaveResult{Paused: time.Since(stopAt), Bytes: bytes, Total: time.Since(start), Format: formatName(pages)}, err
+}
+
+func formatName(pages bool) string {
+	if pages {
+		return FormatPages
+	}
+	return FormatStream
+}
+
+// logSave notes a save's fallback in the VM's log.
+func (m *Machine) logSave(format string, a ...any) {
+	if f, err := os.OpenFile(m.cfg.LogPath, os.O_WRONLY|os.O_APPEND, 0); err == nil {
+		fmt.Fprintf(f, "[agentvm] "+format+"\n", a...)
+		f.Close()
+	}
 }
 
 // precopyUnreliable reports whether a live (precopy) save can lose guest
@@ -148,7 +177,22 @@ func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, err
 	return m.saveStopped(ctx, path, false)
 }
 
-func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (_ SaveResult, err error) {
+func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (SaveResult, error) {
+	pages := m.pagesFor(ignoreShared)
+	res, err := m.saveStoppedAs(ctx, path, ignoreShared, pages)
+	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
+		m.logSave("save: %v; saving again as a plain stream", err)
+		// A migration that completed left QEMU in postmigrate, where it
+		// refuses another: back to a plain pause first.
+		if err := m.Repause(ctx); err != nil {
+			return res, err
+		}
+		res, err = m.saveStoppedAs(ctx, path, ignoreShared, false)
+	}
+	return res, err
+}
+
+func (m *Machine) saveStoppedAs(ctx context.Context, path string, ignoreShared, pages bool) (_ SaveResult, err error) {
 	defer func() {
 		if err != nil {
 			discardPartial(path)
@@ -159,18 +203,19 @@ func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared boo
 	if err := m.setFileMigration(ctx, ignoreShared, 0); err != nil {
 		return SaveResult{}, err
 	}
-	uri, err := m.passFile(ctx, path, true)
+	sink, err := m.openSink(ctx, path, pages)
 	if err != nil {
 		return SaveResult{}, err
 	}
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
-		return SaveResult{}, err
+		return SaveResult{}, sink.finish(err)
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": uri}); err != nil {
-		return SaveResult{}, err
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": sink.uri}); err != nil {
+		return SaveResult{}, sink.finish(err)
 	}
 	bytes, err := m.waitMigration(ctx)
-	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start)}, err
+	err = sink.finish(err)
+	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: formatName(pages)}, err
 }
 
 // discardPartial empties the file of a failed save before the guest may run
@@ -178,7 +223,10 @@ func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared boo
 // failure, so removing it would not give its blocks back yet; on a full disk
 // those blocks are what the guests' disk writes need (QEMU stops a guest whose
 // write finds no space). The caller removes the empty file.
-func discardPartial(path string) { os.Truncate(path, 0) }
+func discardPartial(path string) {
+	os.Truncate(path, 0)
+	os.Remove(path + RAMSuffix) // only the daemon ever had it open
+}
 
 // ExitedDuringSave is exitedDuringSave for callers that saw a save fail.
 func (m *Machine) ExitedDuringSave(err error) error { return m.exitedDuringSave(err) }

@@ -1944,7 +1944,7 @@ export interface components {
         Error: {
             error: {
                 /** @enum {string} */
-                code: "invalid_argument" | "not_found" | "conflict" | "unauthorized" | "insufficient_storage" | "unavailable" | "internal" | "forbidden" | "permission_denied" | "exists" | "not_empty" | "is_directory" | "not_directory" | "no_space";
+                code: "invalid_argument" | "not_found" | "conflict" | "unauthorized" | "insufficient_storage" | "unavailable" | "internal" | "forbidden" | "permission_denied" | "exists" | "not_empty" | "is_directory" | "not_directory" | "no_space" | "state_incompatible";
                 /** @description Human-readable message. */
                 message: string;
             };
@@ -2064,6 +2064,15 @@ export interface components {
              * @description Memory in MiB that applies at the next start (set by a resize of a running or paused VM); omitted when none is pending.
              */
             next_memory_mib?: number;
+            /**
+             * Format: int64
+             * @description Disk space of a suspended VM's saved memory and device state: the
+             *     allocated bytes of all its files (a sparse RAM file's holes count
+             *     nothing). Omitted when the VM is not suspended. `/metrics` reports
+             *     the same as `agentvm_vm_state_bytes`.
+             * @example 309329920
+             */
+            state_bytes?: number;
             op?: components["schemas"]["OpStats"];
         };
         ListVMsResponse: {

@@ -1,0 +1,258 @@
+package main
+
+// The restore benchmark (go run ./bench -restore): the operations that
+// restore a VM's own memory, with the state saved as one migration stream
+// (agentvm serve --state-format stream, the old way) and as a page-for-page
+// RAM file mapped at the restore (--state-format pages), for 1 GiB and
+// 4 GiB VMs, in one run. Each format gets its own server (same binary, same
+// cached templates); each VM first makes 200 MiB of its memory resident.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+const (
+	rsRuns = 3 // measured repetitions of each operation
+)
+
+var (
+	rsMemories = []int64{1024, 4096}
+	rsFormats  = []string{"stream", "pages"}
+)
+
+// RestoreRow is one operation's p50 (ms) per memory size and format.
+type RestoreRow struct {
+	Op        string             `json:"op"`
+	MemoryMiB int64              `json:"memory_mib"`
+	P50       map[string]float64 `json:"p50_ms"` // format -> p50
+	Runs      map[string][]float64
+}
+
+// restoreOps are measured in this order on each VM.
+var restoreOps = []string{
+	"suspend (wall)",
+	"exec on a suspended VM (wake to first output)",
+	"create --from SNAPSHOT to first exec",
+	"fork --count 2 to children answering exec",
+	"fork --count 1 to child answering exec",
+	"fork --count 8 to children answering exec",
+}
+
+func (b *bench) runRestore(ctx context.Context) error {
+	rows := map[string]*RestoreRow{}
+	key := func(op string, mem int64) string { return op + "|" + fmt.Sprint(mem) }
+	for _, op := range restoreOps {
+		for _, mem := range rsMemories {
+			rows[key(op, mem)] = &RestoreRow{Op: op, MemoryMiB: mem, P50: map[string]float64{}, Runs: map[string][]float64{}}
+		}
+	}
+	var errs []error
+	for _, format := range rsFormats {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		sub, err := b.formatServer(ctx, format)
+		if err != nil {
+			return fmt.Errorf("server with --state-format %s: %w", format, err)
+		}
+		for _, mem := range rsMemories {
+			if ctx.Err() != nil {
+				break
+			}
+			logf("restore bench: %s format, %d MiB VM", format, mem)
+			res, err := sub.restoreRound(ctx, mem)
+			for op, runs := range res {
+				r := rows[key(op, mem)]
+				r.Runs[format] = runs
+				r.P50[format] = summarize(runs).P50
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s format, %d MiB: %w", format, mem, err))
+				logf("restore bench: %v (continuing)", errs[len(errs)-1])
+			}
+		}
+		sub.cleanup()
+		sub.deleteSnapshots()
+		if err := sub.srv.stop(); err != nil {
+			logf("stopping the %s server: %v", format, err)
+		}
+		sub.srv.removeRunDir()
+	}
+	var out []*RestoreRow
+	for _, op := range restoreOps {
+		for _, mem := range rsMemories {
+			out = append(out, rows[key(op, mem)])
+		}
+	}
+	printRestore(os.Stdout, out)
+	var sb strings.Builder
+	printRestore(&sb, out)
+	b.r.Notes = append(b.r.Notes, strings.Split(strings.TrimSpace(sb.String()), "\n")...)
+	return errors.Join(errs...)
+}
+
+func printRestore(w io.Writer, rows []*RestoreRow) {
+	fmt.Fprintf(w, "\nRestores of a VM's own memory, p50 of %d runs (ms), state format stream (old) vs pages (RAM file mapped copy-on-write)\n", rsRuns)
+	fmt.Fprintf(w, "%-48s %6s %10s %10s %8s\n", "operation", "memory", "stream", "pages", "ratio")
+	for _, r := range rows {
+		s, p := r.P50["stream"], r.P50["pages"]
+		if s == 0 && p == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%-48s %4dG %10.0f %10.0f %7.2fx\n", r.Op, r.MemoryMiB>>10, s, p, ratio(s, p))
+	}
+}
+
+// formatServer starts a server of this run's binary that saves in format.
+func (b *bench) formatServer(ctx context.Context, format string) (*bench, error) {
+	dir := filepath.Join(b.tmp, "restore-"+format)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	os.Setenv("AGENTVM_TEMPLATE_DIR", b.srv.templateDir)
+	os.Setenv("AGENTVM_STATE_FORMAT", format)
+	defer os.Unsetenv("AGENTVM_TEMPLATE_DIR")
+	defer os.Unsetenv("AGENTVM_STATE_FORMAT")
+	srv, err := startServer(ctx, b.srv.bin, dir, true, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &bench{o: b.o, srv: srv, c: srv.client, r: b.r, tmp: dir, vms: map[string]int{}}, nil
+}
+
+// restoreRound measures every operation on one VM of mem MiB.
+func (b *bench) restoreRound(ctx context.Context, mem int64) (map[string][]float64, error) {
+	res := map[string][]float64{}
+	v, err := b.c.CreateVM(ctx, api.CreateVMRequest{Memory: api.Size(mem << 20)})
+	if err != nil {
+		return res, fmt.Errorf("create: %w", err)
+	}
+	b.track(v.ID, v.PID)
+	defer b.remove(v.ID)
+	if _, err := b.firstExec(ctx, v.ID); err != nil {
+		return res, err
+	}
+	if err := b.holdMemory(ctx, v.ID); err != nil {
+		return res, err
+	}
+	for i := 0; i < rsRuns; i++ {
+		t0 := time.Now()
+		s, err := b.c.SuspendVM(ctx, v.ID)
+		d := time.Since(t0)
+		if err != nil || s.State != api.StateSuspended {
+			return res, fmt.Errorf("suspend: %v (state %v)", err, s)
+		}
+		res[restoreOps[0]] = append(res[restoreOps[0]], msf(d))
+		time.Sleep(time.Second) // the wake is what is measured
+		t1 := time.Now()
+		if err := b.execTrue(ctx, v.ID); err != nil {
+			return res, fmt.Errorf("exec waking the VM: %w", err)
+		}
+		res[restoreOps[1]] = append(res[restoreOps[1]], msf(time.Since(t1)))
+	}
+	sn, err := b.c.Snapshot(ctx, v.ID, "bench-rs-"+randSuffix())
+	if err != nil {
+		return res, fmt.Errorf("snapshot: %w", err)
+	}
+	b.trackSnap(sn.ID)
+	for i := 0; i < rsRuns; i++ {
+		t0 := time.Now()
+		c, err := b.c.CreateVM(ctx, api.CreateVMRequest{From: sn.ID})
+		if err != nil {
+			return res, fmt.Errorf("create --from: %w", err)
+		}
+		b.track(c.ID, c.PID)
+		_, err = b.firstExec(ctx, c.ID)
+		d := time.Since(t0)
+		b.remove(c.ID)
+		if err != nil {
+			return res, fmt.Errorf("first exec in a VM from the snapshot: %w", err)
+		}
+		res[restoreOps[2]] = append(res[restoreOps[2]], msf(d))
+	}
+	b.c.DeleteSnapshot(ctx, sn.ID)
+	forks := []struct {
+		op    string
+		count int
+		runs  int
+	}{{restoreOps[3], 2, rsRuns}, {restoreOps[4], 1, 1}}
+	if mem <= 1024 {
+		forks = append(forks, struct {
+			op    string
+			count int
+			runs  int
+		}{restoreOps[5], 8, 1})
+	}
+	for _, f := range forks {
+		for i := 0; i < f.runs; i++ {
+			d, err := b.timeFork(ctx, v.ID, f.count)
+			if err != nil {
+				return res, fmt.Errorf("fork x%d: %w", f.count, err)
+			}
+			res[f.op] = append(res[f.op], d)
+		}
+	}
+	return res, nil
+}
+
+// holdMemory makes ~200 MiB of the guest's memory resident (every page written).
+func (b *bench) holdMemory(ctx context.Context, vm string) error {
+	r, err := b.c.Exec(ctx, vm, api.ExecRequest{Shell: holdCmd, Timeout: api.Duration(time.Minute)})
+	if err != nil {
+		return fmt.Errorf("start the memory holder: %w", err)
+	}
+	pid, perr := strconv.Atoi(strings.TrimSpace(r.Stdout))
+	if r.ExitCode != 0 || perr != nil {
+		return fmt.Errorf("start the memory holder: exit %d, out %q", r.ExitCode, r.Stdout)
+	}
+	for deadline := time.Now().Add(3 * time.Minute); ; {
+		rss, err := b.rssMiB(ctx, vm, pid)
+		if err != nil {
+			return err
+		}
+		if rss >= lcHoldMiB-8 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("memory holder reached only %d MiB", rss)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// timeFork forks vm into count children and returns the ms until every
+// child has answered an exec; the children are deleted (untimed).
+func (b *bench) timeFork(ctx context.Context, vm string, count int) (float64, error) {
+	t0 := time.Now()
+	fr, err := b.c.Fork(ctx, vm, count)
+	if err != nil {
+		return 0, err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(fr.Children))
+	for i, c := range fr.Children {
+		b.track(c.ID, c.PID)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = b.firstExec(ctx, c.ID)
+		}()
+	}
+	wg.Wait()
+	d := msf(time.Since(t0))
+	for _, c := range fr.Children {
+		b.remove(c.ID)
+	}
+	return d, errors.Join(errs...)
+}

@@ -1,0 +1,86 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pluggedQMP answers qom-get of the virtio-mem device's size with reply
+// (a JSON value, or "" for an error) and counts the questions.
+func pluggedQMP(t *testing.T, reply string, asked *atomic.Int32) *QMP {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "qmp.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return
+			}
+			var m struct {
+				Execute   string         `json:"execute"`
+				ID        string         `json:"id"`
+				Arguments map[string]any `json:"arguments"`
+			}
+			json.Unmarshal(line, &m)
+			switch {
+			case m.Execute == "qom-get" && m.Arguments["property"] == "size":
+				asked.Add(1)
+				if reply == "" {
+					c.Write([]byte(`{"error": {"class": "DeviceNotFound", "desc": "no such device"}, "id": "` + m.ID + `"}` + "\n"))
+				} else {
+					c.Write([]byte(`{"return": ` + reply + `, "id": "` + m.ID + `"}` + "\n"))
+				}
+			default:
+				c.Write([]byte(`{"return": {}, "id": "` + m.ID + `"}` + "\n"))
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q, err := DialQMP(ctx, sock, func(Event) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+func TestPrecopyAbortsOnPlugged(t *testing.T) {
+	for _, c := range []struct {
+		name, accel, layout, reply string
+		want, asks                 bool
+	}{
+		{"tcg, 1 GiB plugged", "tcg", DeviceSet, "1073741824", true, true},
+		{"tcg, nothing plugged", "tcg", DeviceSet, "0", false, true},
+		{"tcg, size unreadable", "tcg", "", "", true, true},
+		{"kvm, plugged", "kvm", DeviceSet, "1073741824", false, false},
+		{"tcg, no virtio-mem device", "tcg", CPUHotplugDeviceSet, "", false, false},
+		{"tcg, legacy device set", "tcg", LegacyDeviceSet, "", false, false},
+	} {
+		var asked atomic.Int32
+		m := &Machine{cfg: Config{Accel: c.accel, Layout: c.layout}, qmp: pluggedQMP(t, c.reply, &asked)}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		got := m.precopyAbortsOnPlugged(ctx)
+		cancel()
+		if got != c.want || (asked.Load() > 0) != c.asks {
+			t.Errorf("%s: %v (asked QEMU %d times), want %v", c.name, got, asked.Load(), c.want)
+		}
+	}
+}
