@@ -30,6 +30,9 @@ func serveCmd() *cobra.Command {
 		Short: "Run the agentvm daemon",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Store == "" {
+				cfg.Store = os.Getenv("AGENTVM_STORE")
+			}
 			switch tlsMode {
 			case "":
 			case "auto":
@@ -77,7 +80,9 @@ func serveCmd() *cobra.Command {
 	}
 	f := c.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir(), "data directory (env AGENTVM_DATA_DIR)")
-	f.StringVar(&cfg.Store, "store", os.Getenv("AGENTVM_STORE"), "metadata database (env AGENTVM_STORE): a SQLite file path, sqlite:PATH or a PostgreSQL URL postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=... (default: agentvm.db in the data dir)")
+	// No default from the environment here: cobra prints defaults in --help,
+	// and the URL may hold a password (read in RunE instead).
+	f.StringVar(&cfg.Store, "store", "", "metadata database (env AGENTVM_STORE): a SQLite file path, sqlite:PATH or a PostgreSQL URL postgres://USER@HOST:PORT/DB?sslmode=... (the password from PGPASSWORD or ~/.pgpass, or in the URL; default: agentvm.db in the data dir)")
 	f.StringVar(&cfg.Listen, "listen", envOr("AGENTVM_LISTEN", "127.0.0.1:7070"), "API listen address")
 	f.StringVar(&cfg.Accel, "accel", envOr("AGENTVM_ACCEL", "auto"), "accelerator: auto, kvm or tcg")
 	f.StringVar(&cfg.CacheDir, "cache-dir", image.DefaultCacheDir(), "image and template cache (env AGENTVM_CACHE_DIR)")

@@ -176,13 +176,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.log.Info("metadata store", "backend", s.store.Backend(), "store", store.Redact(dsn))
-	// One daemon per database: the records name this data dir's files.
-	owner, err := loadOrCreateRandom(filepath.Join(cfg.DataDir, "instance-id"), "", 16)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.store.ClaimOwner(ctx, owner); err != nil {
-		return nil, fmt.Errorf("metadata store %s: %w", store.Redact(dsn), err)
+	// One daemon per shared database: the records name this data dir's
+	// files. (A SQLite file is the data dir's own; a daemon that lost its
+	// instance-id must not be locked out of it.)
+	if s.store.Backend() == "postgres" {
+		owner, err := loadOrCreateRandom(filepath.Join(cfg.DataDir, "instance-id"), "", 16)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.store.ClaimOwner(ctx, owner); err != nil {
+			return nil, fmt.Errorf("metadata store %s: %w", store.Redact(dsn), err)
+		}
 	}
 	s.tokens = auth.New(s.store, s.token)
 	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)

@@ -28,6 +28,8 @@ func (s *Store) AddEvent(ctx context.Context, e *Event) error {
 		return ErrBadText
 	}
 	data, _ := json.Marshal(e)
+	s.eventMu.Lock()
+	defer s.eventMu.Unlock()
 	err := s.queryRow(ctx, `INSERT INTO events (vm_id, time, data) VALUES (?,?,?) RETURNING seq`, e.VMID, e.Time.UnixNano(), string(data)).Scan(&e.Seq)
 	if err != nil {
 		return err

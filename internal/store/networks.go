@@ -53,7 +53,7 @@ func (s *Store) GetNetwork(ctx context.Context, name string) (*Network, error) {
 
 // ListNetworks returns every network, oldest first.
 func (s *Store) ListNetworks(ctx context.Context) ([]*Network, error) {
-	rows, err := s.query(ctx, `SELECT data FROM networks ORDER BY created_at`)
+	rows, err := s.query(ctx, `SELECT data FROM networks ORDER BY created_at, name`)
 	if err != nil {
 		return nil, err
 	}

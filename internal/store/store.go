@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -127,6 +128,10 @@ type SavedBy struct {
 type Store struct {
 	db *sql.DB
 	pg bool // PostgreSQL: $n placeholders
+	// eventMu orders event inserts: a follower reads events by increasing
+	// seq, and two PostgreSQL transactions could commit their sequence
+	// numbers out of order (SQLite has one writer anyway).
+	eventMu sync.Mutex
 }
 
 // Close closes the database.
@@ -199,7 +204,7 @@ func (s *Store) GetVMByIdempotencyKey(ctx context.Context, key string) (*VM, err
 
 // ListVMs returns all VMs, oldest first.
 func (s *Store) ListVMs(ctx context.Context) ([]*VM, error) {
-	rows, err := s.query(ctx, `SELECT data FROM vms ORDER BY created_at`)
+	rows, err := s.query(ctx, `SELECT data FROM vms ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +270,7 @@ func (s *Store) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, er
 
 // ListSnapshots returns all snapshots, oldest first.
 func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
-	rows, err := s.query(ctx, `SELECT data FROM snapshots ORDER BY created_at`)
+	rows, err := s.query(ctx, `SELECT data FROM snapshots ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}

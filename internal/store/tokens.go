@@ -72,7 +72,7 @@ func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*
 		q += ` AND vm_id=?`
 		args = append(args, vmID)
 	}
-	rows, err := s.query(ctx, q+` ORDER BY created_at`, args...)
+	rows, err := s.query(ctx, q+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, err
 	}

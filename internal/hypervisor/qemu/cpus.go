@@ -103,7 +103,7 @@ func (m *Machine) PresentCPUs(ctx context.Context) (int, error) {
 func RunningLayout(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	switch {
-	case err != nil:
+	case err != nil, len(b) == 0: // gone, or a zombie or mid-exec
 		return ""
 	case bytes.Contains(b, []byte("virtio-mem-pci,")):
 		return DeviceSet

@@ -1,9 +1,13 @@
 package qemu
 
 import (
+	"bytes"
+	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Only the current device set has the virtio-mem device, and a restore
@@ -42,6 +46,13 @@ func TestRunningLayout(t *testing.T) {
 		cmd := exec.Command("sh", append([]string{"-c", "sleep 30; true", "sh"}, c.args...)...)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
+		}
+		// Start can return before the new program's arguments are in
+		// /proc (an empty cmdline reads as unknown): wait for them.
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid)); bytes.Contains(b, []byte("sleep 30")) {
+				break
+			}
 		}
 		got := RunningLayout(cmd.Process.Pid)
 		cmd.Process.Kill()

@@ -302,8 +302,14 @@ func (s *splitter) configuration() error {
 				return unsupported("%d capabilities", count)
 			}
 			for i := uint32(0); i < count; i++ {
-				if _, err := s.str(true, name); err != nil {
+				c, err := s.str(true, name)
+				if err != nil {
 					return err
+				}
+				switch c {
+				case "x-ignore-shared", "postcopy-ram", "mapped-ram":
+					// They change the RAM records this splitter reads.
+					return unsupported("capability %s", c)
 				}
 			}
 		case "configuration/uuid":
@@ -343,7 +349,7 @@ func (s *splitter) sectionStart() error {
 		return unsupported("iterative section %q", name)
 	}
 	if s.ramState != 0 {
-		return errors.New("migration stream starts the RAM section twice")
+		return unsupported("the RAM section started twice")
 	}
 	s.ramID, s.ramState = id, 1
 	if err := s.blockList(); err != nil {
@@ -392,10 +398,10 @@ func (s *splitter) blockList() error {
 			return err
 		}
 		if name == "" || length == 0 || length > total || length&pageMask != 0 {
-			return fmt.Errorf("migration stream lists RAM block %q of %d bytes (of %d left)", name, length, total)
+			return unsupported("RAM block %q of %d bytes listed (of %d left)", name, length, total)
 		}
 		if _, dup := s.blocks[name]; dup {
-			return fmt.Errorf("migration stream lists RAM block %q twice", name)
+			return unsupported("RAM block %q listed twice", name)
 		}
 		s.blocks[name] = int64(length)
 		total -= length
@@ -440,14 +446,14 @@ func (s *splitter) records() error {
 			}
 			block = name
 		} else if !s.haveCur {
-			return errors.New("migration stream continues a RAM block before naming one")
+			return unsupported("a RAM block continued before one was named")
 		}
 		length, ok := s.blocks[block]
 		if !ok {
-			return fmt.Errorf("migration stream sends a page of unknown RAM block %q", block)
+			return unsupported("a page of unknown RAM block %q", block)
 		}
-		if addr+pageSize > length {
-			return fmt.Errorf("migration stream sends a page at %#x of RAM block %q (%d bytes)", addr, block, length)
+		if addr < 0 || addr+pageSize > length {
+			return unsupported("a page at %#x of RAM block %q (%d bytes)", uint64(addr), block, length)
 		}
 		s.cur, s.haveCur = block, true
 		main := block == MainRAMBlock
@@ -509,7 +515,7 @@ func (s *splitter) footer() error {
 		return err
 	}
 	if id != s.ramID {
-		return fmt.Errorf("migration stream: footer of section %d ends section %d", id, s.ramID)
+		return unsupported("footer of section %d ends section %d", id, s.ramID)
 	}
 	return nil
 }
