@@ -202,94 +202,41 @@ func run(ctx context.Context, o options) (code int) {
 	}
 	r.FinishedAt = time.Now().UTC()
 	var out any = r
-	if o.restore {
+	switch {
+	case o.restore:
 		// runRestore printed its table; the JSON carries it in the notes.
-		out = struct {
-			StartedAt  time.Time `json:"started_at"`
-			FinishedAt time.Time `json:"finished_at"`
-			Host       Host      `json:"host"`
-			Notes      []string  `json:"notes"`
-			Errors     []string  `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.Notes, r.Errors}
-	} else if o.net {
+		out = modeJSON(r, "notes", r.Notes)
+	case o.net:
 		r.PrintNet(os.Stdout)
-		out = struct {
-			StartedAt  time.Time  `json:"started_at"`
-			FinishedAt time.Time  `json:"finished_at"`
-			Host       Host       `json:"host"`
-			Net        *NetReport `json:"net"`
-			Errors     []string   `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.Net, r.Errors}
-	} else if o.access {
+		out = modeJSON(r, "net", r.Net)
+	case o.access:
 		r.PrintAccess(os.Stdout)
-		out = struct {
-			StartedAt  time.Time     `json:"started_at"`
-			FinishedAt time.Time     `json:"finished_at"`
-			Host       Host          `json:"host"`
-			Access     *AccessReport `json:"access"`
-			Errors     []string      `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.Access, r.Errors}
-	} else if o.e2b {
+		out = modeJSON(r, "access", r.Access)
+	case o.e2b:
 		r.PrintE2B(os.Stdout)
-		out = struct {
-			StartedAt  time.Time  `json:"started_at"`
-			FinishedAt time.Time  `json:"finished_at"`
-			Host       Host       `json:"host"`
-			E2B        *E2BReport `json:"e2b"`
-			Errors     []string   `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.E2B, r.Errors}
-	} else if o.code {
+		out = modeJSON(r, "e2b", r.E2B)
+	case o.code:
 		r.PrintCode(os.Stdout)
-		out = struct {
-			StartedAt  time.Time   `json:"started_at"`
-			FinishedAt time.Time   `json:"finished_at"`
-			Host       Host        `json:"host"`
-			Code       *CodeReport `json:"code"`
-			Errors     []string    `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.Code, r.Errors}
-	} else if o.memgrow {
+		out = modeJSON(r, "code", r.Code)
+	case o.memgrow:
 		r.PrintMemGrow(os.Stdout)
-		out = struct {
-			StartedAt  time.Time      `json:"started_at"`
-			FinishedAt time.Time      `json:"finished_at"`
-			Host       Host           `json:"host"`
-			MemGrow    *MemGrowReport `json:"memgrow"`
-			Errors     []string       `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.MemGrow, r.Errors}
-	} else if o.browser {
+		out = modeJSON(r, "memgrow", r.MemGrow)
+	case o.browser:
 		r.PrintBrowser(os.Stdout)
-		out = struct {
-			StartedAt  time.Time      `json:"started_at"`
-			FinishedAt time.Time      `json:"finished_at"`
-			Host       Host           `json:"host"`
-			Browser    *BrowserReport `json:"browser"`
-			Errors     []string       `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.Browser, r.Errors}
-	} else if o.tssdk {
+		out = modeJSON(r, "browser", r.Browser)
+	case o.tssdk:
 		r.PrintTSSDK(os.Stdout)
-		out = struct {
-			StartedAt  time.Time    `json:"started_at"`
-			FinishedAt time.Time    `json:"finished_at"`
-			Host       Host         `json:"host"`
-			TSSDK      *TSSDKReport `json:"tssdk"`
-			Errors     []string     `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.TSSDK, r.Errors}
-	} else if o.stress {
+		out = modeJSON(r, "tssdk", r.TSSDK)
+	case o.stress:
 		r.PrintStress(os.Stdout)
-		out = struct {
-			StartedAt  time.Time     `json:"started_at"`
-			FinishedAt time.Time     `json:"finished_at"`
-			Host       Host          `json:"host"`
-			Stress     *StressReport `json:"stress"`
-			Errors     []string      `json:"errors,omitempty"`
-		}{r.StartedAt, r.FinishedAt, r.Host, r.Stress, r.Errors}
-	} else if o.lifecycle {
+		out = modeJSON(r, "stress", r.Stress)
+	case o.lifecycle:
 		if r.Lifecycle != nil {
 			r.Lifecycle.computeRatios()
 		}
 		r.PrintLifecycle(os.Stdout)
 		out = lifecycleJSON{StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Host: r.Host, Lifecycle: r.Lifecycle, Notes: r.Notes, Errors: r.Errors}
-	} else {
+	default:
 		r.computeRatios()
 		r.Print(os.Stdout)
 	}
@@ -374,4 +321,14 @@ func hostFacts() Host {
 		h.LoadAvgAtStart = trimLine(string(b))
 	}
 	return h
+}
+
+// modeJSON is the JSON of a run of one mode: when it ran, on what host, the
+// mode's report under key, and the errors.
+func modeJSON(r *Report, key string, report any) map[string]any {
+	m := map[string]any{"started_at": r.StartedAt, "finished_at": r.FinishedAt, "host": r.Host, key: report}
+	if len(r.Errors) > 0 {
+		m["errors"] = r.Errors
+	}
+	return m
 }

@@ -42,8 +42,17 @@ func TestResolveAccel(t *testing.T) {
 	}
 }
 
-// fakeQEMU speaks enough QMP for the client: greeting, replies by id, and events.
-func fakeQEMU(t *testing.T, path string) {
+// qmpCall is one command a fake QMP server received.
+type qmpCall struct {
+	Execute   string         `json:"execute"`
+	ID        string         `json:"id"`
+	Arguments map[string]any `json:"arguments"`
+}
+
+// serveFakeQMP listens on path and speaks QMP's framing: the greeting, then
+// for each command the lines answer returns (a reply must carry the call's
+// id), closing the connection after them when answer says so.
+func serveFakeQMP(t *testing.T, path string, answer func(m qmpCall) (lines []string, hangUp bool)) {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -62,25 +71,39 @@ func fakeQEMU(t *testing.T, path string) {
 			if err != nil {
 				return
 			}
-			var m struct {
-				Execute string `json:"execute"`
-				ID      string `json:"id"`
-			}
+			var m qmpCall
 			json.Unmarshal(line, &m)
-			switch m.Execute {
-			case "query-status":
-				c.Write([]byte(`{"event": "STOP", "data": {}}` + "\n"))
-				c.Write([]byte(`{"return": {"status": "running"}, "id": "` + m.ID + `"}` + "\n"))
-			case "bad":
-				c.Write([]byte(`{"error": {"class": "GenericError", "desc": "nope"}, "id": "` + m.ID + `"}` + "\n"))
-			case "quit":
-				c.Write([]byte(`{"event": "SHUTDOWN", "data": {"guest": false, "reason": "host-qmp-quit"}}` + "\n"))
+			lines, hangUp := answer(m)
+			for _, l := range lines {
+				c.Write([]byte(l + "\n"))
+			}
+			if hangUp {
 				return
-			default:
-				c.Write([]byte(`{"return": {}, "id": "` + m.ID + `"}` + "\n"))
 			}
 		}
 	}()
+}
+
+// qmpReturn is a reply line carrying v (JSON) for call m; qmpError an error reply.
+func qmpReturn(m qmpCall, v string) string { return `{"return": ` + v + `, "id": "` + m.ID + `"}` }
+
+func qmpError(m qmpCall, class, desc string) string {
+	return `{"error": {"class": "` + class + `", "desc": "` + desc + `"}, "id": "` + m.ID + `"}`
+}
+
+// fakeQEMU speaks enough QMP for the client: replies by id, errors and events.
+func fakeQEMU(t *testing.T, path string) {
+	serveFakeQMP(t, path, func(m qmpCall) ([]string, bool) {
+		switch m.Execute {
+		case "query-status":
+			return []string{`{"event": "STOP", "data": {}}`, qmpReturn(m, `{"status": "running"}`)}, false
+		case "bad":
+			return []string{qmpError(m, "GenericError", "nope")}, false
+		case "quit": // no reply: the connection closes
+			return []string{`{"event": "SHUTDOWN", "data": {"guest": false, "reason": "host-qmp-quit"}}`}, true
+		}
+		return []string{qmpReturn(m, `{}`)}, false
+	})
 }
 
 func TestQMP(t *testing.T) {

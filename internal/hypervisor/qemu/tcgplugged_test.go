@@ -1,10 +1,7 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"net"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -16,43 +13,16 @@ import (
 func pluggedQMP(t *testing.T, reply string, asked *atomic.Int32) *QMP {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "qmp.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
+	serveFakeQMP(t, sock, func(m qmpCall) ([]string, bool) {
+		if m.Execute != "qom-get" || m.Arguments["property"] != "size" {
+			return []string{qmpReturn(m, `{}`)}, false
 		}
-		defer c.Close()
-		c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				return
-			}
-			var m struct {
-				Execute   string         `json:"execute"`
-				ID        string         `json:"id"`
-				Arguments map[string]any `json:"arguments"`
-			}
-			json.Unmarshal(line, &m)
-			switch {
-			case m.Execute == "qom-get" && m.Arguments["property"] == "size":
-				asked.Add(1)
-				if reply == "" {
-					c.Write([]byte(`{"error": {"class": "DeviceNotFound", "desc": "no such device"}, "id": "` + m.ID + `"}` + "\n"))
-				} else {
-					c.Write([]byte(`{"return": ` + reply + `, "id": "` + m.ID + `"}` + "\n"))
-				}
-			default:
-				c.Write([]byte(`{"return": {}, "id": "` + m.ID + `"}` + "\n"))
-			}
+		asked.Add(1)
+		if reply == "" {
+			return []string{qmpError(m, "DeviceNotFound", "no such device")}, false
 		}
-	}()
+		return []string{qmpReturn(m, reply)}, false
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	q, err := DialQMP(ctx, sock, func(Event) {})
