@@ -122,6 +122,10 @@ type SavedBy struct {
 	Accel     string `json:"accel"`
 	CPUModel  string `json:"cpu_model"`
 	DeviceSet string `json:"device_set"`
+	// HostBoot is the host's boot id at the save: states are synced to disk
+	// after the save (qemu.SyncState), so one from an earlier boot that was
+	// never synced may have lost writes in a host crash.
+	HostBoot string `json:"host_boot,omitempty"`
 }
 
 // Store is the metadata store, in SQLite or PostgreSQL (backend.go).

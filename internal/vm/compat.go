@@ -1,7 +1,9 @@
 package vm
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 
@@ -34,7 +36,26 @@ func (e *StateIncompatibleError) Is(target error) bool {
 // savedByHere is what a state written by this daemon now records.
 func (s *Service) savedByHere(deviceSet string) *store.SavedBy {
 	return &store.SavedBy{QEMU: s.cfg.QEMUVersion, Machine: qemu.MachineType, Accel: s.cfg.Accel,
-		CPUModel: qemu.CPUModel(s.cfg.Accel), DeviceSet: deviceSet}
+		CPUModel: qemu.CPUModel(s.cfg.Accel), DeviceSet: deviceSet, HostBoot: qemu.BootID()}
+}
+
+// mayBeTorn reports whether a saved state may have lost writes: the host
+// has rebooted since it was saved, and it had not reached the disk by then
+// (no qemu.SyncState marker). Saves do not wait for the disk; this is what
+// a host crash right after one costs.
+func mayBeTorn(saved *store.SavedBy, bootNow string, synced bool) bool {
+	return saved != nil && saved.HostBoot != "" && bootNow != "" && saved.HostBoot != bootNow && !synced
+}
+
+// syncSaved makes a saved state durable after its save (see qemu.SyncState).
+func (s *Service) syncSaved(vmID, path string) {
+	s.syncs.Add(1)
+	go func() {
+		defer s.syncs.Done()
+		if err := qemu.SyncState(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("saved state not synced to disk", "vm", vmID, "state", path, "err", err)
+		}
+	}()
 }
 
 // knownDeviceSet says whether this agentvm can start a QEMU with device set ds.

@@ -102,3 +102,25 @@ func TestSnapshotRestoreLayout(t *testing.T) {
 		t.Errorf("suspended by 7.2: %v", err)
 	}
 }
+
+func TestMayBeTorn(t *testing.T) {
+	saved := &store.SavedBy{HostBoot: "boot-a"}
+	for _, c := range []struct {
+		name   string
+		saved  *store.SavedBy
+		now    string
+		synced bool
+		want   bool
+	}{
+		{"same boot, not yet synced", saved, "boot-a", false, false},
+		{"host rebooted, synced", saved, "boot-b", true, false},
+		{"host rebooted before the sync", saved, "boot-b", false, true},
+		{"a record from before boot ids", &store.SavedBy{}, "boot-b", false, false},
+		{"no record", nil, "boot-b", false, false},
+		{"boot id unreadable", saved, "", false, false},
+	} {
+		if got := mayBeTorn(c.saved, c.now, c.synced); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -169,6 +169,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	s.setInstance(v.ID, nil)
 	os.RemoveAll(s.paths(v.ID).Run)
 	v.State, v.PID, v.SavedBy = table[opSuspend].to, 0, s.savedByHere(layoutOf(v))
+	s.syncSaved(v.ID, path)
 	s.log.Info("state saved", "vm", v.ID, "op", "suspend", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(path), "ms", time.Since(start).Milliseconds())
 	s.logEvent(v.ID, "suspended: %d MiB of state (%s format, %d MiB on disk) in %d ms", res.Bytes>>20, res.Format,
 		qemu.DiskUsage(path)>>20, time.Since(start).Milliseconds())
@@ -246,6 +247,9 @@ func (s *Service) resumeStoppedOnFullDisk(self string) {
 	}
 }
 
+// errStateTorn: the host restarted before a saved state reached the disk.
+var errStateTorn = errors.New("the host restarted before the saved state reached its disk")
+
 // wakeLocked restores a suspended VM from its state file.
 func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	if err := s.admit(v.MemoryMiB, 0); err != nil {
@@ -257,7 +261,11 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	}
 	p := s.paths(v.ID)
 	os.MkdirAll(p.Run, 0o700)
-	if _, err := qemu.ReadStateInfo(s.suspendPath(v.ID)); err != nil && (os.IsNotExist(err) || errors.Is(err, qemu.ErrRAMFileLost)) {
+	_, err = qemu.ReadStateInfo(s.suspendPath(v.ID))
+	if err == nil && mayBeTorn(v.SavedBy, qemu.BootID(), qemu.StateSynced(s.suspendPath(v.ID))) {
+		err = errStateTorn
+	}
+	if err != nil && (os.IsNotExist(err) || errors.Is(err, qemu.ErrRAMFileLost) || errors.Is(err, errStateTorn)) {
 		// Without its memory state the VM can only boot from its disk,
 		// which keeps everything but the processes: say so, and let start
 		// do it.

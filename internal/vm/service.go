@@ -77,6 +77,8 @@ type Service struct {
 	imgs  map[string]*imageSlot // by canonical name
 
 	pool *warmPool
+
+	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
 }
 
 // New creates the service. Call Reconcile before serving requests.
@@ -332,6 +334,10 @@ func (s *Service) Close() {
 	for _, in := range ins {
 		in.detach()
 	}
+	// A state saved at shutdown (the server suspends its VMs) must reach
+	// the disk before the daemon exits: a host rebooting next would find it
+	// unsynced and count its memory lost.
+	s.syncs.Wait()
 }
 
 func (s *Service) newNetwork(v *store.VM) (*network.Network, error) {

@@ -145,6 +145,7 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 		}
 		return nil, err
 	}
+	s.syncSaved(v.ID, sn.State)
 	s.log.Info("state saved", "vm", v.ID, "op", "snapshot", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(sn.State), "paused_ms", sn.PausedMs)
 	s.logEvent(v.ID, "snapshot %s: %d MiB of state (%s format, %d MiB on disk), guest paused %d ms", sn.Name, res.Bytes>>20, res.Format,
 		qemu.DiskUsage(sn.State)>>20, sn.PausedMs)
@@ -225,6 +226,9 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	layout, err := s.snapshotRestoreLayout(sn)
 	if err != nil {
 		return nil, false, err
+	}
+	if mayBeTorn(sn.SavedBy, qemu.BootID(), qemu.StateSynced(sn.State)) {
+		return nil, false, fmt.Errorf("%w: snapshot %s: %v; its memory cannot be trusted: delete it and take a new one", ErrConflict, sn.Name, errStateTorn)
 	}
 	// A VM made from a snapshot is never more open than the VM it copies:
 	// unless told otherwise it joins that VM's network (if it still exists)

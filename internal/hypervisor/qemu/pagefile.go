@@ -204,6 +204,7 @@ func ReadStateInfo(path string) (StateInfo, error) {
 func RemoveState(path string) {
 	os.Remove(path + RAMSuffix)
 	os.Remove(path)
+	os.Remove(path + SyncedSuffix)
 }
 
 // RenameState moves a state to a new path, its RAM file first: a state file
