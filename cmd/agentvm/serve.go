@@ -9,6 +9,7 @@ import (
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/server"
+	"github.com/agentvm/agentvm/internal/vm"
 	"github.com/spf13/cobra"
 )
 
@@ -24,7 +25,6 @@ func serveCmd() *cobra.Command {
 	var noWarm bool
 	var warmImages []string
 	var tlsMode string
-	var stateFormat string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the agentvm daemon",
@@ -46,10 +46,9 @@ func serveCmd() *cobra.Command {
 				}
 			}
 			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			if err := qemu.ValidFormat(stateFormat); err != nil {
+			if err := vm.ValidStateFormat(cfg.StateFormat); err != nil {
 				return fmt.Errorf("--state-format: %w", err)
 			}
-			qemu.SaveFormat = stateFormat
 			if exe, err := os.Executable(); err == nil {
 				qemu.StateReader = []string{exe, qemu.StateCatArg} // restores read state with splice
 			}
@@ -100,8 +99,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.TLSCert, "tls-cert", os.Getenv("AGENTVM_TLS_CERT"), "PEM certificate (e.g. a wildcard for *.<domain>) for HTTPS previews")
 	f.StringVar(&cfg.TLSKey, "tls-key", os.Getenv("AGENTVM_TLS_KEY"), "PEM key of --tls-cert")
 	f.StringSliceVar(&warmImages, "warm-images", splitList(envOr("AGENTVM_WARM_IMAGES", image.Default)), "images whose template (and warm pool) are made at start-up: "+strings.Join(image.Names(), ", "))
-	f.StringVar(&stateFormat, "state-format", envOr("AGENTVM_STATE_FORMAT", qemu.FormatPages),
-		"how suspend, snapshot and fork save a VM's memory: pages (a sparse RAM file mapped copy-on-write at the restore, which then reads only the pages the guest touches) or stream (one migration stream read whole at the restore); states of either format restore")
+	f.StringVar(&cfg.StateFormat, "state-format", envOr("AGENTVM_STATE_FORMAT", vm.StateFormatAuto),
+		"how saves write a VM's memory: auto (suspends as one migration stream, snapshots and forks as pages, whose sparse RAM file the VMs made from them map copy-on-write and share), pages or stream for every save; states of either format restore")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the templates of --warm-images at start-up")
 	return c
 }

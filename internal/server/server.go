@@ -58,6 +58,8 @@ type Config struct {
 	KeepRunning bool
 	// WarmPool is how many ready VMs to keep per recently created shape.
 	WarmPool int
+	// StateFormat is vm.Config.StateFormat (serve --state-format).
+	StateFormat string
 	// SSHListen is the SSH gateway's address ("" disables it).
 	SSHListen string
 	// ProxyListen is the preview proxy's address ("" disables it); Domain
@@ -205,6 +207,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		QEMU: cfg.QEMU, QEMUVersion: qv, Accel: accel, AgentPath: cfg.AgentPath, Policy: policy, Log: cfg.Log,
 		ImageProgress: func(step string) { cfg.Log.Info("image build", "step", step) },
 		PoolSize:      cfg.WarmPool,
+		StateFormat:   cfg.StateFormat,
 	}, s.store)
 	if err != nil {
 		return nil, err

@@ -124,3 +124,23 @@ func TestMayBeTorn(t *testing.T) {
 		}
 	}
 }
+
+func TestStateFormats(t *testing.T) {
+	for _, c := range []struct{ setting, suspend, capture string }{
+		{"", qemu.FormatStream, qemu.FormatPages},
+		{StateFormatAuto, qemu.FormatStream, qemu.FormatPages},
+		{qemu.FormatPages, qemu.FormatPages, qemu.FormatPages},
+		{qemu.FormatStream, qemu.FormatStream, qemu.FormatStream},
+	} {
+		if err := ValidStateFormat(c.setting); err != nil {
+			t.Errorf("%q refused: %v", c.setting, err)
+		}
+		s := &Service{cfg: Config{StateFormat: c.setting}}
+		if s.suspendFormat() != c.suspend || s.captureFormat() != c.capture {
+			t.Errorf("%q: suspend %s, capture %s; want %s, %s", c.setting, s.suspendFormat(), s.captureFormat(), c.suspend, c.capture)
+		}
+	}
+	if err := ValidStateFormat("mapped"); err == nil {
+		t.Error("an unknown state format accepted")
+	}
+}

@@ -147,7 +147,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	tmp := path + ".tmp"
 	qemu.RemoveState(tmp)
 	start := time.Now()
-	res, err := in.machine.SaveStopped(ctx, tmp)
+	res, err := in.machine.SaveStopped(ctx, tmp, s.suspendFormat())
 	if err == nil {
 		err = qemu.RenameState(tmp, path)
 	}

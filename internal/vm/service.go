@@ -54,6 +54,42 @@ type Config struct {
 	ImageProgress func(string)
 	// PoolSize is how many warm VMs to keep per recently created shape (0: none).
 	PoolSize int
+	// StateFormat is how saves of a VM's memory are written: "auto" (the
+	// default) writes suspends as a stream, which a wake reads whole, and
+	// snapshots and forks in the page format, whose RAM file the VMs made
+	// from them map and share (measured: bench/RESULTS.md); or
+	// qemu.FormatPages or qemu.FormatStream for every save.
+	StateFormat string
+}
+
+// StateFormatAuto: suspends as a stream, snapshots and forks as pages.
+const StateFormatAuto = "auto"
+
+// ValidStateFormat checks a Config.StateFormat ("" is auto).
+func ValidStateFormat(f string) error {
+	if f == "" || f == StateFormatAuto {
+		return nil
+	}
+	if err := qemu.ValidFormat(f); err != nil {
+		return fmt.Errorf("%w (or %s)", err, StateFormatAuto)
+	}
+	return nil
+}
+
+// suspendFormat and captureFormat are the save formats of a suspend and of
+// a snapshot or fork.
+func (s *Service) suspendFormat() string {
+	if s.cfg.StateFormat == qemu.FormatPages {
+		return qemu.FormatPages
+	}
+	return qemu.FormatStream
+}
+
+func (s *Service) captureFormat() string {
+	if s.cfg.StateFormat == qemu.FormatStream {
+		return qemu.FormatStream
+	}
+	return qemu.FormatPages
 }
 
 // Service owns all VMs of one data dir.
@@ -94,6 +130,9 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if err := ValidStateFormat(cfg.StateFormat); err != nil {
+		return nil, err
 	}
 	for _, d := range []string{filepath.Join(cfg.DataDir, "vms"), filepath.Join(cfg.DataDir, "layers"), filepath.Join(cfg.DataDir, "snapshots"), cfg.RunDir, cfg.TemplateDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -51,7 +51,7 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
 	freeze := func() error { return in.machine.FreezeDisk(ctx, newTop) }
 	if v.State == api.StatePaused {
-		res, err = in.machine.SaveStopped(ctx, statePath)
+		res, err = in.machine.SaveStopped(ctx, statePath, s.captureFormat())
 		if err == nil {
 			err = freeze()
 		}
@@ -59,7 +59,7 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 			err = rerr
 		}
 	} else {
-		res, err = in.machine.SaveLive(ctx, statePath, freeze)
+		res, err = in.machine.SaveLive(ctx, statePath, s.captureFormat(), freeze)
 	}
 	if err != nil {
 		// The partial state goes first: on a full data dir it holds the

@@ -439,7 +439,7 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 // SaveState stops the guest and writes its device state, but not the RAM it shares
 // through its memory file, to path (a template). The VM is left paused.
 func (m *Machine) SaveState(ctx context.Context, path string) error {
-	_, err := m.saveStopped(ctx, path, true)
+	_, err := m.saveStopped(ctx, path, true, FormatStream)
 	return err
 }
 

@@ -42,11 +42,11 @@ type SaveResult struct {
 //
 // Under TCG the save is stop-and-copy instead (see precopyUnreliable): the
 // guest is paused for the whole save, but the state is exact.
-func (m *Machine) SaveLive(ctx context.Context, path string, atStop func() error) (SaveResult, error) {
+func (m *Machine) SaveLive(ctx context.Context, path, format string, atStop func() error) (SaveResult, error) {
 	if m.precopyUnreliable(ctx) || m.precopyAbortsOnPlugged(ctx) {
-		return m.saveStoppedAndResume(ctx, path, atStop)
+		return m.saveStoppedAndResume(ctx, path, format, atStop)
 	}
-	pages := m.pagesFor(false)
+	pages := m.pagesFor(false, format)
 	res, err := m.saveLive(ctx, path, atStop, pages)
 	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
 		m.logSave("live save: %v; saving again as a plain stream", err)
@@ -157,9 +157,9 @@ func atLeast(version string, major, minor int) bool {
 // saveStoppedAndResume is SaveLive as stop-and-copy: the guest is stopped,
 // its whole state written, atStop run and the guest resumed (also when the
 // save failed). Paused covers the whole save.
-func (m *Machine) saveStoppedAndResume(ctx context.Context, path string, atStop func() error) (SaveResult, error) {
+func (m *Machine) saveStoppedAndResume(ctx context.Context, path, format string, atStop func() error) (SaveResult, error) {
 	start := time.Now()
-	res, err := m.saveStopped(ctx, path, false)
+	res, err := m.saveStopped(ctx, path, false, format)
 	if err == nil && atStop != nil {
 		err = atStop()
 	}
@@ -171,14 +171,15 @@ func (m *Machine) saveStoppedAndResume(ctx context.Context, path string, atStop 
 	return res, err
 }
 
-// SaveStopped pauses the guest and writes its RAM and device state to path; the guest
-// is left paused (the caller quits QEMU for a suspend, or resumes it).
-func (m *Machine) SaveStopped(ctx context.Context, path string) (SaveResult, error) {
-	return m.saveStopped(ctx, path, false)
+// SaveStopped pauses the guest and writes its RAM and device state to path in
+// format (FormatStream or FormatPages); the guest is left paused (the caller
+// quits QEMU for a suspend, or resumes it).
+func (m *Machine) SaveStopped(ctx context.Context, path, format string) (SaveResult, error) {
+	return m.saveStopped(ctx, path, false, format)
 }
 
-func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool) (SaveResult, error) {
-	pages := m.pagesFor(ignoreShared)
+func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool, format string) (SaveResult, error) {
+	pages := m.pagesFor(ignoreShared, format)
 	res, err := m.saveStoppedAs(ctx, path, ignoreShared, pages)
 	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
 		m.logSave("save: %v; saving again as a plain stream", err)

@@ -111,18 +111,15 @@ const (
 	RAMSuffix = ".ram"
 )
 
-// Save formats (SaveFormat).
+// Save formats: how a save of a VM's own memory (suspend, snapshot, fork)
+// is written, chosen per save by the caller. Templates are always a
+// stream (their RAM file is shared instead).
 const (
 	FormatStream = "stream" // RAM and devices in one migration stream
-	FormatPages  = "pages"  // RAM page for page in <state>.ram, mapped at restore
+	FormatPages  = "pages"  // RAM page for page in <state>.ram, beside the device state
 )
 
-// SaveFormat is how saves of a VM's own memory (suspend, snapshot, fork)
-// are written: FormatPages, or FormatStream (`agentvm serve --state-format`).
-// Templates are always a stream (their RAM file is shared instead).
-var SaveFormat = FormatPages
-
-// ValidFormat checks a --state-format value.
+// ValidFormat checks a save format.
 func ValidFormat(f string) error {
 	if f != FormatStream && f != FormatPages {
 		return fmt.Errorf("state format %q: want %s or %s", f, FormatStream, FormatPages)

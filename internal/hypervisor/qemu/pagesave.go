@@ -132,8 +132,8 @@ func (m *Machine) openSink(ctx context.Context, path string, pages bool) (*saveS
 }
 
 // pagesFor says whether a save of this machine's own memory uses the page
-// format: asked for (SaveFormat), and the memory is the machine's own (a
-// template shares its RAM file instead).
-func (m *Machine) pagesFor(ignoreShared bool) bool {
-	return SaveFormat == FormatPages && !ignoreShared && m.cfg.MemoryMiB > 0
+// format: asked for, and the memory is the machine's own (a template
+// shares its RAM file instead).
+func (m *Machine) pagesFor(ignoreShared bool, format string) bool {
+	return format == FormatPages && !ignoreShared && m.cfg.MemoryMiB > 0
 }

@@ -77,9 +77,6 @@ func pagesRoundTrip(t *testing.T, live bool) {
 	// (see precopyUnreliable), later ones live.
 	src.cfg.Accel = "tcg"
 	state := filepath.Join(dir, "state")
-	old := SaveFormat
-	SaveFormat = FormatPages
-	defer func() { SaveFormat = old }()
 	want := filepath.Join(dir, "want")
 	dump := func() error {
 		_, err := src.qmp.Execute(ctx, "pmemsave", map[string]any{"val": 0, "size": 32 << 20, "filename": want})
@@ -88,8 +85,8 @@ func pagesRoundTrip(t *testing.T, live bool) {
 	var res SaveResult
 	var err error
 	if live {
-		res, err = src.SaveLive(ctx, state, dump) // dump runs with the guest stopped at the save's end
-	} else if res, err = src.SaveStopped(ctx, state); err == nil {
+		res, err = src.SaveLive(ctx, state, FormatPages, dump) // dump runs with the guest stopped at the save's end
+	} else if res, err = src.SaveStopped(ctx, state, FormatPages); err == nil {
 		err = dump()
 	}
 	if err != nil {
