@@ -2,6 +2,7 @@ package vm
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -114,15 +115,7 @@ func (p *warmPool) endFill(key poolKey) {
 func (p *warmPool) wants(key poolKey) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || len(p.ready[key]) >= p.size {
-		return false
-	}
-	for _, k := range p.order {
-		if k == key {
-			return true
-		}
-	}
-	return false
+	return !p.closed && len(p.ready[key]) < p.size && slices.Contains(p.order, key)
 }
 
 func (p *warmPool) isClosed() bool {

@@ -88,8 +88,7 @@ func (w *ramWriter) zero(addr int64) error {
 			return fmt.Errorf("punch a page out of the RAM file: %w", err)
 		}
 	}
-	var zeros [pageSize]byte
-	if _, err := w.f.WriteAt(zeros[:], addr); err != nil {
+	if _, err := w.f.WriteAt(zeroPage[:], addr); err != nil {
 		return fmt.Errorf("write the RAM file: %w", err)
 	}
 	return nil

@@ -69,6 +69,9 @@ const (
 	pageMask = pageSize - 1
 )
 
+// zeroPage is a page of zeros (read only).
+var zeroPage [pageSize]byte
+
 // MainRAMBlock is the RAM block of the guest's memory backend (-object
 // memory-backend-*,id=mem): the only block whose pages go to the RAM file.
 const MainRAMBlock = "mem"

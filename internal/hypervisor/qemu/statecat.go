@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -121,12 +122,12 @@ func writeEager(out io.Writer, path string) error {
 		hole = min(hole, info.RAMSize)
 		for p := data &^ pageMask; p < hole; {
 			n := min(int64(len(buf)), (hole-p+pageMask)&^pageMask, info.RAMSize-p)
-			if _, err := io.ReadFull(io.NewSectionReader(ram, p, n), buf[:n]); err != nil {
+			if _, err := ram.ReadAt(buf[:n], p); err != nil {
 				return fmt.Errorf("RAM file %s: %w", info.RAMPath, err)
 			}
 			for i := int64(0); i < n; i += pageSize {
 				page := buf[i : i+pageSize]
-				if allZero(page) {
+				if bytes.Equal(page, zeroPage[:]) {
 					continue
 				}
 				flags := uint64(ramFlagPage)
@@ -157,19 +158,4 @@ func writeEager(out io.Writer, path string) error {
 		return err
 	}
 	return w.Flush()
-}
-
-func allZero(b []byte) bool {
-	for len(b) >= 8 {
-		if binary.LittleEndian.Uint64(b) != 0 {
-			return false
-		}
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }
