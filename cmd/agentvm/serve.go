@@ -6,7 +6,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/server"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -50,7 +49,7 @@ func serveCmd() *cobra.Command {
 				return fmt.Errorf("--state-format: %w", err)
 			}
 			if exe, err := os.Executable(); err == nil {
-				qemu.StateReader = []string{exe, qemu.StateCatArg} // restores read state with splice
+				cfg.StateCat = exe // restores read state with splice
 			}
 			s, err := server.New(cmd.Context(), cfg)
 			if err != nil {

@@ -60,6 +60,9 @@ type Config struct {
 	WarmPool int
 	// StateFormat is vm.Config.StateFormat (serve --state-format).
 	StateFormat string
+	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
+	// mode reads saved states into QEMU ("": plain cat).
+	StateCat string
 	// SSHListen is the SSH gateway's address ("" disables it).
 	SSHListen string
 	// ProxyListen is the preview proxy's address ("" disables it); Domain
@@ -208,6 +211,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ImageProgress: func(step string) { cfg.Log.Info("image build", "step", step) },
 		PoolSize:      cfg.WarmPool,
 		StateFormat:   cfg.StateFormat,
+		StateCat:      cfg.StateCat,
 	}, s.store)
 	if err != nil {
 		return nil, err

@@ -308,13 +308,13 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		mc.Layout, v.Layout = qemu.DeviceSet, qemu.DeviceSet
 		mc.MemoryMiB, mc.PluggedMiB, v.HotMemoryMiB = v.MemoryMiB, 0, 0
 	}
-	m, err := qemu.Start(ctx, mc)
+	m, err := s.hv.Start(ctx, mc)
 	if err != nil && mc.Incoming != "" && mc.Layout != qemu.LegacyDeviceSet && layoutMismatch(err) {
 		// A state saved by an agentvm from before vCPU hot-add (its QEMU
 		// may have run on across the upgrade) needs that device set.
 		lmc := mc
 		lmc.Layout = qemu.LegacyDeviceSet
-		if lm, lerr := qemu.Start(ctx, lmc); lerr == nil {
+		if lm, lerr := s.hv.Start(ctx, lmc); lerr == nil {
 			s.log.Info("restored a state saved with the previous device set", "vm", v.ID)
 			m, err, mc, v.Layout = lm, nil, lmc, qemu.LegacyDeviceSet
 		}
@@ -413,9 +413,9 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 	if in := s.instance(v.ID); in != nil {
 		in.kill()
 		s.setInstance(v.ID, nil)
-	} else if qemu.IsOurs(v.PID, v.ID) {
-		syscall.Kill(v.PID, syscall.SIGKILL)
-		for i := 0; i < 100 && qemu.IsOurs(v.PID, v.ID); i++ {
+	} else if s.hv.IsOurs(v.PID, v.ID) {
+		s.hv.Kill(v.PID)
+		for i := 0; i < 100 && s.hv.IsOurs(v.PID, v.ID); i++ {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}

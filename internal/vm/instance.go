@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
-	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -16,7 +15,7 @@ import (
 type instance struct {
 	id      string
 	paths   paths
-	machine *qemu.Machine
+	machine Machine
 	net     *network.Network
 
 	mu       sync.Mutex

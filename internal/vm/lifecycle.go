@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -153,11 +152,9 @@ func (s *Service) monitor(id string, in *instance) {
 	if s.instance(id) != in {
 		return
 	}
-	if q := in.machine.QMP(); q != nil {
-		select { // every event QEMU sent before exiting has been read once QMP closes
-		case <-q.Done():
-		case <-time.After(2 * time.Second):
-		}
+	select { // every event sent before the exit has been read
+	case <-in.machine.EventsDone():
+	case <-time.After(2 * time.Second):
 	}
 	clean, reason := in.machine.CleanExit()
 	in.detach()
@@ -260,7 +257,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			s.destroy(ctx, v)
 		case api.StateRunning, api.StatePaused:
 			qemu.RemoveState(s.suspendPath(v.ID) + ".tmp")
-			if !qemu.IsOurs(v.PID, v.ID) {
+			if !s.hv.IsOurs(v.PID, v.ID) {
 				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
 					// the daemon died between writing the suspend state and recording it
 					v.State, v.PID = api.StateSuspended, 0
@@ -299,14 +296,14 @@ func (s *Service) Reconcile(ctx context.Context) error {
 // killStrays kills every QEMU of v except the one with pid keep, and waits
 // (a few seconds at most) until they are gone and have let go of the disk.
 func (s *Service) killStrays(v *store.VM, keep int) {
-	for _, pid := range qemu.FindOurs(v.ID) {
+	for _, pid := range s.hv.FindOurs(v.ID) {
 		if pid == keep {
 			continue
 		}
 		s.log.Warn("killing a QEMU that no operation owns", "vm", v.ID, "pid", pid, "state", v.State)
 		s.logEvent(v.ID, "killed QEMU pid %d left by an interrupted operation", pid)
-		syscall.Kill(pid, syscall.SIGKILL)
-		for deadline := time.Now().Add(5 * time.Second); qemu.IsOurs(pid, v.ID) && time.Now().Before(deadline); {
+		s.hv.Kill(pid)
+		for deadline := time.Now().Add(5 * time.Second); s.hv.IsOurs(pid, v.ID) && time.Now().Before(deadline); {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
@@ -334,7 +331,7 @@ func (s *Service) removeOrphanSnapshots(ctx context.Context) {
 }
 
 func (s *Service) reattach(ctx context.Context, v *store.VM) error {
-	if !qemu.IsOurs(v.PID, v.ID) {
+	if !s.hv.IsOurs(v.PID, v.ID) {
 		return fmt.Errorf("QEMU pid %d is gone", v.PID)
 	}
 	img, err := s.ImageNamed(ctx, v.Image) // its kernel
@@ -345,7 +342,7 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	mc := s.machineConfig(v, p, img)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m, err := qemu.Attach(actx, mc, v.PID)
+	m, err := s.hv.Attach(actx, mc, v.PID)
 	if err != nil {
 		return err
 	}
@@ -393,7 +390,7 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	}
 	// A QEMU started by an earlier agentvm keeps its device set: its saves
 	// must be restored with it.
-	if l := qemu.RunningLayout(v.PID); l != "" && l != layoutOf(v) {
+	if l := s.hv.RunningLayout(v.PID); l != "" && l != layoutOf(v) {
 		v.Layout = l
 		s.store.UpdateVM(ctx, v)
 	}

@@ -60,6 +60,11 @@ type Config struct {
 	// from them map and share (measured: bench/RESULTS.md); or
 	// qemu.FormatPages or qemu.FormatStream for every save.
 	StateFormat string
+	// StateCat is the agentvm binary QEMU runs to read a saved state
+	// (qemu.Config.StateCat; "": plain cat).
+	StateCat string
+	// Hypervisor starts and finds machines (nil: QEMU).
+	Hypervisor Hypervisor
 }
 
 // StateFormatAuto: suspends as a stream, snapshots and forks as pages.
@@ -97,6 +102,7 @@ type Service struct {
 	cfg   Config
 	store Store
 	log   *slog.Logger
+	hv    Hypervisor
 
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id
@@ -139,7 +145,11 @@ func New(cfg Config, st Store) (*Service, error) {
 			return nil, err
 		}
 	}
-	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
+	hv := cfg.Hypervisor
+	if hv == nil {
+		hv = qemuDriver{}
+	}
+	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
 		pool: newWarmPool(cfg.PoolSize)}, nil
 }
 
@@ -327,7 +337,7 @@ func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Con
 		ID: v.ID, Binary: s.cfg.QEMU, Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel),
 		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB - v.HotMemoryMiB, PluggedMiB: v.HotMemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
 		Disk: s.diskPath(v), QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
-		MAC: GuestMAC, VMGenID: newUUID(), Layout: layoutOf(v),
+		MAC: GuestMAC, VMGenID: newUUID(), Layout: layoutOf(v), StateCat: s.cfg.StateCat,
 	}
 }
 

@@ -134,7 +134,7 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	}
 	defer net.Close()
 	start := time.Now()
-	m, err := qemu.Start(ctx, mc)
+	m, err := s.hv.Start(ctx, mc)
 	if err != nil {
 		return nil, err
 	}

@@ -62,6 +62,11 @@ type Config struct {
 	// a page of page cache. Snapshots and forks, whose RAM file many VMs
 	// share, map it.
 	EagerRAM bool
+	// StateCat is the agentvm binary, whose state-cat modes (CatState,
+	// CatStateEager) read a state into QEMU's migration pipe with splice;
+	// "" uses plain cat, which cannot stream a page-format state back
+	// whole (EagerRAM then maps the RAM file).
+	StateCat string
 	// incomingOffset is where QEMU's stream starts in Incoming (after a
 	// page-format header), and incomingEager says the pages are streamed
 	// back (EagerRAM); set by Start.
@@ -169,7 +174,7 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 			if info.RAMSize != cfg.MemoryMiB<<20 {
 				return nil, fmt.Errorf("restore: state %s holds %d MiB of RAM, the VM has %d MiB", cfg.Incoming, info.RAMSize>>20, cfg.MemoryMiB)
 			}
-			if cfg.EagerRAM && info.InjectAt > 0 && ownStateReader() {
+			if cfg.EagerRAM && info.InjectAt > 0 && cfg.StateCat != "" {
 				cfg.incomingEager = true
 			} else {
 				cfg.RAMPath, cfg.RAMShared, cfg.incomingOffset = info.RAMPath, false, info.Offset
@@ -331,8 +336,16 @@ func (m *Machine) ExitStatus() string {
 	return m.exitStatus
 }
 
-// QMP returns the persistent QMP connection.
-func (m *Machine) QMP() *QMP { return m.qmp }
+// EventsDone is closed when the QMP connection has closed: every event
+// QEMU sent before it exited has been read.
+func (m *Machine) EventsDone() <-chan struct{} {
+	if m.qmp == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return m.qmp.Done()
+}
 
 // Status returns QEMU's run state ("running", "paused", "inmigrate", ...).
 func (m *Machine) Status(ctx context.Context) (string, error) {
@@ -414,17 +427,17 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 			return err
 		}
 	}
-	// Incoming streams go through a pipe (StateReader): QEMU 7.2 reading the state from a passed
+	// Incoming streams go through a pipe (Config.StateCat): QEMU 7.2 reading the state from a passed
 	// file descriptor segfaulted now and then when several restores of one file ran
 	// at once (forks), while the pipe has never failed.
 	var cmd []string
-	for _, a := range StateReader {
+	for _, a := range m.cfg.stateReader() {
 		cmd = append(cmd, shellQuote(a))
 	}
 	switch off := m.cfg.incomingOffset; {
 	case m.cfg.incomingEager:
-		cmd = []string{shellQuote(StateReader[0]), StateCatEagerArg}
-	case off > 0 && !ownStateReader():
+		cmd = []string{shellQuote(m.cfg.StateCat), StateCatEagerArg}
+	case off > 0 && m.cfg.StateCat == "":
 		// CatState skips a page-format header itself; other readers get
 		// the stream from where it starts.
 		cmd = []string{"tail", "-c", "+" + strconv.FormatInt(off+1, 10)}

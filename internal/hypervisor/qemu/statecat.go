@@ -12,17 +12,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// StateReader is the command QEMU runs (migrate-incoming "exec:") to read a
-// state file into its migration pipe. The daemon points it at its own
-// binary's state-cat mode (CatState); plain cat works too, only slower.
-var StateReader = []string{"cat"}
-
 // StateCatArg is the argument that selects CatState in the agentvm binary.
 const StateCatArg = "__state-cat"
 
-// ownStateReader reports whether StateReader is the agentvm binary (which
-// can also stream a page-format state back whole: CatStateEager).
-func ownStateReader() bool { return len(StateReader) == 2 && StateReader[1] == StateCatArg }
+// stateReader is the command QEMU runs (migrate-incoming "exec:") to read a
+// state file into its migration pipe: Config.StateCat's state-cat mode
+// (CatState), or plain cat, which works too, only slower.
+func (c *Config) stateReader() []string {
+	if c.StateCat == "" {
+		return []string{"cat"}
+	}
+	return []string{c.StateCat, StateCatArg}
+}
 
 // CatState writes the file at path to stdout, a pipe to QEMU: it grows the
 // pipe to 1 MiB and moves pages with splice(2), where cat copies 128 KiB at a

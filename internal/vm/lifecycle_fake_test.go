@@ -1,0 +1,400 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// fakeEnv is a Service on a real SQLite store and real files, whose
+// machines are fakeHV's: everything but QEMU and the guest kernel is real
+// (the agent, its protocol, qcow2 overlays made by qemu-img, the network).
+type fakeEnv struct {
+	t    *testing.T
+	hv   *fakeHV
+	st   *store.Store
+	cfg  Config
+	img  *image.Image
+	s    *Service
+	ctx  context.Context
+	dirs string
+}
+
+func newFakeEnv(t *testing.T) *fakeEnv {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("the in-process guest agent runs commands as the VM's users: needs root")
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("needs qemu-img for the disk overlays")
+	}
+	dir := t.TempDir()
+	run, err := os.MkdirTemp("", "avm-run-") // unix socket paths must stay short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	st, err := store.Open(filepath.Join(dir, "agentvm.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := &fakeEnv{t: t, hv: newFakeHV(), st: st, ctx: context.Background(), dirs: dir}
+	e.cfg = Config{DataDir: filepath.Join(dir, "data"), RunDir: run, CacheDir: filepath.Join(dir, "cache"),
+		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: e.hv, Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute}
+	// The image: a real (empty) qcow2 disk; the fake machines boot no kernel.
+	imgDir := filepath.Join(dir, "image")
+	os.MkdirAll(imgDir, 0o700)
+	e.img = &image.Image{Name: image.Default, Hash: "fakeimage", Dir: imgDir, Kernel: filepath.Join(imgDir, "vmlinuz"),
+		Initrd: filepath.Join(imgDir, "initrd.img"), Disk: filepath.Join(imgDir, "rootfs.qcow2"), SizeBytes: 1 << 30}
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", e.img.Disk, "1G").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	e.s = e.newService()
+	e.seedTemplate(1, 512)
+	t.Cleanup(func() {
+		e.s.Close()
+		for _, pid := range e.allPIDs() {
+			e.hv.Kill(pid)
+		}
+	})
+	return e
+}
+
+// newService starts a service on the env's store, files and processes: a
+// daemon (re)start.
+func (e *fakeEnv) newService() *Service {
+	e.t.Helper()
+	s, err := New(e.cfg, e.st)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	canon, _ := image.Resolve(image.Default)
+	s.imgs = map[string]*imageSlot{canon: {img: e.img}}
+	return s
+}
+
+// seedTemplate writes the template of the shape as a template build would
+// leave it (the build itself runs the image's boot checks, which the
+// in-process agent would run on this host).
+func (e *fakeEnv) seedTemplate(cpus int, memMiB int64) {
+	e.t.Helper()
+	key := e.s.templateKey(e.img, cpus, memMiB)
+	t := &Template{Key: key, Dir: filepath.Join(e.s.cfg.TemplateDir, key), ImageHash: e.img.Hash, CPUs: cpus, MemoryMiB: memMiB,
+		DiskBytes: e.img.SizeBytes, Accel: e.cfg.Accel, CPUModel: qemu.CPUModel(e.cfg.Accel), QEMU: e.cfg.QEMUVersion,
+		Machine: qemu.MachineType, DeviceSet: qemu.DeviceSet, CreatedAt: time.Now().UTC()}
+	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := createOverlay(e.ctx, e.img.Disk, t.disk(), 0); err != nil {
+		e.t.Fatal(err)
+	}
+	os.WriteFile(t.ram(), nil, 0o600)
+	os.WriteFile(t.state(), []byte(`QEVM{"memory":"template","cpus":1}`), 0o600)
+	b, _ := json.Marshal(t)
+	if err := os.WriteFile(filepath.Join(t.Dir, "template.json"), b, 0o444); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *fakeEnv) allPIDs() []int {
+	e.hv.mu.Lock()
+	defer e.hv.mu.Unlock()
+	var pids []int
+	for pid := range e.hv.procs {
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// create makes a VM and checks that its agent answers.
+func (e *fakeEnv) create(name string) *store.VM {
+	e.t.Helper()
+	v, _, err := e.s.Create(e.ctx, CreateOptions{Name: name, MemoryMiB: 512})
+	if err != nil {
+		e.t.Fatalf("create %s: %v", name, err)
+	}
+	if v.State != api.StateRunning {
+		e.t.Fatalf("create %s: state %s", name, v.State)
+	}
+	return v
+}
+
+// exec runs sh -c cmd in the VM through the service's agent session.
+func (e *fakeEnv) exec(name, cmd string) string {
+	e.t.Helper()
+	_, gc, err := e.s.Guest(e.ctx, name)
+	if err != nil {
+		e.t.Fatalf("guest %s: %v", name, err)
+	}
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	st, err := gc.Run(ctx, guest.ExecRequest{Argv: []string{"sh", "-c", cmd}}, nil, &out, &out)
+	if err != nil || st.ExitCode != 0 {
+		e.t.Fatalf("exec %q in %s: %v %+v: %s", cmd, name, err, st, out.String())
+	}
+	return out.String()
+}
+
+func (e *fakeEnv) state(name string) *store.VM {
+	e.t.Helper()
+	v, err := e.s.Get(e.ctx, name)
+	if err != nil {
+		e.t.Fatalf("get %s: %v", name, err)
+	}
+	return v
+}
+
+// waitState waits (generously) for the VM's recorded state.
+func (e *fakeEnv) waitState(name string, want api.State) *store.VM {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		v := e.state(name)
+		if v.State == want {
+			return v
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: state %s, want %s (error %q)", name, v.State, want, v.Error)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *fakeEnv) machine(v *store.VM) *fakeMachine {
+	e.t.Helper()
+	m := e.hv.machineOf(v.ID)
+	if m == nil {
+		e.t.Fatalf("%s: no machine runs", v.Name)
+	}
+	return m
+}
+
+// Every lifecycle operation, through the service, against fake machines:
+// the states recorded, what runs, and what memory each start restores.
+func TestLifecycleOnFakeMachines(t *testing.T) {
+	e := newFakeEnv(t)
+	v := e.create("box")
+	if got := e.exec("box", "echo hi"); got != "hi\n" {
+		t.Fatalf("exec: %q", got)
+	}
+	first := e.hv.starts[0]
+	if first.Incoming == "" || !first.IncomingShared || first.ID != v.ID {
+		t.Fatalf("a create restores the template: %+v", first)
+	}
+	e.machine(v).setMemory("work in progress")
+
+	if _, err := e.s.Pause(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.machine(v).Status(e.ctx); st != "paused" || e.state("box").State != api.StatePaused {
+		t.Fatalf("pause: machine %s, VM %s", st, e.state("box").State)
+	}
+	if _, err := e.s.Pause(e.ctx, "box"); err != nil { // a no-op
+		t.Fatalf("pause of a paused VM: %v", err)
+	}
+	if _, err := e.s.Resume(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.machine(v).Status(e.ctx); st != "running" {
+		t.Fatalf("resume: machine %s", st)
+	}
+
+	if _, err := e.s.Suspend(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if e.hv.machineOf(v.ID) != nil || e.state("box").State != api.StateSuspended {
+		t.Fatalf("suspend: a machine still runs, or state %s", e.state("box").State)
+	}
+	if _, err := os.Stat(e.s.suspendPath(v.ID)); err != nil {
+		t.Fatalf("suspend state: %v", err)
+	}
+	if _, _, err := e.s.Guest(e.ctx, "box"); err != nil { // reaching a suspended VM wakes it
+		t.Fatalf("wake on use: %v", err)
+	}
+	if e.state("box").State != api.StateRunning || e.machine(v).getMemory() != "work in progress" {
+		t.Fatalf("wake: state %s, memory %q", e.state("box").State, e.machine(v).getMemory())
+	}
+	if got := e.exec("box", "echo back"); got != "back\n" {
+		t.Fatalf("exec after wake: %q", got)
+	}
+
+	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if e.hv.machineOf(v.ID) != nil || e.state("box").State != api.StateStopped {
+		t.Fatal("stop: a machine still runs, or not stopped")
+	}
+	if _, err := e.s.Pause(e.ctx, "box"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("pause of a stopped VM: %v", err)
+	}
+	if _, err := e.s.Start(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if last := e.hv.starts[len(e.hv.starts)-1]; last.Incoming != "" || e.machine(v).getMemory() != "booted" {
+		t.Fatalf("a start after a stop boots from the disk: incoming %q, memory %q", last.Incoming, e.machine(v).getMemory())
+	}
+	e.exec("box", "true")
+
+	disk := e.state("box").Disk
+	if err := e.s.Delete(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Get(e.ctx, "box"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	if e.hv.running() != 0 {
+		t.Fatalf("%d machines still run after the delete", e.hv.running())
+	}
+	if _, err := os.Stat(disk); !os.IsNotExist(err) {
+		t.Fatalf("the deleted VM's disk %s: %v", disk, err)
+	}
+}
+
+// A start that fails leaves the VM as it was, with the error, and nothing running.
+func TestFailedStartLeavesNothingRunning(t *testing.T) {
+	e := newFakeEnv(t)
+	e.create("box")
+	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	e.hv.mu.Lock()
+	e.hv.failStart = errors.New("qemu: could not open disk")
+	e.hv.mu.Unlock()
+	if _, err := e.s.Start(e.ctx, "box"); err == nil || !strings.Contains(err.Error(), "could not open disk") {
+		t.Fatalf("start: %v", err)
+	}
+	if v := e.state("box"); v.State == api.StateRunning || e.hv.running() != 0 {
+		t.Fatalf("after a failed start: state %s, %d machines", v.State, e.hv.running())
+	}
+	if _, err := e.s.Start(e.ctx, "box"); err != nil { // and the next one works
+		t.Fatalf("start again: %v", err)
+	}
+	e.exec("box", "true")
+}
+
+// The exit monitor: a machine that dies is recorded crashed, a guest that
+// powers off stopped; both can start again.
+func TestExitMonitor(t *testing.T) {
+	e := newFakeEnv(t)
+	v := e.create("box")
+	e.machine(v).crash()
+	got := e.waitState("box", api.StateCrashed)
+	if !strings.Contains(got.Error, "exited unexpectedly") || got.PID != 0 {
+		t.Fatalf("crash recorded as %+v", got)
+	}
+	if _, err := e.s.Start(e.ctx, "box"); err != nil {
+		t.Fatalf("start after a crash: %v", err)
+	}
+	e.machine(v).powerOff()
+	if got := e.waitState("box", api.StateStopped); got.Error != "" {
+		t.Fatalf("power-off recorded with error %q", got.Error)
+	}
+	// An exit the service causes is not a crash.
+	if _, err := e.s.Start(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // give a wrong monitor the chance to write
+	if st := e.state("box").State; st != api.StateStopped {
+		t.Fatalf("after a stop: %s", st)
+	}
+}
+
+// A daemon restart: running machines are re-attached (and answer), a VM
+// whose machine died meanwhile is crashed, an unfinished create is removed,
+// and a stray machine of a VM is killed.
+func TestReconcileAfterRestart(t *testing.T) {
+	e := newFakeEnv(t)
+	a := e.create("alive")
+	d := e.create("dies")
+	e.machine(a).setMemory("kept")
+	e.s.Close() // the daemon goes; its machines run on
+
+	e.machine(d).crash()
+	stray, err := e.hv.Start(e.ctx, qemu.Config{ID: a.ID, AgentSock: filepath.Join(e.cfg.RunDir, "stray-a"), NetSock: filepath.Join(e.cfg.RunDir, "stray-n"), LogPath: filepath.Join(e.dirs, "stray.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := &store.VM{ID: "vm-halfmade00001", Name: "half", State: api.StateCreating, CPUs: 1, MemoryMiB: 512, Image: image.Default}
+	if err := e.st.CreateVM(e.ctx, half); err != nil {
+		t.Fatal(err)
+	}
+
+	e.s = e.newService()
+	if err := e.s.Reconcile(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := e.state("alive"); v.State != api.StateRunning || v.PID != a.PID || e.machine(a).getMemory() != "kept" {
+		t.Fatalf("re-attached VM: %+v", v)
+	}
+	if got := e.exec("alive", "echo still"); got != "still\n" {
+		t.Fatalf("exec after re-attach: %q", got)
+	}
+	if v := e.state("dies"); v.State != api.StateCrashed || !strings.Contains(v.Error, "lost while the daemon was down") {
+		t.Fatalf("VM whose machine died: %s %q", v.State, v.Error)
+	}
+	if _, err := e.st.GetVM(e.ctx, half.ID); err == nil {
+		t.Fatal("the unfinished create is still recorded")
+	}
+	select {
+	case <-stray.Done():
+	default:
+		t.Fatal("the stray machine still runs")
+	}
+}
+
+// A fork of a running VM: each child restores the parent's memory at the
+// fork, on its own disk overlay, and runs on its own; the parent goes on.
+func TestForkOnFakeMachines(t *testing.T) {
+	e := newFakeEnv(t)
+	p := e.create("parent")
+	e.machine(p).setMemory("step 41")
+	res, err := e.s.Fork(e.ctx, "parent", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Children) != 2 || res.Parent.State != api.StateRunning {
+		t.Fatalf("fork: %d children, parent %s", len(res.Children), res.Parent.State)
+	}
+	disks := map[string]bool{e.state("parent").Disk: true}
+	for _, c := range res.Children {
+		m := e.machine(c)
+		if m.getMemory() != "step 41" || c.State != api.StateRunning {
+			t.Fatalf("child %s: memory %q, state %s", c.Name, m.getMemory(), c.State)
+		}
+		e.exec(c.Name, "true")
+		if disks[c.Disk] {
+			t.Fatalf("child %s shares disk %s", c.Name, c.Disk)
+		}
+		disks[c.Disk] = true
+	}
+	e.machine(res.Children[0]).setMemory("child's own")
+	if e.machine(res.Children[1]).getMemory() != "step 41" || e.machine(p).getMemory() != "step 41" {
+		t.Fatal("a child's memory leaked into its sibling or parent")
+	}
+	if got := e.exec("parent", "echo on"); got != "on\n" {
+		t.Fatalf("parent after the fork: %q", got)
+	}
+	// The children outlive the parent.
+	if err := e.s.Delete(e.ctx, "parent"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(res.Children[1].Name, "true")
+}
