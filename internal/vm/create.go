@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
@@ -268,7 +269,7 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	if err := s.store.UpdateVM(ctx, v); err != nil { // record the layer before making it
 		return err
 	}
-	if err := createOverlay(ctx, t.disk(), v.Disk, 0); err != nil {
+	if err := disk.Overlay(ctx, t.disk(), v.Disk, 0); err != nil {
 		return err
 	}
 	mc := s.machineConfig(v, p, img)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest/agent"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 )
@@ -358,7 +359,7 @@ func (m *fakeMachine) FreezeDisk(ctx context.Context, newTop string) error {
 	m.mu.Lock()
 	top := m.top
 	m.mu.Unlock()
-	if err := createOverlay(ctx, top, newTop, 0); err != nil {
+	if err := disk.Overlay(ctx, top, newTop, 0); err != nil {
 		return err
 	}
 	m.mu.Lock()

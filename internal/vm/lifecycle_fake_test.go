@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
@@ -99,7 +100,7 @@ func (e *fakeEnv) seedTemplate(cpus int, memMiB int64) {
 	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
 		e.t.Fatal(err)
 	}
-	if err := createOverlay(e.ctx, e.img.Disk, t.disk(), 0); err != nil {
+	if err := disk.Overlay(e.ctx, e.img.Disk, t.disk(), 0); err != nil {
 		e.t.Fatal(err)
 	}
 	os.WriteFile(t.ram(), nil, 0o600)

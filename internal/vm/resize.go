@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"strings"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
@@ -114,9 +114,8 @@ func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string
 			msg = "disk and filesystem grown online"
 		}
 	} else {
-		out, err := exec.CommandContext(ctx, "qemu-img", "resize", "-q", s.diskPath(v), fmt.Sprint(size)).CombinedOutput()
-		if err != nil {
-			return "", fmt.Errorf("grow disk: %v: %s", err, strings.TrimSpace(string(out)))
+		if err := disk.Resize(ctx, s.diskPath(v), size); err != nil {
+			return "", fmt.Errorf("grow disk: %w", err)
 		}
 	}
 	v.DiskBytes = size

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
@@ -412,10 +413,10 @@ func (s *Service) diskPath(v *store.VM) string {
 	return s.paths(v.ID).Disk
 }
 
-// layersDir holds disk layers that can outlive their VM: every VM's writable top
+// layers holds disk layers that can outlive their VM: every VM's writable top
 // and the frozen layers that snapshots and forks share.
-func (s *Service) layersDir() string { return filepath.Join(s.cfg.DataDir, "layers") }
-
-func (s *Service) newLayerPath(id string) string {
-	return filepath.Join(s.layersDir(), id+"-"+randHex(4)+".qcow2")
+func (s *Service) layers() disk.Layers {
+	return disk.Layers{Dir: filepath.Join(s.cfg.DataDir, "layers")}
 }
+
+func (s *Service) newLayerPath(id string) string { return s.layers().NewPath(id) }

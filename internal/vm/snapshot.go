@@ -2,17 +2,16 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sync"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -298,7 +297,7 @@ func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, 
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return err
 	}
-	if err := createOverlay(ctx, frozen, v.Disk, 0); err != nil {
+	if err := disk.Overlay(ctx, frozen, v.Disk, 0); err != nil {
 		return err
 	}
 	mc := s.machineConfig(v, p, img)
@@ -335,26 +334,14 @@ func (s *Service) gcLayers(ctx context.Context) {
 			used[l] = true
 		}
 	}
-	ents, _ := os.ReadDir(s.layersDir())
-	for _, e := range ents {
-		p := filepath.Join(s.layersDir(), e.Name())
-		info, err := e.Info()
-		// Young files may belong to an operation that has not recorded them yet.
-		if used[p] || err != nil || time.Since(info.ModTime()) < time.Minute {
-			continue
-		}
-		os.Remove(p)
-	}
+	s.layers().Collect(func(p string) bool { return used[p] }, time.Minute)
 }
-
-// maxLayers is how many frozen layers a VM's chain may grow to before it is flattened.
-const maxLayers = 6
 
 // flattenIfDeep streams a deep chain's layers into the VM's top in the background,
 // so reads stay fast and unused layers can be collected. The VM's lock is held for
 // the job: user lifecycle operations get a 409 until it is done.
 func (s *Service) flattenIfDeep(v *store.VM) {
-	if len(v.Layers) < maxLayers {
+	if len(v.Layers) < disk.MaxLayers {
 		return
 	}
 	go func() {
@@ -364,10 +351,10 @@ func (s *Service) flattenIfDeep(v *store.VM) {
 		defer cancel()
 		cur, err := s.store.GetVM(ctx, v.ID)
 		in := s.instance(v.ID)
-		if err != nil || in == nil || len(cur.Layers) < maxLayers {
+		if err != nil || in == nil || len(cur.Layers) < disk.MaxLayers {
 			return
 		}
-		base, err := backingFile(ctx, cur.Layers[0])
+		base, err := disk.Backing(ctx, cur.Layers[0])
 		if err != nil || base == "" {
 			s.log.Warn("flatten: cannot read the chain's base", "vm", v.ID, "err", err)
 			return
@@ -381,28 +368,9 @@ func (s *Service) flattenIfDeep(v *store.VM) {
 		if err := s.store.UpdateVM(ctx, cur); err != nil {
 			return
 		}
-		s.logEvent(v.ID, "flattened %d disk layers in %d ms", maxLayers, time.Since(start).Milliseconds())
+		s.logEvent(v.ID, "flattened %d disk layers in %d ms", len(cur.Layers), time.Since(start).Milliseconds())
 		s.gcLayers(ctx)
 	}()
-}
-
-// backingFile returns the backing file of a qcow2 image.
-func backingFile(ctx context.Context, path string) (string, error) {
-	out, err := exec.CommandContext(ctx, "qemu-img", "info", "-U", "--output=json", path).Output()
-	if err != nil {
-		return "", err
-	}
-	var info struct {
-		Full string `json:"full-backing-filename"`
-		B    string `json:"backing-filename"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil {
-		return "", err
-	}
-	if info.Full != "" {
-		return info.Full, nil
-	}
-	return info.B, nil
 }
 
 // layoutOf is the device set of v's machine. Records that name none were

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
@@ -107,7 +107,7 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	t := &Template{Key: key, Dir: tmp, ImageHash: img.Hash, CPUs: cpus, MemoryMiB: memMiB, DiskBytes: img.SizeBytes,
 		Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel), QEMU: s.cfg.QEMUVersion, Machine: qemu.MachineType,
 		DeviceSet: qemu.DeviceSet, CreatedAt: time.Now().UTC()}
-	if err := createOverlay(ctx, img.Disk, t.disk(), 0); err != nil {
+	if err := disk.Overlay(ctx, img.Disk, t.disk(), 0); err != nil {
 		return nil, err
 	}
 	if err := os.Truncate(t.ram(), 0); err != nil && !os.IsNotExist(err) {
@@ -207,17 +207,4 @@ func waitReady(ctx context.Context, agent *guest.Client, img *image.Image) error
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-}
-
-// createOverlay makes a qcow2 overlay on backing; size 0 keeps the backing size.
-func createOverlay(ctx context.Context, backing, path string, size int64) error {
-	args := []string{"create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, "-o", "cluster_size=65536", path}
-	if size > 0 {
-		args = append(args, fmt.Sprint(size))
-	}
-	out, err := exec.CommandContext(ctx, "qemu-img", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img create overlay: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }
