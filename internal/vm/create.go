@@ -233,7 +233,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 // finishCreate records a successful create; on failure the VM is destroyed.
 func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time) error {
 	v.CreateMs = time.Since(start).Milliseconds()
-	if err := s.store.UpdateVM(ctx, v); err != nil {
+	if err := s.enter(ctx, v, api.StateRunning); err != nil {
 		s.destroy(context.Background(), v)
 		return err
 	}
@@ -369,7 +369,7 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	}
 	s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "identity_ms", (time.Since(t0) - tAgent).Milliseconds(), "guest_identity_ms", idr.MS, "steps_us", idr.StepsUS, "restore", mc.Incoming != "")
 	now := time.Now().UTC()
-	v.State, v.PID, v.StartedAt, v.Error = api.StateRunning, m.PID(), &now, ""
+	v.PID, v.StartedAt, v.Error = m.PID(), &now, "" // the caller records it running
 	s.setInstance(v.ID, in)
 	go s.monitor(v.ID, in)
 	return nil

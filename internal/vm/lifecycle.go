@@ -64,9 +64,9 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 		s.setInstance(v.ID, nil)
 	}
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID, v.ColdBoot = table[opStop].to, 0, true
+	v.PID, v.ColdBoot = 0, true
 	s.logEvent(v.ID, "stopped")
-	return v, s.store.UpdateVM(ctx, v)
+	return v, s.enter(ctx, v, table[opStop].to)
 }
 
 // start cold-boots a stopped VM from its own disk; a paused or suspended VM is
@@ -103,13 +103,13 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 	os.MkdirAll(p.Run, 0o700)
 	mc := s.machineConfig(v, p, img)
 	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: s.cfg.BootTimeout, baseDisk: v.DiskBytes, identity: identitySame, growFS: true}); err != nil {
-		v.State, v.Error = api.StateStopped, "start failed: "+err.Error()
-		s.store.UpdateVM(context.Background(), v)
+		v.PID, v.Error = 0, "start failed: "+err.Error()
+		s.enter(ctx, v, api.StateStopped)
 		return nil, err
 	}
 	v.ColdBoot = true
 	s.logEvent(v.ID, "started (qemu pid %d)", v.PID)
-	return v, s.store.UpdateVM(ctx, v)
+	return v, s.enter(ctx, v, table[opStart].to)
 }
 
 // remove removes a VM in any settled state.
@@ -129,8 +129,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if err := checkTransition(opDelete, v); err != nil {
 		return err
 	}
-	v.State = table[opDelete].during
-	if err := s.store.UpdateVM(ctx, v); err != nil {
+	if err := s.enter(ctx, v, table[opDelete].during); err != nil {
 		return err
 	}
 	s.destroy(ctx, v)
@@ -167,12 +166,12 @@ func (s *Service) monitor(id string, in *instance) {
 		s.destroy(context.Background(), v)
 		return
 	}
-	v.State, v.PID, v.ColdBoot = api.StateCrashed, 0, true
-	v.Error = "QEMU exited unexpectedly" + qemu.LogTail(s.paths(id).Log)
+	to := api.StateCrashed
+	v.PID, v.ColdBoot, v.Error = 0, true, "QEMU exited unexpectedly"+qemu.LogTail(s.paths(id).Log)
 	if clean && reason != "host-error" {
-		v.State, v.Error = api.StateStopped, ""
+		to, v.Error = api.StateStopped, ""
 	}
-	s.store.UpdateVM(context.Background(), v)
+	s.enter(context.Background(), v, to)
 	os.RemoveAll(s.paths(id).Run)
 	why := reason
 	if why == "" {
@@ -260,8 +259,8 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			if !s.hv.IsOurs(v.PID, v.ID) {
 				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
 					// the daemon died between writing the suspend state and recording it
-					v.State, v.PID = api.StateSuspended, 0
-					s.store.UpdateVM(ctx, v)
+					v.PID = 0
+					s.enter(ctx, v, api.StateSuspended)
 					s.log.Info("finished an interrupted suspend", "vm", v.ID)
 					continue
 				}
@@ -269,8 +268,8 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			qemu.RemoveState(s.suspendPath(v.ID))
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
-				v.State, v.PID, v.ColdBoot, v.Error = api.StateCrashed, 0, true, "lost while the daemon was down: "+err.Error()
-				s.store.UpdateVM(ctx, v)
+				v.PID, v.ColdBoot, v.Error = 0, true, "lost while the daemon was down: "+err.Error()
+				s.enter(ctx, v, api.StateCrashed)
 				os.RemoveAll(s.paths(v.ID).Run)
 			}
 		}

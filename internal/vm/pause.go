@@ -82,10 +82,9 @@ func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error)
 	if err := in.machine.Pause(ctx); err != nil {
 		return nil, err
 	}
-	v.State = table[opPause].to
 	s.logEvent(v.ID, "paused")
-	// Records of effects that happened do not depend on the caller staying.
-	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
+	err = s.enter(ctx, v, table[opPause].to)
+	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, err
 }
 
 // resume continues a paused VM.
@@ -114,9 +113,8 @@ func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
 	if err := in.machine.Resume(ctx); err != nil {
 		return err
 	}
-	v.State = table[opResume].to
 	s.logEvent(v.ID, "resumed")
-	return s.store.UpdateVM(context.Background(), v)
+	return s.enter(ctx, v, table[opResume].to)
 }
 
 func (s *Service) suspendPath(id string) string {
@@ -168,15 +166,16 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	in.detach()
 	s.setInstance(v.ID, nil)
 	os.RemoveAll(s.paths(v.ID).Run)
-	v.State, v.PID, v.SavedBy = table[opSuspend].to, 0, s.savedByHere(layoutOf(v))
+	v.PID, v.SavedBy = 0, s.savedByHere(layoutOf(v))
 	s.syncSaved(v.ID, path)
 	s.log.Info("state saved", "vm", v.ID, "op", "suspend", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(path), "ms", time.Since(start).Milliseconds())
 	s.logEvent(v.ID, "suspended: %d MiB of state (%s format, %d MiB on disk) in %d ms", res.Bytes>>20, res.Format,
 		qemu.DiskUsage(path)>>20, time.Since(start).Milliseconds())
-	// QEMU is gone: the record says so whatever the caller does (with the
-	// request's context a client hanging up here left a VM listed running
-	// without a QEMU until the next daemon start).
-	return &OpResult{VM: v, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes, TookMs: time.Since(start).Milliseconds()}, s.store.UpdateVM(context.Background(), v)
+	// QEMU is gone: the record says so whatever the caller does (enter's
+	// write outlives the request: a client hanging up here once left a VM
+	// listed running without a QEMU until the next daemon start).
+	err = s.enter(ctx, v, table[opSuspend].to)
+	return &OpResult{VM: v, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes, TookMs: time.Since(start).Milliseconds()}, err
 }
 
 // noSpace makes a save that failed for lack of disk space a 507 that says so.
@@ -269,9 +268,9 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		// Without its memory state the VM can only boot from its disk,
 		// which keeps everything but the processes: say so, and let start
 		// do it.
-		v.State, v.PID, v.ColdBoot = api.StateStopped, 0, true
+		v.PID, v.ColdBoot = 0, true
 		v.Error = "memory state lost (" + err.Error() + "); start boots it from its disk"
-		s.store.UpdateVM(context.Background(), v)
+		s.enter(ctx, v, api.StateStopped)
 		s.logEvent(v.ID, "wake impossible: %s", v.Error)
 		return fmt.Errorf("%w: VM %s lost its memory state; its disk is intact: start it with: agentvm start %s", ErrConflict, v.Name, v.Name)
 	}
@@ -292,7 +291,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	defer cancel()
 	if err := s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock}); err != nil {
 		s.killStrays(v, 0)
-		v.State, v.PID, v.Error = api.StateSuspended, 0, "wake failed: "+err.Error()
+		v.PID, v.Error = 0, "wake failed: "+err.Error() // still suspended
 		s.store.UpdateVM(context.Background(), v)
 		return err
 	}
@@ -301,13 +300,13 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	// write does not depend on the caller staying: a running QEMU the
 	// record does not name would be killed by the next wake.
 	v.SavedBy = nil // it described the state this wake consumed
-	if err := s.store.UpdateVM(context.Background(), v); err != nil {
+	if err := s.enter(ctx, v, table[opWake].to); err != nil {
 		if in := s.instance(v.ID); in != nil {
 			in.kill()
 			s.setInstance(v.ID, nil)
 		}
 		s.killStrays(v, 0)
-		v.State, v.PID = api.StateSuspended, 0
+		v.PID = 0
 		return fmt.Errorf("wake %s: record it running: %w", v.Name, err)
 	}
 	// A QEMU that maps the state's RAM file keeps it until it exits.

@@ -52,10 +52,9 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
 	v.Network, v.Egress = o.Network, o.Egress
 	v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart = int64(o.IdleTimeout.Seconds()), int64(o.DeleteAfter.Seconds()), o.Restart
-	v.State = api.StateCreating
-	if err := s.store.UpdateVM(ctx, v); err != nil {
+	if err := s.enter(ctx, v, api.StateCreating); err != nil {
 		// the name or key was taken meanwhile: the pool VM is still good
-		v.Name, v.IdempotencyKey, v.State = "pool-"+v.ID, "", statePool
+		v.Name, v.IdempotencyKey = "pool-"+v.ID, ""
 		s.pool.push(poolKey{v.Image, v.CPUs, v.MemoryMiB}, v.ID)
 		if errors.Is(err, store.ErrConflict) {
 			if o.IdempotencyKey != "" {
@@ -87,7 +86,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		return fail(fmt.Errorf("set guest identity: %w", err))
 	}
 	now := time.Now().UTC()
-	v.State, v.StartedAt, v.CreatedAt = api.StateRunning, &now, now
+	v.StartedAt, v.CreatedAt = &now, now
 	v.Source = "warm pool (template " + v.Template + ")"
 	if err := s.finishCreate(ctx, v, start); err != nil {
 		return nil, false, err
@@ -160,8 +159,7 @@ func (s *Service) fillOne(key poolKey) error {
 		s.destroy(context.Background(), v)
 		return err
 	}
-	v.State = statePool
-	if err := s.store.UpdateVM(ctx, v); err != nil {
+	if err := s.store.UpdateVM(ctx, v); err != nil { // its pid; it stays in the pool state
 		s.destroy(context.Background(), v)
 		return err
 	}

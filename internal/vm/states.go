@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"context"
 	"fmt"
 	"slices"
 
@@ -84,4 +85,60 @@ func done(op string, v *store.VM) bool { return slices.Contains(table[op].noop, 
 // half-made VMs cannot.
 func Reachable(st api.State) bool {
 	return slices.Contains(table[opExec].from, st) || slices.Contains(table[opWake].from, st)
+}
+
+// internal are the transitions nobody asks for, each with its reason: the
+// rest of the service's moves come from table.
+var internal = []struct {
+	from []api.State
+	to   api.State
+	why  string
+}{
+	{[]api.State{api.StateCreating}, api.StateRunning, "a create (or a fork's child) is done"},
+	{[]api.State{statePool}, api.StateCreating, "a warm-pool VM is claimed"},
+	{[]api.State{api.StateRunning, api.StatePaused, api.StateCreating}, api.StateCrashed, "QEMU exited unasked, or was lost while the daemon was down"},
+	{[]api.State{api.StateRunning, api.StatePaused, api.StateCreating}, api.StateStopped, "the guest powered off"},
+	{[]api.State{api.StateRunning, api.StatePaused}, api.StateSuspended, "a restart finds a suspend whose state was written but not recorded"},
+	{[]api.State{api.StateSuspended, api.StatePaused}, api.StateStopped, "a wake finds the memory state lost"},
+	{[]api.State{api.StateCrashed}, api.StateStopped, "a start of a crashed VM failed: it is stopped, with the error"},
+}
+
+// allowed reports whether a VM may move from one state to another: the
+// moves of table (from a start state to the during state, and on to the
+// target) and the internal ones.
+func allowed(from, to api.State) bool {
+	for _, r := range table {
+		if !slices.Contains(r.from, from) {
+			continue
+		}
+		if to == r.during || (to == r.to && r.to != "") {
+			return true
+		}
+	}
+	for _, m := range internal {
+		if to == m.to && slices.Contains(m.from, from) {
+			return true
+		}
+	}
+	return false
+}
+
+// enter is the one way a VM's recorded state changes: it checks the move
+// against the state machine and records v, with the new state, in one
+// write that does not depend on the caller staying (the effect it records
+// has happened). Operations enter their during state before their effect
+// and their target after it. On an error v keeps its old state.
+func (s *Service) enter(ctx context.Context, v *store.VM, to api.State) error {
+	from := v.State
+	if from != to && !allowed(from, to) {
+		// A programming error: the record stays as it was.
+		s.log.Error("state change not in the state machine", "vm", v.ID, "from", from, "to", to)
+		return fmt.Errorf("VM %s: no transition from %s to %s", v.Name, from, to)
+	}
+	v.State = to
+	if err := s.store.UpdateVM(context.WithoutCancel(ctx), v); err != nil {
+		v.State = from
+		return err
+	}
+	return nil
 }

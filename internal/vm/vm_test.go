@@ -1,7 +1,10 @@
 package vm
 
 import (
+	"context"
 	"errors"
+	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -97,5 +100,78 @@ func TestValidateSnapshotName(t *testing.T) {
 		if err := ValidateSnapshotName(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// The moves the state machine allows: the table's (start state to during
+// state and target) and the internal ones, nothing else.
+func TestStateMoves(t *testing.T) {
+	for _, c := range []struct {
+		from, to api.State
+		ok       bool
+	}{
+		{api.StateStopped, api.StateRunning, true},    // start
+		{api.StateCrashed, api.StateRunning, true},    // start
+		{api.StateRunning, api.StatePaused, true},     // pause
+		{api.StateSuspended, api.StateRunning, true},  // wake
+		{api.StatePaused, api.StateSuspended, true},   // suspend
+		{api.StateCrashed, api.StateDeleting, true},   // delete's during state
+		{api.StateCreating, api.StateRunning, true},   // a create is done
+		{statePool, api.StateCreating, true},          // a claim
+		{api.StateRunning, api.StateCrashed, true},    // an unasked exit
+		{api.StateSuspended, api.StateStopped, true},  // a lost memory state
+		{api.StateStopped, api.StatePaused, false},    // nothing pauses a stopped VM
+		{api.StateDeleting, api.StateRunning, false},  // a delete is final
+		{api.StateCrashed, api.StateSuspended, false}, // a crashed VM has no memory to save
+		{api.StateStopped, api.StateSuspended, false},
+		{api.StateCreating, api.StatePaused, false},
+		{api.StateSuspended, api.StateCrashed, false},
+	} {
+		if got := allowed(c.from, c.to); got != c.ok {
+			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)
+		}
+	}
+	known := map[api.State]bool{statePool: true}
+	for _, st := range api.States {
+		known[st] = true
+	}
+	for _, m := range internal {
+		if !known[m.to] || m.why == "" {
+			t.Errorf("internal move to %q: unknown state or no reason", m.to)
+		}
+		for _, st := range m.from {
+			if !known[st] {
+				t.Errorf("internal move from unknown state %q", st)
+			}
+		}
+	}
+}
+
+// enter refuses a move the state machine does not know, and records
+// nothing; a known move is recorded.
+func TestEnterRecordsOnlyKnownMoves(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "agentvm.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := &Service{store: st, log: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+	v := &store.VM{ID: "vm-000000000001", Name: "box", State: api.StateDeleting, CPUs: 1, MemoryMiB: 512}
+	if err := st.CreateVM(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.enter(ctx, v, api.StateRunning); err == nil || v.State != api.StateDeleting {
+		t.Fatalf("deleting -> running: %v, state %s", err, v.State)
+	}
+	if got, _ := st.GetVM(ctx, v.ID); got.State != api.StateDeleting {
+		t.Fatalf("recorded %s", got.State)
+	}
+	v.State = api.StateRunning // as if the row were running
+	if err := s.enter(ctx, v, api.StateCrashed); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := st.GetVM(ctx, v.ID); got.State != api.StateCrashed {
+		t.Fatalf("recorded %s, want crashed", got.State)
 	}
 }
