@@ -399,3 +399,83 @@ func TestForkOnFakeMachines(t *testing.T) {
 	}
 	e.exec(res.Children[1].Name, "true")
 }
+
+// Snapshots of a running and of a paused VM, a VM made from one, and
+// resizes of a running and of a stopped VM, against fake machines.
+func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
+	e := newFakeEnv(t)
+	v := e.create("box")
+	e.machine(v).setMemory("at the snapshot")
+	sn, err := e.s.Snapshot(e.ctx, "box", "snap1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := e.state("box")
+	if got.State != api.StateRunning || len(got.Layers) != 1 || got.Disk == v.Disk {
+		t.Fatalf("after a snapshot: state %s, layers %v, disk %s (was %s)", got.State, got.Layers, got.Disk, v.Disk)
+	}
+	if st, _ := e.machine(v).Status(e.ctx); st != "running" {
+		t.Fatalf("the snapshotted machine is %s", st)
+	}
+	e.machine(v).setMemory("after the snapshot")
+
+	if _, err := e.s.Pause(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Snapshot(e.ctx, "box", "snap2"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.machine(v).Status(e.ctx); st != "paused" || e.state("box").State != api.StatePaused {
+		t.Fatalf("a paused VM's snapshot leaves it %s (recorded %s)", st, e.state("box").State)
+	}
+	if _, err := e.s.Snapshot(e.ctx, "box", "snap1"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("a second snapshot named snap1: %v", err)
+	}
+	if _, err := e.s.Resume(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+
+	c, _, err := e.s.CreateFrom(e.ctx, sn.Name, CreateOptions{Name: "copy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != api.StateRunning || e.machine(c).getMemory() != "at the snapshot" || c.Disk == e.state("box").Disk {
+		t.Fatalf("from the snapshot: state %s, memory %q, disk %s", c.State, e.machine(c).getMemory(), c.Disk)
+	}
+	e.exec("copy", "true")
+	if e.machine(v).getMemory() != "after the snapshot" {
+		t.Fatal("the snapshot's copy changed its source")
+	}
+
+	// A running VM grows now: vCPUs hot-added, memory plugged, disk grown.
+	res, err := e.s.Resize(e.ctx, "box", ResizeOptions{CPUs: 2, MemoryMiB: 1024, DiskBytes: 10 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := e.machine(v)
+	cpus, _ := m.PresentCPUs(e.ctx)
+	plugged, _ := m.RequestedMemory(e.ctx)
+	if got := e.state("box"); got.CPUs != 2 || got.MemoryMiB != 1024 || got.DiskBytes != 10<<30 || cpus != 2 || plugged != 512 {
+		t.Fatalf("live resize (%s): recorded %d vCPU %d MiB %d bytes; machine %d vCPU, %d MiB plugged", res.Message, got.CPUs, got.MemoryMiB, got.DiskBytes, cpus, plugged)
+	}
+	if _, err := e.s.Resize(e.ctx, "box", ResizeOptions{DiskBytes: 1 << 30}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("shrinking the disk: %v", err)
+	}
+	// A stopped VM's new sizes apply at its next start, as boot memory.
+	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Resize(e.ctx, "box", ResizeOptions{MemoryMiB: 1536}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Start(e.ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if last := e.hv.starts[len(e.hv.starts)-1]; last.MemoryMiB != 1536 || last.PluggedMiB != 0 || last.CPUs != 2 {
+		t.Fatalf("the start after the resize: %d MiB boot memory, %d plugged, %d vCPU", last.MemoryMiB, last.PluggedMiB, last.CPUs)
+	}
+	if err := e.s.DeleteSnapshot(e.ctx, "snap1"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("copy", "true") // a VM outlives the snapshot it was made from
+}
