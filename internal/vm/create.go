@@ -174,7 +174,7 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 		return prev, false, err
 	}
 	id := v.ID
-	unlock := s.lock(id, "create")
+	unlock := s.ops.lock(id, "create")
 	defer unlock()
 	start := time.Now()
 	if err := s.restore(ctx, v); err != nil {
@@ -436,8 +436,8 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 	s.gcLayers(ctx)
 	s.mu.Lock()
 	hooks := append([]func(string){}, s.onDelete...)
-	delete(s.locks, v.ID) // nobody can take a deleted VM's lock again
 	s.mu.Unlock()
+	s.ops.forget(v.ID)
 	// Hooks run outside the VM's lock: closing a TCP exposure waits for its
 	// connections, which may be queued on that lock in a wake.
 	for _, fn := range hooks {

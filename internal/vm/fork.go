@@ -136,7 +136,7 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 				errs[i] = err
 				return
 			}
-			defer s.lock(v.ID, "create")()
+			defer s.ops.lock(v.ID, "create")()
 			t0 := time.Now()
 			v.Source, v.Layout, v.HotMemoryMiB = "fork of "+parent.Name, parent.Layout, parent.HotMemoryMiB
 			err = s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes)
@@ -174,7 +174,7 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(), error) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	unlock, err := s.waitLock(wctx, id, "fork")
+	unlock, err := s.ops.wait(wctx, id, "fork")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -118,7 +118,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := s.waitLock(ctx, v.ID, "delete")
+	unlock, err := s.ops.wait(ctx, v.ID, "delete")
 	if err != nil {
 		return err
 	}
@@ -147,7 +147,7 @@ func (s *Service) monitor(id string, in *instance) {
 	if in.expectingExit() {
 		return
 	}
-	defer s.lock(id, opExitHandling)()
+	defer s.ops.lock(id, opExitHandling)()
 	if s.instance(id) != in {
 		return
 	}

@@ -264,6 +264,9 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := os.Stat(disk); !os.IsNotExist(err) {
 		t.Fatalf("the deleted VM's disk %s: %v", disk, err)
 	}
+	if n := e.s.ops.size(); n != 0 {
+		t.Fatalf("%d VM lock entries left after the only VM was deleted", n)
+	}
 }
 
 // A start that fails leaves the VM as it was, with the error, and nothing running.

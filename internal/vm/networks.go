@@ -164,7 +164,7 @@ func (s *Service) SetEgress(ctx context.Context, idOrName string, e *api.Egress)
 	if err != nil {
 		return nil, err
 	}
-	unlock := s.lock(v.ID, "egress")
+	unlock := s.ops.lock(v.ID, "egress")
 	defer unlock()
 	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
 		return nil, err
@@ -200,7 +200,7 @@ func (s *Service) SetNetwork(ctx context.Context, idOrName, name string) (*store
 			return nil, fmt.Errorf("%w: no network %q", ErrNotFound, name)
 		}
 	}
-	unlock := s.lock(v.ID, "network")
+	unlock := s.ops.lock(v.ID, "network")
 	defer unlock()
 	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
 		return nil, err

@@ -31,13 +31,13 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	unlock, err := s.tryLock(v.ID, v.Name, op)
-	if err != nil && (!s.isBusy(v.ID) || s.busyWith(v.ID) == opExitHandling) {
+	unlock, err := s.ops.try(v.ID, v.Name, op)
+	if err != nil && (!s.ops.isBusy(v.ID) || s.ops.busyWith(v.ID) == opExitHandling) {
 		// The record of an unexpected exit is being written (the VM may
 		// already show as crashed): that is short, and what op may do
 		// depends on it, so wait for it rather than answer 409.
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		unlock, err = s.waitLock(wctx, v.ID, op)
+		unlock, err = s.ops.wait(wctx, v.ID, op)
 		cancel()
 	}
 	if err != nil {
@@ -219,7 +219,7 @@ func (s *Service) resumeStoppedOnFullDisk(self string) {
 	for id, in := range ins {
 		unlock := func() {}
 		if id != self {
-			l, err := s.tryLock(id, id, "resume after a full disk")
+			l, err := s.ops.try(id, id, "resume after a full disk")
 			if err != nil {
 				continue
 			}
@@ -323,11 +323,11 @@ const wakeTimeout = 3 * time.Minute
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, err := s.Get(ctx, idOrName)
-	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.isBusy(v.ID)) {
+	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
 	}
 	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
-	defer s.lock(v.ID, "wake")()
+	defer s.ops.lock(v.ID, "wake")()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err
 	}

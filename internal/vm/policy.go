@@ -163,7 +163,7 @@ func (s *Service) SetPolicy(ctx context.Context, idOrName string, idle, deleteAf
 	if err != nil {
 		return nil, err
 	}
-	unlock := s.lock(v.ID, "policy")
+	unlock := s.ops.lock(v.ID, "policy")
 	defer unlock()
 	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
 		return nil, err

@@ -38,7 +38,7 @@ func (s *Service) claimPooled(ctx context.Context, o CreateOptions, imgSize int6
 
 func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize int64) (*store.VM, bool, error) {
 	start := time.Now()
-	unlock := s.lock(id, "create")
+	unlock := s.ops.lock(id, "create")
 	defer unlock()
 	v, err := s.store.GetVM(ctx, id)
 	in := s.instance(id)
@@ -129,7 +129,7 @@ func (s *Service) fillOne(key poolKey) error {
 	if err != nil {
 		return err
 	}
-	unlock := s.lock(v.ID, "create")
+	unlock := s.ops.lock(v.ID, "create")
 	defer unlock()
 	if err := s.restore(ctx, v); err != nil { // network, clock and seed are pushed here
 		s.destroy(context.Background(), v)

@@ -110,8 +110,7 @@ type Service struct {
 	events    eventHub
 	activity  activity
 	started   time.Time
-	locks     map[string]*sync.Mutex
-	busy      map[string]string                     // VM id -> the operation holding its lock, for 409 messages
+	ops       opLocks
 	onDelete  []func(vmID string)                   // see OnDelete
 	onOp      []func(op string, took time.Duration) // see OnOp
 	snapLocks map[string]*sync.RWMutex
@@ -150,7 +149,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	if hv == nil {
 		hv = qemuDriver{}
 	}
-	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(), locks: map[string]*sync.Mutex{}, busy: map[string]string{},
+	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}, nil
 }
 
@@ -201,53 +200,6 @@ type imageSlot struct {
 	img *image.Image
 }
 
-func (s *Service) mutex(id string) *sync.Mutex {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.locks[id]
-	if l == nil {
-		l = &sync.Mutex{}
-		s.locks[id] = l
-	}
-	return l
-}
-
-// lock serialises work on one VM, waiting its turn: used by internal steps and by
-// wake-on-request, so concurrent requests share one wake.
-func (s *Service) lock(id, op string) func() {
-	l := s.mutex(id)
-	l.Lock()
-	s.setBusy(id, op)
-	return func() { s.setBusy(id, ""); l.Unlock() }
-}
-
-// waitLock is lock that gives up when ctx ends. Delete uses it: it must win
-// over whatever runs on the VM (a wake after a daemon restart, a snapshot),
-// not fail with "in progress; retry".
-func (s *Service) waitLock(ctx context.Context, id, op string) (func(), error) {
-	l := s.mutex(id)
-	for !l.TryLock() {
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("%w: cannot %s VM %s: %s is still in progress (waited: %v); retry when it is done", ErrConflict, op, id, s.busyWith(id), ctx.Err())
-		case <-t.C:
-		}
-	}
-	s.setBusy(id, op)
-	return func() { s.setBusy(id, ""); l.Unlock() }, nil
-}
-
-func (s *Service) busyWith(id string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if op := s.busy[id]; op != "" {
-		return op
-	}
-	return "another operation"
-}
-
 // OnDelete registers fn to run after a VM is gone, however it went (a
 // delete request, a delete-after policy, a failed create or fork), for the
 // side effects that live outside this package (live connections, proxy
@@ -256,34 +208,6 @@ func (s *Service) OnDelete(fn func(vmID string)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.onDelete = append(s.onDelete, fn)
-}
-
-// tryLock takes the VM for a user-requested lifecycle operation; if another one is
-// in progress the caller gets a 409 naming it (retry when it is done).
-func (s *Service) tryLock(id, name, op string) (func(), error) {
-	l := s.mutex(id)
-	if !l.TryLock() {
-		other := s.busyWith(id)
-		return nil, fmt.Errorf("%w: cannot %s VM %s: %s is in progress; retry when it is done", ErrConflict, op, name, other)
-	}
-	s.setBusy(id, op)
-	return func() { s.setBusy(id, ""); l.Unlock() }, nil
-}
-
-func (s *Service) isBusy(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.busy[id] != ""
-}
-
-func (s *Service) setBusy(id, op string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if op == "" {
-		delete(s.busy, id)
-	} else {
-		s.busy[id] = op
-	}
 }
 
 func (s *Service) instance(id string) *instance {

@@ -272,7 +272,7 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	if err != nil || prev != nil {
 		return prev, false, err
 	}
-	defer s.lock(v.ID, "create")()
+	defer s.ops.lock(v.ID, "create")()
 	start := time.Now()
 	v.Source, v.Layout, v.HotMemoryMiB = "snapshot "+sn.Name, layout, sn.HotMemoryMiB
 	if err := s.restoreState(ctx, v, sn.Disk, sn.Layers, sn.State, sn.DiskBytes); err != nil {
@@ -345,7 +345,7 @@ func (s *Service) flattenIfDeep(v *store.VM) {
 		return
 	}
 	go func() {
-		defer s.lock(v.ID, "flatten")() // after the operation that froze the layer
+		defer s.ops.lock(v.ID, "flatten")() // after the operation that froze the layer
 
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 		defer cancel()
