@@ -93,7 +93,7 @@ func (e *fakeEnv) newService() *Service {
 // in-process agent would run on this host).
 func (e *fakeEnv) seedTemplate(cpus int, memMiB int64) {
 	e.t.Helper()
-	key := e.s.templateKey(e.img, cpus, memMiB)
+	key := e.s.tpl.key(e.img, cpus, memMiB)
 	t := &Template{Key: key, Dir: filepath.Join(e.s.cfg.TemplateDir, key), ImageHash: e.img.Hash, CPUs: cpus, MemoryMiB: memMiB,
 		DiskBytes: e.img.SizeBytes, Accel: e.cfg.Accel, CPUModel: qemu.CPUModel(e.cfg.Accel), QEMU: e.cfg.QEMUVersion,
 		Machine: qemu.MachineType, DeviceSet: qemu.DeviceSet, CreatedAt: time.Now().UTC()}

@@ -104,6 +104,7 @@ type Service struct {
 	store Store
 	log   *slog.Logger
 	hv    Hypervisor
+	tpl   *templates
 
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id
@@ -149,8 +150,14 @@ func New(cfg Config, st Store) (*Service, error) {
 	if hv == nil {
 		hv = qemuDriver{}
 	}
-	return &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
-		pool: newWarmPool(cfg.PoolSize)}, nil
+	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
+		pool: newWarmPool(cfg.PoolSize)}
+	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
+		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig,
+		newNetwork: func() (*network.Network, error) {
+			return network.New(s.networkConfig(0), cfg.Log.With("vm", "template"))
+		}}
+	return s, nil
 }
 
 // Accel returns the accelerator in use.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,21 +42,48 @@ func (t *Template) ram() string   { return filepath.Join(t.Dir, "ram") }
 func (t *Template) state() string { return filepath.Join(t.Dir, "state") }
 func (t *Template) disk() string  { return filepath.Join(t.Dir, "disk.qcow2") }
 
-// templateKey names a snapshot shape: a restore needs all of these to match.
-func (s *Service) templateKey(img *image.Image, cpus int, memMiB int64) string {
-	return hashStrings(img.Hash, s.cfg.QEMUVersion, qemu.MachineType, s.cfg.Accel, qemu.CPUModel(s.cfg.Accel),
-		qemu.DeviceSet, fmt.Sprint(cpus), fmt.Sprint(memMiB), kernelAppend(s.cfg.Accel), GuestMAC)
+// templates finds and builds the templates of a template dir: one per
+// image and shape, made once by a cold boot and then restored by every
+// create of that shape.
+type templates struct {
+	dir         string
+	runDir      string // short directory for a build's sockets
+	qemuVersion string
+	accel       string
+	bootTimeout time.Duration
+	hv          Hypervisor
+	log         *slog.Logger
+	// machineConfig and newNetwork make a build's machine configuration
+	// and network (the service's, as for any VM).
+	machineConfig func(v *store.VM, p paths, img *image.Image) qemu.Config
+	newNetwork    func() (*network.Network, error)
+}
+
+// key names a template shape: a restore needs all of these to match.
+func (ts *templates) key(img *image.Image, cpus int, memMiB int64) string {
+	return hashStrings(img.Hash, ts.qemuVersion, qemu.MachineType, ts.accel, qemu.CPUModel(ts.accel),
+		qemu.DeviceSet, fmt.Sprint(cpus), fmt.Sprint(memMiB), kernelAppend(ts.accel), GuestMAC)
 }
 
 // EnsureTemplate returns the template for this image and shape, cold-booting it
-// once if needed. Builds are serialised across processes with a lock file.
+// once if needed.
 func (s *Service) EnsureTemplate(ctx context.Context, imageName string, cpus int, memMiB int64) (*Template, error) {
 	img, err := s.ImageNamed(ctx, imageName)
 	if err != nil {
 		return nil, err
 	}
-	key := s.templateKey(img, cpus, memMiB)
-	dir := filepath.Join(s.cfg.TemplateDir, key)
+	return s.tpl.ensure(ctx, img, cpus, memMiB)
+}
+
+// Templates lists the templates (every image and shape that has been
+// cold-booted once), newest first.
+func (s *Service) Templates() ([]*Template, error) { return s.tpl.list() }
+
+// ensure returns the template of img and the shape, building it first if
+// there is none. Builds are serialised across processes with a lock file.
+func (ts *templates) ensure(ctx context.Context, img *image.Image, cpus int, memMiB int64) (*Template, error) {
+	key := ts.key(img, cpus, memMiB)
+	dir := filepath.Join(ts.dir, key)
 	if t, err := loadTemplate(dir); err == nil {
 		return t, nil
 	}
@@ -74,7 +102,7 @@ func (s *Service) EnsureTemplate(ctx context.Context, imageName string, cpus int
 	}
 	// The build outlives a caller that gives up (a client timeout): the
 	// next create then finds the template.
-	return s.buildTemplate(context.WithoutCancel(ctx), img, key, dir, cpus, memMiB)
+	return ts.build(context.WithoutCancel(ctx), img, key, dir, cpus, memMiB)
 }
 
 func loadTemplate(dir string) (*Template, error) {
@@ -90,9 +118,9 @@ func loadTemplate(dir string) (*Template, error) {
 	return &t, nil
 }
 
-func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir string, cpus int, memMiB int64) (*Template, error) {
-	log := s.log.With("op", "template", "key", key)
-	log.Info("cold-booting template (first use of this image and shape)", "cpus", cpus, "memory_mib", memMiB, "accel", s.cfg.Accel)
+func (ts *templates) build(ctx context.Context, img *image.Image, key, dir string, cpus int, memMiB int64) (*Template, error) {
+	log := ts.log.With("op", "template", "key", key)
+	log.Info("cold-booting template (first use of this image and shape)", "cpus", cpus, "memory_mib", memMiB, "accel", ts.accel)
 	tmp := dir + ".tmp"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
@@ -105,7 +133,7 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 		}
 	}()
 	t := &Template{Key: key, Dir: tmp, ImageHash: img.Hash, CPUs: cpus, MemoryMiB: memMiB, DiskBytes: img.SizeBytes,
-		Accel: s.cfg.Accel, CPUModel: qemu.CPUModel(s.cfg.Accel), QEMU: s.cfg.QEMUVersion, Machine: qemu.MachineType,
+		Accel: ts.accel, CPUModel: qemu.CPUModel(ts.accel), QEMU: ts.qemuVersion, Machine: qemu.MachineType,
 		DeviceSet: qemu.DeviceSet, CreatedAt: time.Now().UTC()}
 	if err := disk.Overlay(ctx, img.Disk, t.disk(), 0); err != nil {
 		return nil, err
@@ -119,22 +147,22 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 		f.Truncate(memMiB << 20)
 		f.Close()
 	}
-	run := filepath.Join(s.cfg.RunDir, "tpl-"+key[:8])
+	run := filepath.Join(ts.runDir, "tpl-"+key[:8])
 	os.MkdirAll(run, 0o700)
 	defer os.RemoveAll(run)
 	p := paths{Dir: tmp, Disk: t.disk(), Log: filepath.Join(tmp, "boot.log"), Run: run,
 		QMP: filepath.Join(run, "qmp.sock"), Agent: filepath.Join(run, "agent.sock"), Net: filepath.Join(run, "net.sock")}
 	v := &store.VM{ID: "tpl-" + key[:12], CPUs: cpus, MemoryMiB: memMiB, Layout: qemu.DeviceSet}
-	mc := s.machineConfig(v, p, img)
+	mc := ts.machineConfig(v, p, img)
 	mc.Disk, mc.RAMPath, mc.RAMShared = t.disk(), t.ram(), true
 
-	net, err := network.New(s.networkConfig(0), s.log.With("vm", v.ID))
+	net, err := ts.newNetwork()
 	if err != nil {
 		return nil, err
 	}
 	defer net.Close()
 	start := time.Now()
-	m, err := s.hv.Start(ctx, mc)
+	m, err := ts.hv.Start(ctx, mc)
 	if err != nil {
 		return nil, err
 	}
@@ -142,13 +170,13 @@ func (s *Service) buildTemplate(ctx context.Context, img *image.Image, key, dir 
 	if err := net.Attach(ctx, p.Net); err != nil {
 		return nil, fmt.Errorf("template network: %w", err)
 	}
-	bctx, cancel := context.WithTimeout(ctx, s.cfg.BootTimeout)
+	bctx, cancel := context.WithTimeout(ctx, ts.bootTimeout)
 	defer cancel()
 	agent, err := connectAgent(bctx, p.Agent, m.Done())
 	if err != nil {
 		if errors.Is(bctx.Err(), context.DeadlineExceeded) {
 			return nil, fmt.Errorf("%w: template cold boot (%s) did not reach the guest agent within %s; the accelerator may not run this kernel (try --accel tcg)%s",
-				ErrUnavailable, s.cfg.Accel, s.cfg.BootTimeout, qemu.LogTail(p.Log))
+				ErrUnavailable, ts.accel, ts.bootTimeout, qemu.LogTail(p.Log))
 		}
 		return nil, fmt.Errorf("template cold boot: %w%s", err, qemu.LogTail(p.Log))
 	}

@@ -7,10 +7,9 @@ import (
 	"strings"
 )
 
-// Templates lists the templates in the template dir (every image and shape
-// that has been cold-booted once), newest first.
-func (s *Service) Templates() ([]*Template, error) {
-	ents, err := os.ReadDir(s.cfg.TemplateDir)
+// list returns the templates of the template dir, newest first.
+func (ts *templates) list() ([]*Template, error) {
+	ents, err := os.ReadDir(ts.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -19,7 +18,7 @@ func (s *Service) Templates() ([]*Template, error) {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if t, err := loadTemplate(filepath.Join(s.cfg.TemplateDir, e.Name())); err == nil {
+		if t, err := loadTemplate(filepath.Join(ts.dir, e.Name())); err == nil {
 			out = append(out, t)
 		}
 	}
