@@ -10,7 +10,7 @@ import (
 
 // The driver seam: what the service needs of a hypervisor, as small
 // interfaces. QEMU (internal/hypervisor/qemu) is the one real driver; the
-// lifecycle core is unit-tested against a fake one (internal/vm/fakehv).
+// lifecycle core is unit-tested against a fake one (internal/hypervisor/fakehv).
 
 // Hypervisor starts machines and finds the processes of machines it started
 // earlier (a daemon restart re-attaches to them, or kills strays).
@@ -108,26 +108,50 @@ type Hotplug interface {
 	RequestedMemory(ctx context.Context) (int64, error)
 }
 
-// qemuDriver is the Hypervisor of real QEMU processes.
+// qemuDriver is the Hypervisor of real QEMU processes (through HypervisorOf).
 type qemuDriver struct{}
 
-func (qemuDriver) Start(ctx context.Context, cfg qemu.Config) (Machine, error) {
-	m, err := qemu.Start(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
+func (qemuDriver) Start(ctx context.Context, cfg qemu.Config) (*qemu.Machine, error) {
+	return qemu.Start(ctx, cfg)
 }
 
-func (qemuDriver) Attach(ctx context.Context, cfg qemu.Config, pid int) (Machine, error) {
-	m, err := qemu.Attach(ctx, cfg, pid)
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
+func (qemuDriver) Attach(ctx context.Context, cfg qemu.Config, pid int) (*qemu.Machine, error) {
+	return qemu.Attach(ctx, cfg, pid)
 }
 
 func (qemuDriver) IsOurs(pid int, id string) bool { return qemu.IsOurs(pid, id) }
 func (qemuDriver) FindOurs(id string) []int       { return qemu.FindOurs(id) }
 func (qemuDriver) Kill(pid int)                   { syscall.Kill(pid, syscall.SIGKILL) }
 func (qemuDriver) RunningLayout(pid int) string   { return qemu.RunningLayout(pid) }
+
+// MachineHypervisor is a Hypervisor whose Start and Attach return a
+// concrete machine type (such as the fake of internal/hypervisor/fakehv).
+type MachineHypervisor[M Machine] interface {
+	Start(ctx context.Context, cfg qemu.Config) (M, error)
+	Attach(ctx context.Context, cfg qemu.Config, pid int) (M, error)
+	IsOurs(pid int, id string) bool
+	FindOurs(id string) []int
+	Kill(pid int)
+	RunningLayout(pid int) string
+}
+
+// HypervisorOf adapts h to Hypervisor.
+func HypervisorOf[M Machine](h MachineHypervisor[M]) Hypervisor { return adapted[M]{h} }
+
+type adapted[M Machine] struct{ MachineHypervisor[M] }
+
+func (a adapted[M]) Start(ctx context.Context, cfg qemu.Config) (Machine, error) {
+	m, err := a.MachineHypervisor.Start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (a adapted[M]) Attach(ctx context.Context, cfg qemu.Config, pid int) (Machine, error) {
+	m, err := a.MachineHypervisor.Attach(ctx, cfg, pid)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}

@@ -2,8 +2,8 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
-	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/hypervisor/fakehv"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
@@ -25,7 +25,7 @@ import (
 // (the agent, its protocol, qcow2 overlays made by qemu-img, the network).
 type fakeEnv struct {
 	t    *testing.T
-	hv   *fakeHV
+	hv   *fakehv.HV
 	st   *store.Store
 	cfg  Config
 	img  *image.Image
@@ -53,9 +53,15 @@ func newFakeEnv(t *testing.T) *fakeEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e := &fakeEnv{t: t, hv: newFakeHV(), st: st, ctx: context.Background(), dirs: dir}
+	e := &fakeEnv{t: t, hv: fakehv.New(), st: st, ctx: context.Background(), dirs: dir}
 	e.cfg = Config{DataDir: filepath.Join(dir, "data"), RunDir: run, CacheDir: filepath.Join(dir, "cache"),
-		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: e.hv, Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute}
+		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: HypervisorOf(e.hv),
+		EnsureImage: func(ctx context.Context, o image.Options) (*image.Image, error) {
+			if o.Name != image.Default {
+				return nil, fmt.Errorf("no image %s here", o.Name)
+			}
+			return e.img, nil
+		}, Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute}
 	// The image: a real (empty) qcow2 disk; the fake machines boot no kernel.
 	imgDir := filepath.Join(dir, "image")
 	os.MkdirAll(imgDir, 0o700)
@@ -65,10 +71,9 @@ func newFakeEnv(t *testing.T) *fakeEnv {
 		t.Fatalf("qemu-img: %v: %s", err, out)
 	}
 	e.s = e.newService()
-	e.seedTemplate(1, 512)
 	t.Cleanup(func() {
 		e.s.Close()
-		for _, pid := range e.allPIDs() {
+		for _, pid := range e.hv.PIDs() {
 			e.hv.Kill(pid)
 		}
 	})
@@ -83,42 +88,7 @@ func (e *fakeEnv) newService() *Service {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	canon, _ := image.Resolve(image.Default)
-	s.imgs = map[string]*imageSlot{canon: {img: e.img}}
 	return s
-}
-
-// seedTemplate writes the template of the shape as a template build would
-// leave it (the build itself runs the image's boot checks, which the
-// in-process agent would run on this host).
-func (e *fakeEnv) seedTemplate(cpus int, memMiB int64) {
-	e.t.Helper()
-	key := e.s.tpl.key(e.img, cpus, memMiB)
-	t := &Template{Key: key, Dir: filepath.Join(e.s.cfg.TemplateDir, key), ImageHash: e.img.Hash, CPUs: cpus, MemoryMiB: memMiB,
-		DiskBytes: e.img.SizeBytes, Accel: e.cfg.Accel, CPUModel: qemu.CPUModel(e.cfg.Accel), QEMU: e.cfg.QEMUVersion,
-		Machine: qemu.MachineType, DeviceSet: qemu.DeviceSet, CreatedAt: time.Now().UTC()}
-	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
-		e.t.Fatal(err)
-	}
-	if err := disk.Overlay(e.ctx, e.img.Disk, t.disk(), 0); err != nil {
-		e.t.Fatal(err)
-	}
-	os.WriteFile(t.ram(), nil, 0o600)
-	os.WriteFile(t.state(), []byte(`QEVM{"memory":"template","cpus":1}`), 0o600)
-	b, _ := json.Marshal(t)
-	if err := os.WriteFile(filepath.Join(t.Dir, "template.json"), b, 0o444); err != nil {
-		e.t.Fatal(err)
-	}
-}
-
-func (e *fakeEnv) allPIDs() []int {
-	e.hv.mu.Lock()
-	defer e.hv.mu.Unlock()
-	var pids []int
-	for pid := range e.hv.procs {
-		pids = append(pids, pid)
-	}
-	return pids
 }
 
 // create makes a VM and checks that its agent answers.
@@ -176,9 +146,15 @@ func (e *fakeEnv) waitState(name string, want api.State) *store.VM {
 	}
 }
 
-func (e *fakeEnv) machine(v *store.VM) *fakeMachine {
+// last is the configuration of the last machine started.
+func (e *fakeEnv) last() qemu.Config {
+	starts := e.hv.Starts()
+	return starts[len(starts)-1]
+}
+
+func (e *fakeEnv) machine(v *store.VM) *fakehv.Machine {
 	e.t.Helper()
-	m := e.hv.machineOf(v.ID)
+	m := e.hv.MachineOf(v.ID)
 	if m == nil {
 		e.t.Fatalf("%s: no machine runs", v.Name)
 	}
@@ -193,11 +169,26 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if got := e.exec("box", "echo hi"); got != "hi\n" {
 		t.Fatalf("exec: %q", got)
 	}
-	first := e.hv.starts[0]
-	if first.Incoming == "" || !first.IncomingShared || first.ID != v.ID {
-		t.Fatalf("a create restores the template: %+v", first)
+	// The first create of a shape cold-boots its template, then restores it.
+	starts := e.hv.Starts()
+	if len(starts) != 2 || starts[0].Incoming != "" || starts[0].ID == v.ID {
+		t.Fatalf("the template build: %d starts, first %+v", len(starts), starts[0])
 	}
-	e.machine(v).setMemory("work in progress")
+	if c := starts[1]; c.ID != v.ID || !strings.HasSuffix(c.Incoming, "/state") || !c.IncomingShared || c.RAMPath == "" {
+		t.Fatalf("a create restores the template: %+v", c)
+	}
+	tpls, err := e.s.Templates()
+	if err != nil || len(tpls) != 1 || tpls[0].CPUs != 1 || tpls[0].MemoryMiB != 512 {
+		t.Fatalf("templates: %v %v", tpls, err)
+	}
+	e.create("box2") // the next one only restores it
+	if n := len(e.hv.Starts()); n != 3 {
+		t.Fatalf("%d starts after a second create", n)
+	}
+	if err := e.s.Delete(e.ctx, "box2"); err != nil {
+		t.Fatal(err)
+	}
+	e.machine(v).SetMemory("work in progress")
 
 	if _, err := e.s.Pause(e.ctx, "box"); err != nil {
 		t.Fatal(err)
@@ -218,7 +209,7 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Suspend(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if e.hv.machineOf(v.ID) != nil || e.state("box").State != api.StateSuspended {
+	if e.hv.MachineOf(v.ID) != nil || e.state("box").State != api.StateSuspended {
 		t.Fatalf("suspend: a machine still runs, or state %s", e.state("box").State)
 	}
 	if _, err := os.Stat(e.s.suspendPath(v.ID)); err != nil {
@@ -227,8 +218,8 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, _, err := e.s.Guest(e.ctx, "box"); err != nil { // reaching a suspended VM wakes it
 		t.Fatalf("wake on use: %v", err)
 	}
-	if e.state("box").State != api.StateRunning || e.machine(v).getMemory() != "work in progress" {
-		t.Fatalf("wake: state %s, memory %q", e.state("box").State, e.machine(v).getMemory())
+	if e.state("box").State != api.StateRunning || e.machine(v).Memory() != "work in progress" {
+		t.Fatalf("wake: state %s, memory %q", e.state("box").State, e.machine(v).Memory())
 	}
 	if got := e.exec("box", "echo back"); got != "back\n" {
 		t.Fatalf("exec after wake: %q", got)
@@ -237,7 +228,7 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if e.hv.machineOf(v.ID) != nil || e.state("box").State != api.StateStopped {
+	if e.hv.MachineOf(v.ID) != nil || e.state("box").State != api.StateStopped {
 		t.Fatal("stop: a machine still runs, or not stopped")
 	}
 	if _, err := e.s.Pause(e.ctx, "box"); !errors.Is(err, ErrConflict) {
@@ -246,8 +237,8 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Start(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if last := e.hv.starts[len(e.hv.starts)-1]; last.Incoming != "" || e.machine(v).getMemory() != "booted" {
-		t.Fatalf("a start after a stop boots from the disk: incoming %q, memory %q", last.Incoming, e.machine(v).getMemory())
+	if last := e.last(); last.Incoming != "" || e.machine(v).Memory() != "booted" {
+		t.Fatalf("a start after a stop boots from the disk: incoming %q, memory %q", last.Incoming, e.machine(v).Memory())
 	}
 	e.exec("box", "true")
 
@@ -258,8 +249,8 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Get(e.ctx, "box"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("get after delete: %v", err)
 	}
-	if e.hv.running() != 0 {
-		t.Fatalf("%d machines still run after the delete", e.hv.running())
+	if e.hv.Running() != 0 {
+		t.Fatalf("%d machines still run after the delete", e.hv.Running())
 	}
 	if _, err := os.Stat(disk); !os.IsNotExist(err) {
 		t.Fatalf("the deleted VM's disk %s: %v", disk, err)
@@ -276,14 +267,12 @@ func TestFailedStartLeavesNothingRunning(t *testing.T) {
 	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	e.hv.mu.Lock()
-	e.hv.failStart = errors.New("qemu: could not open disk")
-	e.hv.mu.Unlock()
+	e.hv.FailNextStart(errors.New("qemu: could not open disk"))
 	if _, err := e.s.Start(e.ctx, "box"); err == nil || !strings.Contains(err.Error(), "could not open disk") {
 		t.Fatalf("start: %v", err)
 	}
-	if v := e.state("box"); v.State == api.StateRunning || e.hv.running() != 0 {
-		t.Fatalf("after a failed start: state %s, %d machines", v.State, e.hv.running())
+	if v := e.state("box"); v.State == api.StateRunning || e.hv.Running() != 0 {
+		t.Fatalf("after a failed start: state %s, %d machines", v.State, e.hv.Running())
 	}
 	if _, err := e.s.Start(e.ctx, "box"); err != nil { // and the next one works
 		t.Fatalf("start again: %v", err)
@@ -296,7 +285,7 @@ func TestFailedStartLeavesNothingRunning(t *testing.T) {
 func TestExitMonitor(t *testing.T) {
 	e := newFakeEnv(t)
 	v := e.create("box")
-	e.machine(v).crash()
+	e.machine(v).Crash()
 	got := e.waitState("box", api.StateCrashed)
 	if !strings.Contains(got.Error, "exited unexpectedly") || got.PID != 0 {
 		t.Fatalf("crash recorded as %+v", got)
@@ -304,7 +293,7 @@ func TestExitMonitor(t *testing.T) {
 	if _, err := e.s.Start(e.ctx, "box"); err != nil {
 		t.Fatalf("start after a crash: %v", err)
 	}
-	e.machine(v).powerOff()
+	e.machine(v).PowerOff()
 	if got := e.waitState("box", api.StateStopped); got.Error != "" {
 		t.Fatalf("power-off recorded with error %q", got.Error)
 	}
@@ -328,10 +317,10 @@ func TestReconcileAfterRestart(t *testing.T) {
 	e := newFakeEnv(t)
 	a := e.create("alive")
 	d := e.create("dies")
-	e.machine(a).setMemory("kept")
+	e.machine(a).SetMemory("kept")
 	e.s.Close() // the daemon goes; its machines run on
 
-	e.machine(d).crash()
+	e.machine(d).Crash()
 	stray, err := e.hv.Start(e.ctx, qemu.Config{ID: a.ID, AgentSock: filepath.Join(e.cfg.RunDir, "stray-a"), NetSock: filepath.Join(e.cfg.RunDir, "stray-n"), LogPath: filepath.Join(e.dirs, "stray.log")})
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +334,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if err := e.s.Reconcile(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if v := e.state("alive"); v.State != api.StateRunning || v.PID != a.PID || e.machine(a).getMemory() != "kept" {
+	if v := e.state("alive"); v.State != api.StateRunning || v.PID != a.PID || e.machine(a).Memory() != "kept" {
 		t.Fatalf("re-attached VM: %+v", v)
 	}
 	if got := e.exec("alive", "echo still"); got != "still\n" {
@@ -369,7 +358,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 func TestForkOnFakeMachines(t *testing.T) {
 	e := newFakeEnv(t)
 	p := e.create("parent")
-	e.machine(p).setMemory("step 41")
+	e.machine(p).SetMemory("step 41")
 	res, err := e.s.Fork(e.ctx, "parent", 2)
 	if err != nil {
 		t.Fatal(err)
@@ -380,8 +369,8 @@ func TestForkOnFakeMachines(t *testing.T) {
 	disks := map[string]bool{e.state("parent").Disk: true}
 	for _, c := range res.Children {
 		m := e.machine(c)
-		if m.getMemory() != "step 41" || c.State != api.StateRunning {
-			t.Fatalf("child %s: memory %q, state %s", c.Name, m.getMemory(), c.State)
+		if m.Memory() != "step 41" || c.State != api.StateRunning {
+			t.Fatalf("child %s: memory %q, state %s", c.Name, m.Memory(), c.State)
 		}
 		e.exec(c.Name, "true")
 		if disks[c.Disk] {
@@ -389,8 +378,8 @@ func TestForkOnFakeMachines(t *testing.T) {
 		}
 		disks[c.Disk] = true
 	}
-	e.machine(res.Children[0]).setMemory("child's own")
-	if e.machine(res.Children[1]).getMemory() != "step 41" || e.machine(p).getMemory() != "step 41" {
+	e.machine(res.Children[0]).SetMemory("child's own")
+	if e.machine(res.Children[1]).Memory() != "step 41" || e.machine(p).Memory() != "step 41" {
 		t.Fatal("a child's memory leaked into its sibling or parent")
 	}
 	if got := e.exec("parent", "echo on"); got != "on\n" {
@@ -408,7 +397,7 @@ func TestForkOnFakeMachines(t *testing.T) {
 func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	e := newFakeEnv(t)
 	v := e.create("box")
-	e.machine(v).setMemory("at the snapshot")
+	e.machine(v).SetMemory("at the snapshot")
 	sn, err := e.s.Snapshot(e.ctx, "box", "snap1")
 	if err != nil {
 		t.Fatal(err)
@@ -420,7 +409,7 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	if st, _ := e.machine(v).Status(e.ctx); st != "running" {
 		t.Fatalf("the snapshotted machine is %s", st)
 	}
-	e.machine(v).setMemory("after the snapshot")
+	e.machine(v).SetMemory("after the snapshot")
 
 	if _, err := e.s.Pause(e.ctx, "box"); err != nil {
 		t.Fatal(err)
@@ -442,11 +431,11 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.State != api.StateRunning || e.machine(c).getMemory() != "at the snapshot" || c.Disk == e.state("box").Disk {
-		t.Fatalf("from the snapshot: state %s, memory %q, disk %s", c.State, e.machine(c).getMemory(), c.Disk)
+	if c.State != api.StateRunning || e.machine(c).Memory() != "at the snapshot" || c.Disk == e.state("box").Disk {
+		t.Fatalf("from the snapshot: state %s, memory %q, disk %s", c.State, e.machine(c).Memory(), c.Disk)
 	}
 	e.exec("copy", "true")
-	if e.machine(v).getMemory() != "after the snapshot" {
+	if e.machine(v).Memory() != "after the snapshot" {
 		t.Fatal("the snapshot's copy changed its source")
 	}
 
@@ -474,7 +463,7 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Start(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if last := e.hv.starts[len(e.hv.starts)-1]; last.MemoryMiB != 1536 || last.PluggedMiB != 0 || last.CPUs != 2 {
+	if last := e.last(); last.MemoryMiB != 1536 || last.PluggedMiB != 0 || last.CPUs != 2 {
 		t.Fatalf("the start after the resize: %d MiB boot memory, %d plugged, %d vCPU", last.MemoryMiB, last.PluggedMiB, last.CPUs)
 	}
 	if err := e.s.DeleteSnapshot(e.ctx, "snap1"); err != nil {

@@ -66,6 +66,9 @@ type Config struct {
 	StateCat string
 	// Hypervisor starts and finds machines (nil: QEMU).
 	Hypervisor Hypervisor
+	// EnsureImage builds or finds an image (nil: image.Ensure, which
+	// builds Debian images with debootstrap).
+	EnsureImage func(ctx context.Context, o image.Options) (*image.Image, error)
 }
 
 // StateFormatAuto: suspends as a stream, snapshots and forks as pages.
@@ -148,7 +151,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	hv := cfg.Hypervisor
 	if hv == nil {
-		hv = qemuDriver{}
+		hv = HypervisorOf(qemuDriver{})
 	}
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
@@ -193,7 +196,11 @@ func (s *Service) ImageNamed(ctx context.Context, name string) (*image.Image, er
 	if slot.img != nil {
 		return slot.img, nil
 	}
-	img, err := image.Ensure(context.WithoutCancel(ctx), image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Name: canon, Progress: s.cfg.ImageProgress})
+	ensure := s.cfg.EnsureImage
+	if ensure == nil {
+		ensure = image.Ensure
+	}
+	img, err := ensure(context.WithoutCancel(ctx), image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Name: canon, Progress: s.cfg.ImageProgress})
 	if err != nil {
 		return nil, fmt.Errorf("%s image: %w", canon, err)
 	}

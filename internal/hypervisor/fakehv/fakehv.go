@@ -1,4 +1,13 @@
-package vm
+// Package fakehv is a hypervisor of in-process machines for unit tests of
+// the lifecycle core without QEMU (vm.HypervisorOf adapts it). Each
+// machine runs the real guest agent (internal/guest/agent, with NoSystem
+// and a temporary root whose PATH finds stub systemctl and sync) behind
+// its agent socket, accepts its network socket, and keeps its "memory" as
+// a string that saves write and restores read back, so a test can tell a
+// restore from a cold boot. Processes outlive the service that started
+// them (Close only detaches), as QEMU outlives the daemon; pids are
+// numbers above any real pid, never signalled.
+package fakehv
 
 import (
 	"bytes"
@@ -18,23 +27,39 @@ import (
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 )
 
-// fakeHV is a Hypervisor of in-process machines, for unit tests of the
-// lifecycle core without QEMU. Each machine runs the real guest agent
-// (internal/guest/agent, with NoSystem and a temporary root) behind its
-// agent socket, accepts the network socket, and keeps its "memory" as a
-// string that saves write and restores read back, so a test can tell a
-// restore from a cold boot. Processes outlive a Service (Close detaches),
-// as QEMU outlives the daemon.
-type fakeHV struct {
+// HV is the fake hypervisor.
+type HV struct {
 	mu      sync.Mutex
 	nextPID int
-	procs   map[int]*fakeMachine // running processes by pid
-	starts  []qemu.Config        // every Start, in order
+	procs   map[int]*Machine // running processes by pid
+	starts  []qemu.Config    // every Start, in order
 	// failStart makes the next Start fail with it.
 	failStart error
 }
 
-func newFakeHV() *fakeHV { return &fakeHV{nextPID: 5_000_000, procs: map[int]*fakeMachine{}} }
+// FailNextStart makes the next Start fail with err.
+func (h *HV) FailNextStart(err error) { h.mu.Lock(); h.failStart = err; h.mu.Unlock() }
+
+// Starts returns the configuration of every Start so far, in order.
+func (h *HV) Starts() []qemu.Config {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]qemu.Config(nil), h.starts...)
+}
+
+// PIDs lists the running machines' pids.
+func (h *HV) PIDs() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var pids []int
+	for pid := range h.procs {
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// New returns a hypervisor with no machines.
+func New() *HV { return &HV{nextPID: 5_000_000, procs: map[int]*Machine{}} }
 
 // fakeState is what a fake save writes after the stream's magic.
 type fakeState struct {
@@ -43,7 +68,8 @@ type fakeState struct {
 	Plugged int64  `json:"plugged_mib"`
 }
 
-func (h *fakeHV) Start(ctx context.Context, cfg qemu.Config) (Machine, error) {
+// Start starts a machine: a restore of cfg.Incoming (a fake state) or a boot.
+func (h *HV) Start(ctx context.Context, cfg qemu.Config) (*Machine, error) {
 	h.mu.Lock()
 	h.starts = append(h.starts, cfg)
 	err := h.failStart
@@ -54,7 +80,7 @@ func (h *fakeHV) Start(ctx context.Context, cfg qemu.Config) (Machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &fakeMachine{hv: h, cfg: cfg, pid: pid, status: "running", cpus: cfg.CPUs, plugged: cfg.PluggedMiB, top: cfg.Disk, done: make(chan struct{})}
+	m := &Machine{hv: h, cfg: cfg, pid: pid, status: "running", cpus: cfg.CPUs, plugged: cfg.PluggedMiB, top: cfg.Disk, done: make(chan struct{})}
 	if cfg.Incoming != "" {
 		b, err := os.ReadFile(cfg.Incoming)
 		if err != nil {
@@ -83,7 +109,8 @@ func (h *fakeHV) Start(ctx context.Context, cfg qemu.Config) (Machine, error) {
 	return m, nil
 }
 
-func (h *fakeHV) Attach(ctx context.Context, cfg qemu.Config, pid int) (Machine, error) {
+// Attach finds the running machine pid of cfg.ID.
+func (h *HV) Attach(ctx context.Context, cfg qemu.Config, pid int) (*Machine, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	m := h.procs[pid]
@@ -93,14 +120,14 @@ func (h *fakeHV) Attach(ctx context.Context, cfg qemu.Config, pid int) (Machine,
 	return m, nil
 }
 
-func (h *fakeHV) IsOurs(pid int, id string) bool {
+func (h *HV) IsOurs(pid int, id string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	m := h.procs[pid]
 	return m != nil && m.cfg.ID == id
 }
 
-func (h *fakeHV) FindOurs(id string) []int {
+func (h *HV) FindOurs(id string) []int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var pids []int
@@ -112,7 +139,7 @@ func (h *fakeHV) FindOurs(id string) []int {
 	return pids
 }
 
-func (h *fakeHV) Kill(pid int) {
+func (h *HV) Kill(pid int) {
 	h.mu.Lock()
 	m := h.procs[pid]
 	h.mu.Unlock()
@@ -121,10 +148,10 @@ func (h *fakeHV) Kill(pid int) {
 	}
 }
 
-func (h *fakeHV) RunningLayout(pid int) string { return "" }
+func (h *HV) RunningLayout(pid int) string { return "" }
 
-// machineOf returns the running machine of VM id (nil when none runs).
-func (h *fakeHV) machineOf(id string) *fakeMachine {
+// MachineOf returns the running machine of VM id (nil when none runs).
+func (h *HV) MachineOf(id string) *Machine {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, m := range h.procs {
@@ -135,16 +162,16 @@ func (h *fakeHV) machineOf(id string) *fakeMachine {
 	return nil
 }
 
-// running counts the running machines.
-func (h *fakeHV) running() int {
+// Running counts the running machines.
+func (h *HV) Running() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.procs)
 }
 
-// fakeMachine is one fake process.
-type fakeMachine struct {
-	hv  *fakeHV
+// Machine is one fake machine process.
+type Machine struct {
+	hv  *HV
 	cfg qemu.Config
 	pid int
 
@@ -165,7 +192,7 @@ type fakeMachine struct {
 }
 
 // run listens on the agent and network sockets and starts the agent.
-func (m *fakeMachine) run() error {
+func (m *Machine) run() error {
 	for _, p := range []string{m.cfg.AgentSock, m.cfg.NetSock} {
 		os.Remove(p)
 		ln, err := net.Listen("unix", p)
@@ -189,6 +216,15 @@ func (m *fakeMachine) run() error {
 		}
 	}
 	os.WriteFile(filepath.Join(root, "etc/hosts"), []byte("127.0.0.1\tlocalhost\n"), 0o644)
+	// A template build runs systemctl and sync in the guest: stubs, found
+	// first on the agent's PATH, answer for this host's.
+	bin := filepath.Join(root, "stubbin")
+	os.MkdirAll(bin, 0o755)
+	os.WriteFile(filepath.Join(bin, "systemctl"), []byte("#!/bin/sh\necho running\n"), 0o755)
+	os.WriteFile(filepath.Join(bin, "sync"), []byte("#!/bin/sh\n"), 0o755)
+	os.MkdirAll(filepath.Join(root, "etc/agentvm"), 0o755)
+	env, _ := json.Marshal(map[string]string{"PATH": bin + ":/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"})
+	os.WriteFile(filepath.Join(root, "etc/agentvm/env"), env, 0o644)
 	port := &fakePort{}
 	m.port = port
 	go port.serve(m.lns[0])
@@ -218,7 +254,7 @@ func (m *fakeMachine) run() error {
 }
 
 // end makes the process exit: clean is a guest power-off.
-func (m *fakeMachine) end(clean bool, reason string) {
+func (m *Machine) end(clean bool, reason string) {
 	m.mu.Lock()
 	if m.ended {
 		m.mu.Unlock()
@@ -242,31 +278,36 @@ func (m *fakeMachine) end(clean bool, reason string) {
 	close(m.done)
 }
 
-// crash ends the process as a QEMU crash would; powerOff as a guest shutdown.
-func (m *fakeMachine) crash()    { m.end(false, "") }
-func (m *fakeMachine) powerOff() { m.end(true, "guest-shutdown") }
+// Crash ends the process as a QEMU crash would; PowerOff as a guest shutdown.
+func (m *Machine) Crash()    { m.end(false, "") }
+func (m *Machine) PowerOff() { m.end(true, "guest-shutdown") }
 
-func (m *fakeMachine) setMemory(s string) { m.mu.Lock(); m.memory = s; m.mu.Unlock() }
-func (m *fakeMachine) getMemory() string  { m.mu.Lock(); defer m.mu.Unlock(); return m.memory }
+// SetMemory and Memory set and read the machine's "memory", which saves
+// write and restores read back.
+func (m *Machine) SetMemory(s string) { m.mu.Lock(); m.memory = s; m.mu.Unlock() }
+func (m *Machine) Memory() string     { m.mu.Lock(); defer m.mu.Unlock(); return m.memory }
 
-func (m *fakeMachine) PID() int                    { return m.pid }
-func (m *fakeMachine) Done() <-chan struct{}       { return m.done }
-func (m *fakeMachine) EventsDone() <-chan struct{} { return m.done }
-func (m *fakeMachine) CleanExit() (bool, string) {
+// Config is the configuration the machine was started with.
+func (m *Machine) Config() qemu.Config { return m.cfg }
+
+func (m *Machine) PID() int                    { return m.pid }
+func (m *Machine) Done() <-chan struct{}       { return m.done }
+func (m *Machine) EventsDone() <-chan struct{} { return m.done }
+func (m *Machine) CleanExit() (bool, string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.clean, m.reason
 }
-func (m *fakeMachine) ExitStatus() string { _, r := m.CleanExit(); return "fake exit: " + r }
-func (m *fakeMachine) Shutdown(ctx context.Context, grace time.Duration) error {
+func (m *Machine) ExitStatus() string { _, r := m.CleanExit(); return "fake exit: " + r }
+func (m *Machine) Shutdown(ctx context.Context, grace time.Duration) error {
 	m.end(true, "guest-shutdown")
 	return nil
 }
-func (m *fakeMachine) Quit() error { m.end(true, "host-qmp-quit"); return nil }
-func (m *fakeMachine) Kill() error { m.end(false, "killed"); return nil }
-func (m *fakeMachine) Close()      {}
+func (m *Machine) Quit() error { m.end(true, "host-qmp-quit"); return nil }
+func (m *Machine) Kill() error { m.end(false, "killed"); return nil }
+func (m *Machine) Close()      {}
 
-func (m *fakeMachine) alive() error {
+func (m *Machine) alive() error {
 	select {
 	case <-m.done:
 		return errors.New("fake machine exited")
@@ -275,7 +316,7 @@ func (m *fakeMachine) alive() error {
 	}
 }
 
-func (m *fakeMachine) setStatus(want string) error {
+func (m *Machine) setStatus(want string) error {
 	if err := m.alive(); err != nil {
 		return err
 	}
@@ -285,7 +326,7 @@ func (m *fakeMachine) setStatus(want string) error {
 	return nil
 }
 
-func (m *fakeMachine) Status(ctx context.Context) (string, error) {
+func (m *Machine) Status(ctx context.Context) (string, error) {
 	if err := m.alive(); err != nil {
 		return "", err
 	}
@@ -293,12 +334,12 @@ func (m *fakeMachine) Status(ctx context.Context) (string, error) {
 	defer m.mu.Unlock()
 	return m.status, nil
 }
-func (m *fakeMachine) Pause(ctx context.Context) error   { return m.setStatus("paused") }
-func (m *fakeMachine) Resume(ctx context.Context) error  { return m.setStatus("running") }
-func (m *fakeMachine) Repause(ctx context.Context) error { return m.setStatus("paused") }
+func (m *Machine) Pause(ctx context.Context) error   { return m.setStatus("paused") }
+func (m *Machine) Resume(ctx context.Context) error  { return m.setStatus("running") }
+func (m *Machine) Repause(ctx context.Context) error { return m.setStatus("paused") }
 
 // write saves the fake state to path.
-func (m *fakeMachine) write(path string) (qemu.SaveResult, error) {
+func (m *Machine) write(path string) (qemu.SaveResult, error) {
 	if err := m.alive(); err != nil {
 		return qemu.SaveResult{}, err
 	}
@@ -312,14 +353,14 @@ func (m *fakeMachine) write(path string) (qemu.SaveResult, error) {
 	return qemu.SaveResult{Bytes: int64(len(b)), Format: qemu.FormatStream, Paused: time.Millisecond, Total: time.Millisecond}, nil
 }
 
-func (m *fakeMachine) SaveStopped(ctx context.Context, path, format string) (qemu.SaveResult, error) {
+func (m *Machine) SaveStopped(ctx context.Context, path, format string) (qemu.SaveResult, error) {
 	if err := m.setStatus("postmigrate"); err != nil {
 		return qemu.SaveResult{}, err
 	}
 	return m.write(path)
 }
 
-func (m *fakeMachine) SaveLive(ctx context.Context, path, format string, atStop func() error) (qemu.SaveResult, error) {
+func (m *Machine) SaveLive(ctx context.Context, path, format string, atStop func() error) (qemu.SaveResult, error) {
 	m.mu.Lock()
 	was := m.status
 	m.status = "finish-migrate"
@@ -333,26 +374,26 @@ func (m *fakeMachine) SaveLive(ctx context.Context, path, format string, atStop 
 	return m.write(path)
 }
 
-func (m *fakeMachine) SaveState(ctx context.Context, path string) error {
+func (m *Machine) SaveState(ctx context.Context, path string) error {
 	if _, err := m.write(path); err != nil {
 		return err
 	}
 	return m.setStatus("paused")
 }
 
-func (m *fakeMachine) EndOutgoingMigration(ctx context.Context) error { return m.alive() }
-func (m *fakeMachine) ExitedDuringSave(err error) error {
+func (m *Machine) EndOutgoingMigration(ctx context.Context) error { return m.alive() }
+func (m *Machine) ExitedDuringSave(err error) error {
 	if m.alive() != nil {
 		return fmt.Errorf("fake machine exited during the save: %w", err)
 	}
 	return err
 }
 
-func (m *fakeMachine) BlockResize(ctx context.Context, size int64) error { return m.alive() }
+func (m *Machine) BlockResize(ctx context.Context, size int64) error { return m.alive() }
 
 // FreezeDisk puts a real qcow2 overlay on the current top, as QEMU's
 // blockdev-snapshot does.
-func (m *fakeMachine) FreezeDisk(ctx context.Context, newTop string) error {
+func (m *Machine) FreezeDisk(ctx context.Context, newTop string) error {
 	if err := m.alive(); err != nil {
 		return err
 	}
@@ -368,15 +409,15 @@ func (m *fakeMachine) FreezeDisk(ctx context.Context, newTop string) error {
 	return nil
 }
 
-func (m *fakeMachine) DiskTop(ctx context.Context) (string, error) {
+func (m *Machine) DiskTop(ctx context.Context) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.top, nil
 }
 
-func (m *fakeMachine) Flatten(ctx context.Context, base string) error { return m.alive() }
+func (m *Machine) Flatten(ctx context.Context, base string) error { return m.alive() }
 
-func (m *fakeMachine) AddCPUs(ctx context.Context, want int) (int, error) {
+func (m *Machine) AddCPUs(ctx context.Context, want int) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if want > m.cpus {
@@ -385,24 +426,24 @@ func (m *fakeMachine) AddCPUs(ctx context.Context, want int) (int, error) {
 	return m.cpus, nil
 }
 
-func (m *fakeMachine) PresentCPUs(ctx context.Context) (int, error) {
+func (m *Machine) PresentCPUs(ctx context.Context) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.cpus, nil
 }
 
-func (m *fakeMachine) SetPluggedMemory(ctx context.Context, mib int64) error {
+func (m *Machine) SetPluggedMemory(ctx context.Context, mib int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.plugged = mib
 	return nil
 }
 
-func (m *fakeMachine) WaitPlugged(ctx context.Context, mib int64) (int64, error) {
+func (m *Machine) WaitPlugged(ctx context.Context, mib int64) (int64, error) {
 	return m.RequestedMemory(ctx)
 }
 
-func (m *fakeMachine) RequestedMemory(ctx context.Context) (int64, error) {
+func (m *Machine) RequestedMemory(ctx context.Context) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.plugged, nil
