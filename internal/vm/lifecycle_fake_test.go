@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -56,20 +55,11 @@ func newFakeEnv(t *testing.T) *fakeEnv {
 	e := &fakeEnv{t: t, hv: fakehv.New(), st: st, ctx: context.Background(), dirs: dir}
 	e.cfg = Config{DataDir: filepath.Join(dir, "data"), RunDir: run, CacheDir: filepath.Join(dir, "cache"),
 		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: HypervisorOf(e.hv),
-		EnsureImage: func(ctx context.Context, o image.Options) (*image.Image, error) {
-			if o.Name != image.Default {
-				return nil, fmt.Errorf("no image %s here", o.Name)
-			}
-			return e.img, nil
-		}, Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute}
-	// The image: a real (empty) qcow2 disk; the fake machines boot no kernel.
-	imgDir := filepath.Join(dir, "image")
-	os.MkdirAll(imgDir, 0o700)
-	e.img = &image.Image{Name: image.Default, Hash: "fakeimage", Dir: imgDir, Kernel: filepath.Join(imgDir, "vmlinuz"),
-		Initrd: filepath.Join(imgDir, "initrd.img"), Disk: filepath.Join(imgDir, "rootfs.qcow2"), SizeBytes: 1 << 30}
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", e.img.Disk, "1G").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img: %v: %s", err, out)
+		Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute}
+	if e.img, err = fakehv.Image(filepath.Join(dir, "image")); err != nil {
+		t.Fatal(err)
 	}
+	e.cfg.EnsureImage = fakehv.EnsureImage(e.img)
 	e.s = e.newService()
 	t.Cleanup(func() {
 		e.s.Close()

@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest/agent"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/image"
 )
 
 // HV is the fake hypervisor.
@@ -521,5 +523,30 @@ func (p *fakePort) close() {
 	if p.cur != nil {
 		p.cur.Close()
 		p.cur = nil
+	}
+}
+
+// Image makes, in dir, an image for fake machines: named image.Default,
+// with a real (empty) 1 GiB qcow2 disk for the overlays made on it, and
+// no kernel (fake machines boot none).
+func Image(dir string) (*image.Image, error) {
+	img := &image.Image{Name: image.Default, Hash: "fakeimage", Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"),
+		Initrd: filepath.Join(dir, "initrd.img"), Disk: filepath.Join(dir, "rootfs.qcow2"), SizeBytes: 1 << 30}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", img.Disk, "1G").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("qemu-img create: %v: %s", err, out)
+	}
+	return img, nil
+}
+
+// EnsureImage returns a vm.Config.EnsureImage that knows only img.
+func EnsureImage(img *image.Image) func(context.Context, image.Options) (*image.Image, error) {
+	return func(_ context.Context, o image.Options) (*image.Image, error) {
+		if o.Name != img.Name {
+			return nil, fmt.Errorf("no image %s here (fake machines have only %s)", o.Name, img.Name)
+		}
+		return img, nil
 	}
 }
