@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// stateVMs is one VM ("web", vm1) in a chosen state. DialPort does what the
+// VM service does: a paused or suspended VM is woken first (recorded), a
+// running one is dialled, others fail as the service fails them.
+type stateVMs struct {
+	mu      sync.Mutex
+	state   api.State
+	backend string
+	dialErr error // returned by DialPort instead of a connection
+	woken   int
+	dials   int
+}
+
+func (f *stateVMs) Get(_ context.Context, ref string) (*store.VM, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ref != "web" && ref != "vm1" {
+		return nil, fmt.Errorf("%w: no VM %q", vm.ErrNotFound, ref)
+	}
+	return &store.VM{ID: "vm1", Name: "web", State: f.state}, nil
+}
+
+func (f *stateVMs) DialPort(ctx context.Context, _ string, _ int) (net.Conn, error) {
+	f.mu.Lock()
+	f.dials++
+	switch f.state {
+	case api.StatePaused, api.StateSuspended:
+		f.state = api.StateRunning
+		f.woken++
+	}
+	st, err := f.state, f.dialErr
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if st != api.StateRunning {
+		return nil, fmt.Errorf("%w: cannot exec VM web: it is %s", vm.ErrConflict, st)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", f.backend)
+}
+
+func (*stateVMs) Hold(string) func() { return func() {} }
+
+// A preview of a VM in each state: running, paused and suspended VMs
+// answer (the last two woken by the request), the others get a page
+// naming their state without any dial; errors of the dial become the
+// statuses a browser should see.
+func TestPreviewInEveryState(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from the VM") }))
+	defer backend.Close()
+	backend.Config.SetKeepAlivesEnabled(false) // every request dials the VM again
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	as := auth.New(st, "avm_admin")
+	f := &stateVMs{backend: backend.Listener.Addr().String()}
+	p, err := New(Config{Listen: "127.0.0.1:0", Domain: "localhost", Auth: as, Store: st, VMs: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	get := func() (int, string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = "3000-web.localhost"
+		r.Header.Set("Authorization", "Bearer avm_admin")
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		return rec.Code, rec.Body.String()
+	}
+	for _, st := range []api.State{api.StateRunning, api.StatePaused, api.StateSuspended} {
+		f.state, f.woken = st, 0
+		code, body := get()
+		if code != http.StatusOK || body != "from the VM" {
+			t.Errorf("%s: %d %q", st, code, body)
+		}
+		if want := map[bool]int{true: 1, false: 0}[st != api.StateRunning]; f.woken != want {
+			t.Errorf("%s: woken %d times", st, f.woken)
+		}
+	}
+	for _, st := range []api.State{api.StateStopped, api.StateCrashed, api.StateError, api.StateCreating, api.StateDeleting} {
+		f.state, f.dials = st, 0
+		code, body := get()
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "web is "+string(st)) || f.dials != 0 {
+			t.Errorf("%s: %d %q after %d dials", st, code, body, f.dials)
+		}
+	}
+	f.state = api.StateRunning
+	for _, c := range []struct {
+		err  error
+		code int
+		says string
+	}{
+		{fmt.Errorf("%w: %w: connect to port 3000: connection refused", vm.ErrUnavailable, vm.ErrNoListener), http.StatusBadGateway, "nothing is listening on port 3000"},
+		{fmt.Errorf("%w: cannot wake web: it is being deleted", vm.ErrConflict), http.StatusServiceUnavailable, "VM not running"},
+		{fmt.Errorf("%w: %w: reset", vm.ErrUnavailable, vm.ErrGuestDial), http.StatusBadGateway, "Bad gateway"},
+	} {
+		f.dialErr = c.err
+		if code, body := get(); code != c.code || !strings.Contains(body, c.says) {
+			t.Errorf("dial error %v: %d %q", c.err, code, body)
+		}
+	}
+}
