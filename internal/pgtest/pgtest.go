@@ -206,8 +206,19 @@ func (s *Server) NewDatabase(ctx context.Context) (string, error) {
 	return s.DSN(name), nil
 }
 
+// Freeze stops every postgres process (SIGSTOP to its process group):
+// connections stay open and queries hang, as across a network partition.
+// Thaw lets them go on.
+func (s *Server) Freeze() error { return syscall.Kill(-s.cmd.Process.Pid, syscall.SIGSTOP) }
+
+// Thaw continues a frozen server.
+func (s *Server) Thaw() error { return syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT) }
+
 // Stop ends postgres (fast shutdown, then a kill) and removes its directory.
 func (s *Server) Stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.Thaw() // a frozen server cannot shut down
+	}
 	if s.admin != nil {
 		s.admin.Close()
 	}

@@ -84,6 +84,19 @@ CREATE INDEX vms_state ON vms(state);`,
 	key TEXT PRIMARY KEY,
 	value TEXT NOT NULL
 );`,
+	// 5: cluster nodes and the node each VM runs on (a cluster needs
+	// PostgreSQL; SQLite keeps the same schema).
+	`CREATE TABLE nodes (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	address TEXT NOT NULL,
+	generation INTEGER NOT NULL,
+	lease_expires INTEGER NOT NULL,
+	joined_at INTEGER NOT NULL,
+	data TEXT NOT NULL
+);
+ALTER TABLE vms ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX vms_node ON vms (node_id);`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -83,6 +83,19 @@ CREATE INDEX vms_state ON vms (state);`,
 	key TEXT PRIMARY KEY,
 	value TEXT NOT NULL
 );`,
+	// 5: cluster nodes, their leases judged by the database's clock, and
+	// the node each VM runs on.
+	`CREATE TABLE nodes (
+	id TEXT PRIMARY KEY,
+	name TEXT NOT NULL UNIQUE,
+	address TEXT NOT NULL,
+	generation BIGINT NOT NULL,
+	lease_expires TIMESTAMPTZ NOT NULL,
+	joined_at TIMESTAMPTZ NOT NULL,
+	data TEXT NOT NULL
+);
+ALTER TABLE vms ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+CREATE INDEX vms_node ON vms (node_id);`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

@@ -78,6 +78,8 @@ type VM struct {
 	Network string `json:"network,omitempty"`
 	// Egress is the VM's own egress policy (nil = its network's, else public).
 	Egress *api.Egress `json:"egress,omitempty"`
+	// Node is the id of the cluster node the VM runs on ("" outside a cluster).
+	Node string `json:"node,omitempty"`
 }
 
 // Snapshot is a saved VM: memory and device state plus a frozen disk chain.
@@ -151,16 +153,16 @@ func nullable(s string) any {
 // CreateVM inserts a new VM; ErrConflict if its name, idempotency key or network index is taken.
 func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 	data, _ := json.Marshal(v)
-	_, err := s.exec(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, state, created_at, data) VALUES (?,?,?,?,?,?,?)`,
-		v.ID, v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, v.CreatedAt.UnixNano(), string(data))
+	_, err := s.exec(ctx, `INSERT INTO vms (id, name, idempotency_key, net_index, state, node_id, created_at, data) VALUES (?,?,?,?,?,?,?,?)`,
+		v.ID, v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, v.Node, v.CreatedAt.UnixNano(), string(data))
 	return mapErr(err)
 }
 
 // UpdateVM replaces a VM's record.
 func (s *Store) UpdateVM(ctx context.Context, v *VM) error {
 	data, _ := json.Marshal(v)
-	r, err := s.exec(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, state=?, data=? WHERE id=?`,
-		v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, string(data), v.ID)
+	r, err := s.exec(ctx, `UPDATE vms SET name=?, idempotency_key=?, net_index=?, state=?, node_id=?, data=? WHERE id=?`,
+		v.Name, nullable(v.IdempotencyKey), v.NetIndex, v.State, v.Node, string(data), v.ID)
 	if err != nil {
 		return mapErr(err)
 	}

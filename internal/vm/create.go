@@ -188,6 +188,9 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 // insertRow claims a name, idempotency key and network for a new VM in state
 // "creating". If the idempotency key was used before, it returns that VM as prev.
 func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *store.VM, err error) {
+	if err := s.checkFenced(); err != nil {
+		return nil, nil, err
+	}
 	id := "vm-" + randHex(6)
 	state := api.StateCreating
 	if o.pool {
@@ -199,7 +202,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 	v = &store.VM{ID: id, Name: o.Name, State: state, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
 		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC(),
 		Network: o.Network, Egress: o.Egress, IdleTimeoutSec: int64(o.IdleTimeout.Seconds()), DeleteAfterSec: int64(o.DeleteAfter.Seconds()),
-		Restart: o.Restart, Image: o.Image}
+		Restart: o.Restart, Image: o.Image, Node: s.cfg.Node}
 	// The row goes in first so the name and idempotency key are claimed; a retry
 	// racing with us sees a conflict instead of making a second VM.
 	for attempt := 0; ; attempt++ {

@@ -126,6 +126,12 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if v, err = s.Get(ctx, v.ID); err != nil { // deleted while we waited
 		return err
 	}
+	if err := s.ours(v); err != nil {
+		return err
+	}
+	if err := s.checkFenced(); err != nil {
+		return err
+	}
 	if err := checkTransition(opDelete, v); err != nil {
 		return err
 	}
@@ -242,7 +248,7 @@ func (s *Service) Logs(ctx context.Context, idOrName string, maxBytes int64) (io
 // Reconcile runs at start-up: it re-attaches to QEMU processes that kept running
 // while the daemon was down, marks dead ones, and removes half-finished creates.
 func (s *Service) Reconcile(ctx context.Context) error {
-	vms, err := s.store.ListVMs(ctx)
+	vms, err := s.localVMs(ctx)
 	if err != nil {
 		return err
 	}
@@ -269,6 +275,9 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
 				v.PID, v.ColdBoot, v.Error = 0, true, "lost while the daemon was down: "+err.Error()
+				if why := s.fenceReason(); why != "" {
+					v.Error = "killed by this node's fence: " + why
+				}
 				s.enter(ctx, v, api.StateCrashed)
 				os.RemoveAll(s.paths(v.ID).Run)
 			}
@@ -277,7 +286,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	// No QEMU runs for a VM unless the VM's record says it runs that one: a
 	// QEMU left by an interrupted operation would hold the VM's disk lock
 	// and make every later start or wake fail.
-	if vms, err = s.store.ListVMs(ctx); err != nil {
+	if vms, err = s.localVMs(ctx); err != nil {
 		return err
 	}
 	for _, v := range vms {

@@ -461,3 +461,55 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	}
 	e.exec("copy", "true") // a VM outlives the snapshot it was made from
 }
+
+// A fence kills every VM of the node at once and refuses operations; the
+// unfence after the node is back records them crashed, with the reason,
+// and they start again. Another node's VM is listed but neither run,
+// reconciled nor operated on here.
+func TestFenceAndOtherNodes(t *testing.T) {
+	e := newFakeEnv(t)
+	e.create("a")
+	e.create("b")
+	other := &store.VM{ID: "vm-elsewhere0001", Name: "remote", State: api.StateRunning, CPUs: 1, MemoryMiB: 512, NetIndex: 90, Node: "node-2", PID: 4242, CreatedAt: time.Now()}
+	if err := e.st.CreateVM(e.ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Pause(e.ctx, "remote"); !errors.Is(err, ErrOtherNode) {
+		t.Fatalf("pause of another node's VM: %v", err)
+	}
+	if err := e.s.Delete(e.ctx, "remote"); !errors.Is(err, ErrOtherNode) {
+		t.Fatalf("delete of another node's VM: %v", err)
+	}
+	if _, _, err := e.s.Guest(e.ctx, "remote"); !errors.Is(err, ErrOtherNode) {
+		t.Fatalf("exec in another node's VM: %v", err)
+	}
+	if vms, _ := e.s.List(e.ctx); len(vms) != 3 {
+		t.Fatalf("list shows %d VMs, want all 3", len(vms))
+	}
+
+	e.s.Fence("the lease could not be renewed")
+	if n := e.hv.Running(); n != 0 {
+		t.Fatalf("%d machines run after the fence", n)
+	}
+	if _, err := e.s.Pause(e.ctx, "a"); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "lease could not be renewed") {
+		t.Fatalf("pause while fenced: %v", err)
+	}
+	if _, _, err := e.s.Create(e.ctx, CreateOptions{Name: "c", MemoryMiB: 512}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("create while fenced: %v", err)
+	}
+	if err := e.s.Unfence(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if v := e.state(name); v.State != api.StateCrashed || !strings.Contains(v.Error, "fence") {
+			t.Fatalf("%s after the unfence: %s %q", name, v.State, v.Error)
+		}
+	}
+	if v := e.state("remote"); v.State != api.StateRunning || v.Error != "" {
+		t.Fatalf("another node's VM was reconciled here: %s %q", v.State, v.Error)
+	}
+	if _, err := e.s.Start(e.ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("a", "true")
+}

@@ -27,8 +27,14 @@ type OpResult struct {
 // is in progress; the handling of an unexpected exit is waited for, up to
 // 30 s), returning the record as it is once the VM is held.
 func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
+	if err := s.checkFenced(); err != nil {
+		return nil, nil, err
+	}
 	v, err := s.Get(ctx, idOrName)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.ours(v); err != nil {
 		return nil, nil, err
 	}
 	unlock, err := s.ops.try(v.ID, v.Name, op)
@@ -323,8 +329,14 @@ const wakeTimeout = 3 * time.Minute
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, err := s.Get(ctx, idOrName)
+	if err == nil {
+		err = s.ours(v)
+	}
 	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
+	}
+	if err := s.checkFenced(); err != nil {
+		return nil, err
 	}
 	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
 	defer s.ops.lock(v.ID, "wake")()
@@ -343,7 +355,7 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 // SuspendAll suspends every running or paused VM for a host shutdown, marking them to
 // be woken at the next start; a VM that cannot be suspended in time is stopped cleanly.
 func (s *Service) SuspendAll(ctx context.Context) {
-	vms, err := s.store.ListVMs(ctx)
+	vms, err := s.localVMs(ctx)
 	if err != nil {
 		return
 	}
@@ -369,7 +381,7 @@ func (s *Service) SuspendAll(ctx context.Context) {
 
 // WakeMarked wakes the VMs suspended by SuspendAll at the previous shutdown.
 func (s *Service) WakeMarked(ctx context.Context) {
-	vms, err := s.store.ListVMs(ctx)
+	vms, err := s.localVMs(ctx)
 	if err != nil {
 		return
 	}

@@ -98,7 +98,10 @@ func (s *Service) RunPolicies(ctx context.Context, interval time.Duration) {
 const policyOpTimeout = 2 * time.Minute
 
 func (s *Service) applyPolicies(ctx context.Context) {
-	vms, err := s.store.ListVMs(ctx)
+	if s.fenceReason() != "" {
+		return
+	}
+	vms, err := s.localVMs(ctx)
 	if err != nil {
 		return
 	}

@@ -184,7 +184,7 @@ func (s *Service) drainPool(ctx context.Context) {
 	case <-s.pool.close(): // a refill under way finishes or undoes itself
 	case <-ctx.Done():
 	}
-	vms, err := s.store.ListVMs(ctx)
+	vms, err := s.localVMs(ctx)
 	if err != nil {
 		return
 	}

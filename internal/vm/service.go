@@ -66,6 +66,9 @@ type Config struct {
 	StateCat string
 	// Hypervisor starts and finds machines (nil: QEMU).
 	Hypervisor Hypervisor
+	// Node is this daemon's cluster node id ("" outside a cluster): new
+	// VMs are recorded on it, and only its VMs are run here.
+	Node string
 	// EnsureImage builds or finds an image (nil: image.Ensure, which
 	// builds Debian images with debootstrap).
 	EnsureImage func(ctx context.Context, o image.Options) (*image.Image, error)
@@ -125,6 +128,8 @@ type Service struct {
 	pool *warmPool
 
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
+
+	fenced string // why the node is fenced ("": it is not); see Fence
 }
 
 // New creates the service. Call Reconcile before serving requests.

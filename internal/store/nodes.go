@@ -1,0 +1,173 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrLeaseLost means a node's lease is no longer its own: another process
+// joined as the node since (a newer generation), or the node was removed.
+var ErrLeaseLost = errors.New("the node's lease is lost")
+
+// ErrNoCluster means the store cannot hold a cluster (SQLite).
+var ErrNoCluster = errors.New("a cluster needs a PostgreSQL store (serve --store postgres://...)")
+
+// Node is a cluster member: a host running agentvm serve --cluster on the
+// cluster's database.
+type Node struct {
+	ID      string `json:"id"`      // the node's data dir identity
+	Name    string `json:"name"`    // unique in the cluster
+	Address string `json:"address"` // where other nodes and clients reach its API
+	// Generation grows by one at every join: a process holding an older
+	// one has lost the node.
+	Generation   int64     `json:"generation"`
+	LeaseExpires time.Time `json:"lease_expires"`
+	JoinedAt     time.Time `json:"joined_at"`
+	// Alive says the lease had not run out at the database's clock when
+	// the node was read; LeaseLeft is how long it had left (negative: how
+	// long ago it ran out).
+	Alive     bool          `json:"-"`
+	LeaseLeft time.Duration `json:"-"`
+	// Capacity and compatibility: what VMs the node can run and which
+	// saved states it can restore.
+	CPUs        int    `json:"cpus"`
+	MemoryMiB   int64  `json:"memory_mib"`
+	QEMUVersion string `json:"qemu_version"`
+	MachineType string `json:"machine_type"`
+	CPUModel    string `json:"cpu_model"`
+	Accel       string `json:"accel"`
+}
+
+func (s *Store) needCluster() error {
+	if !s.pg {
+		return ErrNoCluster
+	}
+	return nil
+}
+
+// JoinNode registers n (or registers it again after a restart or a lost
+// lease) with a lease of ttl from the database's now, and returns the
+// node with its new generation. A name held by another node id is refused
+// with ErrConflict.
+func (s *Store) JoinNode(ctx context.Context, n *Node, ttl time.Duration) (*Node, error) {
+	if err := s.needCluster(); err != nil {
+		return nil, err
+	}
+	if n.ID == "" || n.Name == "" {
+		return nil, errors.New("a node needs an id and a name")
+	}
+	data, _ := json.Marshal(n)
+	var gen int64
+	var exp, joined time.Time
+	err := s.queryRow(ctx, `INSERT INTO nodes (id, name, address, generation, lease_expires, joined_at, data)
+VALUES (?, ?, ?, 1, now() + make_interval(secs => ?), now(), ?)
+ON CONFLICT (id) DO UPDATE SET name = excluded.name, address = excluded.address,
+	generation = nodes.generation + 1, lease_expires = excluded.lease_expires, joined_at = excluded.joined_at, data = excluded.data
+RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, ttl.Seconds(), string(data)).Scan(&gen, &exp, &joined)
+	if err != nil {
+		if errors.Is(mapErr(err), ErrConflict) {
+			return nil, fmt.Errorf("%w: another node is named %q", ErrConflict, n.Name)
+		}
+		return nil, err
+	}
+	out := *n
+	out.Generation, out.LeaseExpires, out.JoinedAt, out.Alive, out.LeaseLeft = gen, exp, joined, true, ttl
+	return &out, nil
+}
+
+// RenewLease extends the lease of node id at generation gen to ttl from
+// the database's now and returns how long it now has; ErrLeaseLost when
+// the node is at another generation or gone.
+func (s *Store) RenewLease(ctx context.Context, id string, gen int64, ttl time.Duration) (time.Time, error) {
+	if err := s.needCluster(); err != nil {
+		return time.Time{}, err
+	}
+	var exp time.Time
+	err := s.queryRow(ctx, `UPDATE nodes SET lease_expires = now() + make_interval(secs => ?)
+WHERE id = ? AND generation = ? RETURNING lease_expires`, ttl.Seconds(), id, gen).Scan(&exp)
+	if errors.Is(err, sql.ErrNoRows) {
+		return time.Time{}, ErrLeaseLost
+	}
+	return exp, err
+}
+
+// LeaveNode ends the lease of node id at generation gen now (a clean
+// shutdown); the node stays listed, not alive.
+func (s *Store) LeaveNode(ctx context.Context, id string, gen int64) error {
+	if err := s.needCluster(); err != nil {
+		return err
+	}
+	_, err := s.exec(ctx, `UPDATE nodes SET lease_expires = now() WHERE id = ? AND generation = ?`, id, gen)
+	return err
+}
+
+// RemoveNode deletes a node that is not alive; ErrConflict while its
+// lease runs.
+func (s *Store) RemoveNode(ctx context.Context, idOrName string) error {
+	if err := s.needCluster(); err != nil {
+		return err
+	}
+	r, err := s.exec(ctx, `DELETE FROM nodes WHERE (id = ? OR name = ?) AND lease_expires <= now()`, idOrName, idOrName)
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		if _, err := s.GetNode(ctx, idOrName); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: node %s is alive (its lease runs): drain or stop it first", ErrConflict, idOrName)
+	}
+	return nil
+}
+
+// GetNode returns one node by id or name.
+func (s *Store) GetNode(ctx context.Context, idOrName string) (*Node, error) {
+	ns, err := s.nodes(ctx, `WHERE id = ? OR name = ?`, idOrName, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	if len(ns) == 0 {
+		return nil, fmt.Errorf("%w: no node %q", ErrNotFound, idOrName)
+	}
+	return ns[0], nil
+}
+
+// ListNodes returns every node, by name, with whether its lease runs at
+// the database's now.
+func (s *Store) ListNodes(ctx context.Context) ([]*Node, error) {
+	return s.nodes(ctx, "")
+}
+
+func (s *Store) nodes(ctx context.Context, where string, args ...any) ([]*Node, error) {
+	if err := s.needCluster(); err != nil {
+		return nil, err
+	}
+	rows, err := s.query(ctx, `SELECT data, generation, lease_expires, joined_at, EXTRACT(EPOCH FROM lease_expires - now())::float8
+FROM nodes `+where+` ORDER BY name`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Node
+	for rows.Next() {
+		var data string
+		var n Node
+		var left float64
+		if err := rows.Scan(&data, &n.Generation, &n.LeaseExpires, &n.JoinedAt, &left); err != nil {
+			return nil, err
+		}
+		gen, exp, joined := n.Generation, n.LeaseExpires, n.JoinedAt
+		if err := json.Unmarshal([]byte(data), &n); err != nil {
+			return nil, fmt.Errorf("decode node: %w", err)
+		}
+		n.Generation, n.LeaseExpires, n.JoinedAt = gen, exp, joined
+		n.LeaseLeft = time.Duration(left * float64(time.Second))
+		n.Alive = n.LeaseLeft > 0
+		out = append(out, &n)
+	}
+	return out, rows.Err()
+}

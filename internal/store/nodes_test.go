@@ -1,0 +1,107 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/pgtest"
+)
+
+// Nodes on PostgreSQL: joins count generations, a lease is renewed only by
+// its generation and runs out by the database's clock, names are unique,
+// only a node whose lease ran out can be removed, and VMs carry their node.
+func TestNodes(t *testing.T) {
+	s, err := Open(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	a := &Node{ID: "node-a-id", Name: "a", Address: "10.0.0.1:8080", CPUs: 8, MemoryMiB: 16384, QEMUVersion: "10.0.2", MachineType: "pc-q35-7.2", CPUModel: "max", Accel: "kvm"}
+	ja, err := s.JoinNode(ctx, a, time.Minute)
+	if err != nil || ja.Generation != 1 || !ja.Alive {
+		t.Fatalf("join: %+v %v", ja, err)
+	}
+	if _, err := s.JoinNode(ctx, &Node{ID: "node-b-id", Name: "a"}, time.Minute); !errors.Is(err, ErrConflict) {
+		t.Fatalf("a second node named a: %v", err)
+	}
+	if _, err := s.RenewLease(ctx, a.ID, 1, time.Minute); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	ja2, err := s.JoinNode(ctx, a, time.Minute) // a restart of the node
+	if err != nil || ja2.Generation != 2 {
+		t.Fatalf("join again: %+v %v", ja2, err)
+	}
+	if _, err := s.RenewLease(ctx, a.ID, 1, time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("a renewal by the old generation: %v", err)
+	}
+	if err := s.RemoveNode(ctx, "a"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("removing a live node: %v", err)
+	}
+	// A short lease runs out on its own.
+	b := &Node{ID: "node-b-id", Name: "b", Address: "10.0.0.2:8080", CPUs: 2, MemoryMiB: 4096}
+	if _, err := s.JoinNode(ctx, b, 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n, err := s.GetNode(ctx, "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !n.Alive {
+			if n.LeaseLeft > 0 || n.Generation != 1 || n.CPUs != 2 || n.Address != "10.0.0.2:8080" {
+				t.Fatalf("expired node: %+v", n)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b's half-second lease never ran out")
+		}
+	}
+	ns, err := s.ListNodes(ctx)
+	if err != nil || len(ns) != 2 || ns[0].Name != "a" || !ns[0].Alive || ns[0].QEMUVersion != "10.0.2" || ns[1].Alive {
+		t.Fatalf("list: %+v %v", ns, err)
+	}
+	if err := s.LeaveNode(ctx, a.ID, 2); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.GetNode(ctx, a.ID); n.Alive {
+		t.Fatal("a is alive after leaving")
+	}
+	if err := s.RemoveNode(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetNode(ctx, "b"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("removed node: %v", err)
+	}
+	if _, err := s.RenewLease(ctx, b.ID, 1, time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("renewal of a removed node: %v", err)
+	}
+	// A VM's node is a column too.
+	v := &VM{ID: "vm-1", Name: "one", State: "running", NetIndex: 1, Node: a.ID, CreatedAt: time.Now()}
+	if err := s.CreateVM(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	var node string
+	if err := s.queryRow(ctx, `SELECT node_id FROM vms WHERE id = ?`, v.ID).Scan(&node); err != nil || node != a.ID {
+		t.Fatalf("node_id column: %q %v", node, err)
+	}
+}
+
+// SQLite holds no cluster: node calls say what is needed.
+func TestNodesNeedPostgres(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "agentvm.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.JoinNode(context.Background(), &Node{ID: "x", Name: "x"}, time.Minute); !errors.Is(err, ErrNoCluster) {
+		t.Fatalf("join on SQLite: %v", err)
+	}
+	if _, err := s.ListNodes(context.Background()); !errors.Is(err, ErrNoCluster) {
+		t.Fatalf("list on SQLite: %v", err)
+	}
+}
