@@ -5,6 +5,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -206,13 +208,51 @@ func (s *Server) NewDatabase(ctx context.Context) (string, error) {
 	return s.DSN(name), nil
 }
 
-// Freeze stops every postgres process (SIGSTOP to its process group):
+// Freeze stops every postgres process (SIGSTOP to the postmaster and
+// each of its descendants, which run in sessions of their own):
 // connections stay open and queries hang, as across a network partition.
 // Thaw lets them go on.
-func (s *Server) Freeze() error { return syscall.Kill(-s.cmd.Process.Pid, syscall.SIGSTOP) }
+func (s *Server) Freeze() error { return s.signalAll(syscall.SIGSTOP) }
 
 // Thaw continues a frozen server.
-func (s *Server) Thaw() error { return syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT) }
+func (s *Server) Thaw() error { return s.signalAll(syscall.SIGCONT) }
+
+// signalAll sends sig to the postmaster, then to its descendants.
+func (s *Server) signalAll(sig syscall.Signal) error {
+	root := s.cmd.Process.Pid
+	if err := syscall.Kill(root, sig); err != nil {
+		return err
+	}
+	children := map[int][]int{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	for todo := children[root]; len(todo) > 0; {
+		pid := todo[0]
+		todo = append(todo[1:], children[pid]...)
+		syscall.Kill(pid, sig)
+	}
+	return nil
+}
 
 // Stop ends postgres (fast shutdown, then a kill) and removes its directory.
 func (s *Server) Stop() {
