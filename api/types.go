@@ -69,6 +69,38 @@ type VM struct {
 	// StateBytes is the disk space a suspended VM's saved memory and device
 	// state takes (allocated bytes of all its files; absent when not suspended).
 	StateBytes int64 `json:"state_bytes,omitempty"`
+	// Node and NodeID name the cluster node the VM runs on (absent outside
+	// a cluster).
+	Node   string `json:"node,omitempty"`
+	NodeID string `json:"node_id,omitempty"`
+}
+
+// Node is a cluster node (GET /v1/nodes).
+type Node struct {
+	ID      string `json:"id"`
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	// Generation grows at every join of the node.
+	Generation int64 `json:"generation"`
+	// Alive says its lease runs, by the database's clock; LeaseLeftMs is
+	// how long it has left (negative: how long ago it ran out).
+	Alive        bool      `json:"alive"`
+	LeaseExpires time.Time `json:"lease_expires"`
+	LeaseLeftMs  int64     `json:"lease_left_ms"`
+	JoinedAt     time.Time `json:"joined_at"`
+	// Self marks the node that answered.
+	Self        bool   `json:"self,omitempty"`
+	CPUs        int    `json:"cpus"`
+	MemoryMiB   int64  `json:"memory_mib"`
+	QEMUVersion string `json:"qemu_version"`
+	MachineType string `json:"machine_type"`
+	CPUModel    string `json:"cpu_model"`
+	Accel       string `json:"accel"`
+}
+
+// ListNodesResponse is returned by GET /v1/nodes.
+type ListNodesResponse struct {
+	Nodes []Node `json:"nodes"`
 }
 
 // CreateVMRequest creates a VM. Memory and Disk accept MiB as a bare number or a
@@ -260,6 +292,9 @@ const (
 	CodeUnavailable  = "unavailable"
 	CodeInternal     = "internal"
 	CodeForbidden    = "forbidden"
+	// CodeOtherNode answers 421: the VM runs on another cluster node,
+	// which the message names.
+	CodeOtherNode = "other_node"
 	// CodeStateIncompatible answers 409: a snapshot or suspended VM was saved
 	// by a QEMU (or machine type, accelerator, CPU model) that this server's
 	// QEMU cannot restore, such as a newer QEMU.

@@ -38,7 +38,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), caCmd(), mcpCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
+	root.AddCommand(serveCmd(), nodeCmd(), caCmd(), mcpCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
 		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
 		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
 		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd(), screenshotCmd())

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -120,10 +121,19 @@ func lsCmd() *cobra.Command {
 				return printJSON(vms)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCPUS\tMEMORY\tDISK\tIP\tAGE")
+			cluster := slices.ContainsFunc(vms, func(v api.VM) bool { return v.Node != "" })
+			head := "ID\tNAME\tSTATE\tCPUS\tMEMORY\tDISK\tIP\tAGE"
+			if cluster {
+				head += "\tNODE"
+			}
+			fmt.Fprintln(tw, head)
 			for _, v := range vms {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s\n", v.ID, v.Name, v.State, v.CPUs, v.MemoryMiB,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s", v.ID, v.Name, v.State, v.CPUs, v.MemoryMiB,
 					api.Size(v.DiskBytes), v.IP, time.Since(v.CreatedAt).Round(time.Second))
+				if cluster {
+					fmt.Fprintf(tw, "\t%s", v.Node)
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},

@@ -93,6 +93,8 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("GET /v1/snapshots/{id}", admin(s.getSnapshot))
 	authed.HandleFunc("DELETE /v1/snapshots/{id}", admin(s.deleteSnapshot))
 	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.scoped(api.PermExec, s.tcpVM))
+	authed.HandleFunc("GET /v1/nodes", admin(s.listNodes))
+	authed.HandleFunc("DELETE /v1/nodes/{node}", admin(s.removeNode))
 	authed.HandleFunc("POST /v1/tokens", admin(s.createToken))
 	authed.HandleFunc("GET /v1/tokens", admin(s.listTokens))
 	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))
@@ -133,6 +135,9 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	out.IdleTimeoutSec, out.DeleteAfterSec, out.Restart = v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart
 	out.Image = imageName(v.Image)
 	out.StateBytes = s.svc.StateBytes(v)
+	if v.Node != "" {
+		out.NodeID, out.Node = v.Node, s.nodes.name(s, v.Node)
+	}
 	return out
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/cluster"
 	"github.com/agentvm/agentvm/internal/console"
 	"github.com/agentvm/agentvm/internal/e2b"
 	"github.com/agentvm/agentvm/internal/guest"
@@ -58,6 +59,14 @@ type Config struct {
 	KeepRunning bool
 	// WarmPool is how many ready VMs to keep per recently created shape.
 	WarmPool int
+	// Cluster makes the daemon a node of the cluster on its PostgreSQL
+	// store (serve --cluster): NodeName (default: the host name) names it,
+	// Advertise is the address other nodes and clients reach its API at
+	// (default: the listen address), LeaseTTL its lease (0: 15 s).
+	Cluster   bool
+	NodeName  string
+	Advertise string
+	LeaseTTL  time.Duration
 	// StateFormat is vm.Config.StateFormat (serve --state-format).
 	StateFormat string
 	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
@@ -108,6 +117,8 @@ type Server struct {
 	ln      net.Listener
 	log     *slog.Logger
 	accel   string
+	member  *cluster.Member // the cluster membership (nil: not a cluster node)
+	nodes   nodeNameCache
 	// guestFn, when set, replaces svc.Guest for the service, job and
 	// process relays (tests put a fake agent behind it).
 	guestFn func(ctx context.Context, ref string) (*store.VM, *guest.Client, error)
@@ -184,14 +195,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// One daemon per shared database: the records name this data dir's
 	// files. (A SQLite file is the data dir's own; a daemon that lost its
 	// instance-id must not be locked out of it.)
+	// In a cluster the database is shared by design: the data dir's
+	// identity is the node's, and each node runs its own VMs.
+	var nodeID string
 	if s.store.Backend() == "postgres" {
 		owner, err := loadOrCreateRandom(filepath.Join(cfg.DataDir, "instance-id"), "", 16)
 		if err != nil {
 			return nil, err
 		}
-		if err := s.store.ClaimOwner(ctx, owner); err != nil {
+		if cfg.Cluster {
+			nodeID = owner
+		} else if err := s.store.ClaimOwner(ctx, owner); err != nil {
 			return nil, fmt.Errorf("metadata store %s: %w", store.Redact(dsn), err)
 		}
+	} else if cfg.Cluster {
+		return nil, fmt.Errorf("--cluster: %w", store.ErrNoCluster)
 	}
 	s.tokens = auth.New(s.store, s.token)
 	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)
@@ -212,6 +230,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		PoolSize:      cfg.WarmPool,
 		StateFormat:   cfg.StateFormat,
 		StateCat:      cfg.StateCat,
+		Node:          nodeID,
 	}, s.store)
 	if err != nil {
 		return nil, err
@@ -256,6 +275,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.svc.SetDaemonListeners(own)
 	s.svc.OnDelete(s.forgetDeletedVM)
 	s.svc.OnOp(s.metrics.observe) // lifecycle latencies; exec and other relays observe their own
+	if cfg.Cluster {
+		n, err := s.clusterNode(nodeID, qv)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.joinCluster(ctx, n); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, err
 	}
@@ -321,6 +349,13 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
+	var memberDone chan struct{}
+	mctx, stopMember := context.WithCancel(context.Background())
+	defer stopMember()
+	if s.member != nil {
+		memberDone = make(chan struct{})
+		go func() { defer close(memberDone); s.member.Run(mctx) }()
+	}
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)
 	go s.svc.RunLogCap(ctx, time.Second)
@@ -349,6 +384,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		s.svc.SuspendAll(actx)
 		cancel()
+	}
+	if memberDone != nil { // the node leaves once its VMs are saved
+		stopMember()
+		<-memberDone
 	}
 	s.closeResources()
 	return nil
@@ -499,6 +538,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusBadRequest, api.CodeInvalid
 	case errors.Is(err, vm.ErrNotFound):
 		status, code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, vm.ErrOtherNode):
+		status, code = http.StatusMisdirectedRequest, api.CodeOtherNode
 	case errors.Is(err, vm.ErrStateIncompatible):
 		status, code = http.StatusConflict, api.CodeStateIncompatible
 	case errors.Is(err, vm.ErrConflict):
@@ -513,7 +554,7 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
 	}
 	msg := err.Error()
-	for _, p := range []string{vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": ", auth.ErrInvalid.Error() + ": ", auth.ErrForbidden.Error() + ": "} {
+	for _, p := range []string{vm.ErrOtherNode.Error() + ": ", vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": ", auth.ErrInvalid.Error() + ": ", auth.ErrForbidden.Error() + ": "} {
 		msg = strings.TrimPrefix(msg, p)
 	}
 	writeError(w, status, code, msg)

@@ -130,6 +130,17 @@ func (c *Client) Health(ctx context.Context) (*api.Health, error) {
 	return &h, c.do(ctx, "GET", "/v1/health", nil, &h)
 }
 
+// ListNodes lists the nodes of the cluster the server is a node of.
+func (c *Client) ListNodes(ctx context.Context) ([]api.Node, error) {
+	var out api.ListNodesResponse
+	return out.Nodes, c.do(ctx, "GET", "/v1/nodes", nil, &out)
+}
+
+// RemoveNode removes a node whose lease has run out.
+func (c *Client) RemoveNode(ctx context.Context, node string) error {
+	return c.do(ctx, "DELETE", "/v1/nodes/"+url.PathEscape(node), nil, nil)
+}
+
 // CreateVM creates a VM and returns it running.
 func (c *Client) CreateVM(ctx context.Context, req api.CreateVMRequest) (*api.VM, error) {
 	var v api.VM

@@ -1,0 +1,162 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/cluster"
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// Cluster mode (serve --cluster): this daemon is a node of the cluster
+// whose database is the PostgreSQL store. It joins with its data dir's
+// identity, runs only the VMs recorded on it, renews its lease and fences
+// itself (every VM killed) when it cannot (internal/cluster).
+
+// clusterNode is what this host tells the cluster about itself.
+func (s *Server) clusterNode(id, qemuVersion string) (store.Node, error) {
+	name := s.cfg.NodeName
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return store.Node{}, fmt.Errorf("--node-name: %w", err)
+		}
+		name = h
+	}
+	if err := vm.ValidateName(name); err != nil {
+		return store.Node{}, fmt.Errorf("--node-name %q: %w", name, err)
+	}
+	addr := s.cfg.Advertise
+	if addr == "" {
+		addr = s.ln.Addr().String()
+	}
+	return store.Node{ID: id, Name: name, Address: addr, CPUs: runtime.NumCPU(), MemoryMiB: hostMemoryMiB(),
+		QEMUVersion: qemuVersion, MachineType: qemu.MachineType, CPUModel: qemu.CPUModel(s.accel), Accel: s.accel}, nil
+}
+
+// joinCluster joins before the VMs are reconciled; startCluster (from
+// Serve) keeps the lease.
+func (s *Server) joinCluster(ctx context.Context, n store.Node) error {
+	m, err := cluster.Join(ctx, cluster.Config{Store: s.store, Node: n, TTL: s.cfg.LeaseTTL, Log: s.log,
+		Fence: s.svc.Fence,
+		Rejoined: func(ctx context.Context, _ *store.Node) {
+			if err := s.svc.Unfence(ctx); err != nil {
+				s.log.Error("record the fence's effects", "err", err)
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	s.member = m
+	return nil
+}
+
+// hostMemoryMiB is the host's MemTotal (0 when unknown).
+func hostMemoryMiB() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb >> 10
+		}
+	}
+	return 0
+}
+
+func (s *Server) nodeToAPI(n *store.Node) api.Node {
+	return api.Node{ID: n.ID, Name: n.Name, Address: n.Address, Generation: n.Generation, Alive: n.Alive,
+		LeaseExpires: n.LeaseExpires.UTC(), LeaseLeftMs: n.LeaseLeft.Milliseconds(), JoinedAt: n.JoinedAt.UTC(),
+		Self: s.member != nil && s.member.Node().ID == n.ID,
+		CPUs: n.CPUs, MemoryMiB: n.MemoryMiB, QEMUVersion: n.QEMUVersion, MachineType: n.MachineType, CPUModel: n.CPUModel, Accel: n.Accel}
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	ns, err := s.store.ListNodes(r.Context())
+	if errors.Is(err, store.ErrNoCluster) {
+		writeError(w, http.StatusConflict, api.CodeConflict, "this agentvm is not a cluster node: start it with serve --cluster --store postgres://...")
+		return
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := api.ListNodesResponse{Nodes: []api.Node{}}
+	for _, n := range ns {
+		out.Nodes = append(out.Nodes, s.nodeToAPI(n))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
+	ref := r.PathValue("node")
+	err := s.store.RemoveNode(r.Context(), ref)
+	switch {
+	case errors.Is(err, store.ErrNoCluster):
+		writeError(w, http.StatusConflict, api.CodeConflict, "this agentvm is not a cluster node")
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no node %q", ref))
+	case errors.Is(err, store.ErrConflict):
+		writeError(w, http.StatusConflict, api.CodeConflict, strings.TrimPrefix(err.Error(), store.ErrConflict.Error()+": "))
+	case err != nil:
+		writeErr(w, err)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// nodeNames maps node ids to names for VM listings (nil outside a cluster).
+func (s *Server) nodeNames(ctx context.Context) map[string]string {
+	if s.member == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ns, err := s.store.ListNodes(ctx)
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]string, len(ns))
+	for _, n := range ns {
+		out[n.ID] = n.Name
+	}
+	return out
+}
+
+// nodeNameCache maps node ids to names for VM listings, read again from
+// the store at most every few seconds.
+type nodeNameCache struct {
+	mu    sync.Mutex
+	names map[string]string
+	at    time.Time
+}
+
+func (c *nodeNameCache) name(s *Server, id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.names == nil || time.Since(c.at) > 3*time.Second || c.names[id] == "" {
+		if m := s.nodeNames(context.Background()); m != nil {
+			c.names, c.at = m, time.Now()
+		}
+	}
+	if n := c.names[id]; n != "" {
+		return n
+	}
+	return id
+}
