@@ -364,11 +364,12 @@ func (s *Service) flattenIfDeep(v *store.VM) {
 			s.log.Warn("flatten failed", "vm", v.ID, "err", err)
 			return
 		}
+		n := len(cur.Layers)
 		cur.Layers = nil
 		if err := s.store.UpdateVM(ctx, cur); err != nil {
 			return
 		}
-		s.logEvent(v.ID, "flattened %d disk layers in %d ms", len(cur.Layers), time.Since(start).Milliseconds())
+		s.logEvent(v.ID, "flattened %d disk layers in %d ms", n, time.Since(start).Milliseconds())
 		s.gcLayers(ctx)
 	}()
 }
