@@ -328,15 +328,15 @@ const wakeTimeout = 3 * time.Minute
 // Wake brings a paused or suspended VM back to running; concurrent callers share
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
+	if err := s.checkFenced(); err != nil { // before the store, which may be what is gone
+		return nil, err
+	}
 	v, err := s.Get(ctx, idOrName)
 	if err == nil {
 		err = s.ours(v)
 	}
 	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
-	}
-	if err := s.checkFenced(); err != nil {
-		return nil, err
 	}
 	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
 	defer s.ops.lock(v.ID, "wake")()
