@@ -73,6 +73,9 @@ type VM struct {
 	// a cluster).
 	Node   string `json:"node,omitempty"`
 	NodeID string `json:"node_id,omitempty"`
+	// NodeLost says the VM's node is gone (its lease ran out): the VM is
+	// not running anywhere, whatever its recorded state.
+	NodeLost bool `json:"node_lost,omitempty"`
 }
 
 // Node is a cluster node (GET /v1/nodes).

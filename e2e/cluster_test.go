@@ -20,7 +20,8 @@ import (
 // (its processes frozen, as in a network partition) each node kills its
 // VMs before its lease can run out; when it answers again they join again
 // with a new generation, the killed VMs are recorded crashed with the
-// reason, and operations work again. A node that stops leaves at once.
+// reason, and operations work again. A node that stops leaves at once, and
+// its VMs are shown lost.
 func TestClusterNodes(t *testing.T) {
 	testenv.Require(t)
 	pg := pgtest.StartT(t)
@@ -128,6 +129,19 @@ func TestClusterNodes(t *testing.T) {
 		if n.Name == "node-b" && n.Alive {
 			t.Fatalf("node-b after it stopped: %+v", n)
 		}
+	}
+	// Its VMs are shown lost: they run nowhere.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		got, err := a.Client.GetVM(ctx, "on-b")
+		if err == nil && got.NodeLost {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("on-b after node-b left: %+v %v", got, err)
+		}
+	}
+	if out, _, _ := a.CLI("", "ls"); !strings.Contains(out, "lost (was crashed)") {
+		t.Fatalf("agentvm ls after node-b left:\n%s", out)
 	}
 	for _, name := range []string{"on-a", "after"} {
 		if err := a.Client.DeleteVM(ctx, name); err != nil {

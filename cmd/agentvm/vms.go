@@ -128,7 +128,11 @@ func lsCmd() *cobra.Command {
 			}
 			fmt.Fprintln(tw, head)
 			for _, v := range vms {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s", v.ID, v.Name, v.State, v.CPUs, v.MemoryMiB,
+				state := string(v.State)
+				if v.NodeLost {
+					state = "lost (was " + state + ")"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s", v.ID, v.Name, state, v.CPUs, v.MemoryMiB,
 					api.Size(v.DiskBytes), v.IP, time.Since(v.CreatedAt).Round(time.Second))
 				if cluster {
 					fmt.Fprintf(tw, "\t%s", v.Node)

@@ -121,8 +121,14 @@ func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// nodeNames maps node ids to names for VM listings (nil outside a cluster).
-func (s *Server) nodeNames(ctx context.Context) map[string]string {
+// nodeSummary is what a VM listing shows of a node.
+type nodeSummary struct {
+	name  string
+	alive bool
+}
+
+// nodeSummaries maps node ids to names and liveness (nil outside a cluster).
+func (s *Server) nodeSummaries(ctx context.Context) map[string]nodeSummary {
 	if s.member == nil {
 		return nil
 	}
@@ -132,31 +138,34 @@ func (s *Server) nodeNames(ctx context.Context) map[string]string {
 	if err != nil {
 		return nil
 	}
-	out := make(map[string]string, len(ns))
+	out := make(map[string]nodeSummary, len(ns))
 	for _, n := range ns {
-		out[n.ID] = n.Name
+		out[n.ID] = nodeSummary{n.Name, n.Alive}
 	}
 	return out
 }
 
-// nodeNameCache maps node ids to names for VM listings, read again from
-// the store at most every few seconds.
-type nodeNameCache struct {
+// nodeCache holds the nodes for VM listings, read again from the store
+// at most every two seconds (and when it meets an unknown node).
+type nodeCache struct {
 	mu    sync.Mutex
-	names map[string]string
+	nodes map[string]nodeSummary
 	at    time.Time
 }
 
-func (c *nodeNameCache) name(s *Server, id string) string {
+// get returns the node id: its name (the id when unknown) and whether it
+// is alive (a node this one does not know of counts as alive: nothing
+// says it is gone).
+func (c *nodeCache) get(s *Server, id string) nodeSummary {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.names == nil || time.Since(c.at) > 3*time.Second || c.names[id] == "" {
-		if m := s.nodeNames(context.Background()); m != nil {
-			c.names, c.at = m, time.Now()
+	if _, known := c.nodes[id]; !known || time.Since(c.at) > 2*time.Second {
+		if m := s.nodeSummaries(context.Background()); m != nil {
+			c.nodes, c.at = m, time.Now()
 		}
 	}
-	if n := c.names[id]; n != "" {
+	if n, ok := c.nodes[id]; ok {
 		return n
 	}
-	return id
+	return nodeSummary{name: id, alive: true}
 }

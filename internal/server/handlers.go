@@ -136,7 +136,8 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 	out.Image = imageName(v.Image)
 	out.StateBytes = s.svc.StateBytes(v)
 	if v.Node != "" {
-		out.NodeID, out.Node = v.Node, s.nodes.name(s, v.Node)
+		n := s.nodes.get(s, v.Node)
+		out.NodeID, out.Node, out.NodeLost = v.Node, n.name, !n.alive
 	}
 	return out
 }

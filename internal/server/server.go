@@ -118,7 +118,7 @@ type Server struct {
 	log     *slog.Logger
 	accel   string
 	member  *cluster.Member // the cluster membership (nil: not a cluster node)
-	nodes   nodeNameCache
+	nodes   nodeCache
 	// guestFn, when set, replaces svc.Guest for the service, job and
 	// process relays (tests put a fake agent behind it).
 	guestFn func(ctx context.Context, ref string) (*store.VM, *guest.Client, error)
