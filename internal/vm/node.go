@@ -50,12 +50,8 @@ func (s *Service) localVMs(ctx context.Context) ([]*store.VM, error) {
 func (s *Service) Fence(reason string) {
 	s.mu.Lock()
 	s.fenced = reason
-	ins := make([]*instance, 0, len(s.instances))
-	for _, in := range s.instances {
-		ins = append(ins, in)
-	}
-	s.instances = map[string]*instance{}
 	s.mu.Unlock()
+	ins := s.takeInstances()
 	for _, in := range ins {
 		in.kill()
 	}

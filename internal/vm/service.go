@@ -317,20 +317,25 @@ func (s *Service) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	s.drainPool(ctx)
 	cancel()
-	s.mu.Lock()
-	ins := make([]*instance, 0, len(s.instances))
-	for _, in := range s.instances {
-		ins = append(ins, in)
-	}
-	s.instances = map[string]*instance{}
-	s.mu.Unlock()
-	for _, in := range ins {
+	for _, in := range s.takeInstances() {
 		in.detach()
 	}
 	// A state saved at shutdown (the server suspends its VMs) must reach
 	// the disk before the daemon exits: a host rebooting next would find it
 	// unsynced and count its memory lost.
 	s.syncs.Wait()
+}
+
+// takeInstances empties the instance map and returns what it held.
+func (s *Service) takeInstances() []*instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ins := make([]*instance, 0, len(s.instances))
+	for _, in := range s.instances {
+		ins = append(ins, in)
+	}
+	s.instances = map[string]*instance{}
+	return ins
 }
 
 func (s *Service) newNetwork(v *store.VM) (*network.Network, error) {
