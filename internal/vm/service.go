@@ -235,13 +235,21 @@ func (s *Service) instance(id string) *instance {
 	return s.instances[id]
 }
 
+// setInstance records (or, with nil, forgets) the live side of VM id. On
+// a fenced node a new instance is killed instead: an operation that was
+// starting a machine when the fence came must not leave it running.
 func (s *Service) setInstance(id string, in *instance) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if in == nil {
+	fenced := s.fenced != "" && in != nil
+	switch {
+	case in == nil:
 		delete(s.instances, id)
-	} else {
+	case !fenced:
 		s.instances[id] = in
+	}
+	s.mu.Unlock()
+	if fenced {
+		in.kill()
 	}
 }
 
