@@ -30,7 +30,8 @@ type Config struct {
 	// Fence kills every VM of the node; it must return quickly and not
 	// need the store.
 	Fence func(reason string)
-	// Rejoined runs after the node joined again following a fence.
+	// Rejoined runs (in its own goroutine: the lease is renewed meanwhile,
+	// and may be lost again) after the node joined again following a fence.
 	Rejoined func(ctx context.Context, n *store.Node)
 	Log      *slog.Logger
 }
@@ -44,6 +45,8 @@ type Member struct {
 	deadline time.Time // fence at this local time unless the lease is renewed first
 	fenced   string    // why the node is fenced ("": it is not)
 	lastErr  error     // the last failed renewal
+
+	wg sync.WaitGroup // Rejoined calls under way
 }
 
 // Join registers the node and returns its membership; Run keeps it.
@@ -101,6 +104,7 @@ func (m *Member) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			wg.Wait()
+			m.wg.Wait()
 			m.leave()
 			return
 		case <-t.C:
@@ -121,20 +125,27 @@ func (m *Member) renew(ctx context.Context) {
 	_, err := m.cfg.Store.RenewLease(rctx, n.ID, n.Generation, m.cfg.TTL)
 	cancel()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.fenced != "" || ctx.Err() != nil {
-		return // fenced meanwhile: the next round joins again
+	if m.fenced != "" || ctx.Err() != nil || m.node.Generation != n.Generation {
+		m.mu.Unlock()
+		return // fenced or joined again meanwhile
 	}
 	if err == nil {
 		m.deadline, m.lastErr = m.fenceAt(start), nil
+		m.mu.Unlock()
 		return
 	}
 	if m.lastErr == nil {
 		m.cfg.Log.Warn("cannot renew the node's lease", "err", err, "fence_in", time.Until(m.deadline).Round(time.Millisecond))
 	}
 	m.lastErr = err
+	why := ""
 	if errors.Is(err, store.ErrLeaseLost) {
-		m.fenceLocked(fmt.Sprintf("the lease of generation %d was lost: another process joined as this node, or it was removed", n.Generation))
+		why = fmt.Sprintf("the lease of generation %d was lost: it ran out, another process joined as this node, or the node was removed", n.Generation)
+		m.fenced = why
+	}
+	m.mu.Unlock()
+	if why != "" {
+		m.fence(why)
 	}
 }
 
@@ -148,21 +159,26 @@ func (m *Member) watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		why := ""
 		m.mu.Lock()
 		if m.fenced == "" && time.Now().After(m.deadline) {
-			why := "no renewal"
+			last := "no renewal"
 			if m.lastErr != nil {
-				why = m.lastErr.Error()
+				last = m.lastErr.Error()
 			}
-			m.fenceLocked(fmt.Sprintf("the lease could not be renewed in time (%s)", why))
+			why = fmt.Sprintf("the lease could not be renewed in time (%s)", last)
+			m.fenced = why
 		}
 		m.mu.Unlock()
+		if why != "" {
+			m.fence(why)
+		}
 	}
 }
 
-// fenceLocked fences the node (m.mu held).
-func (m *Member) fenceLocked(reason string) {
-	m.fenced = reason
+// fence fences the node: m.fenced is already set, so nothing renews the
+// lease of the generation it gave up.
+func (m *Member) fence(reason string) {
 	m.cfg.Log.Error("fencing this node: its lease may run out", "reason", reason)
 	m.cfg.Fence(reason)
 }
@@ -176,25 +192,17 @@ func (m *Member) rejoin(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	// The new lease is watched at once: if it cannot be renewed while
+	// Rejoined runs, the node fences again (and Rejoined's work is undone
+	// by that fence, see vm.Service.Unfence).
 	m.mu.Lock()
-	m.node, m.deadline, m.lastErr = *n, m.fenceAt(start), nil
+	m.node, m.deadline, m.lastErr, m.fenced = *n, m.fenceAt(start), nil, ""
 	m.mu.Unlock()
 	m.cfg.Log.Info("joined the cluster again after a fence", "node", n.Name, "generation", n.Generation)
 	if m.cfg.Rejoined != nil {
-		m.cfg.Rejoined(ctx, n)
+		m.wg.Add(1)
+		go func() { defer m.wg.Done(); m.cfg.Rejoined(ctx, n) }()
 	}
-	// Rejoined may have taken a while: the watchdog starts again from a
-	// fresh renewal, or the node stays fenced and joins again next round.
-	start = time.Now()
-	rctx, cancel := context.WithTimeout(ctx, m.cfg.TTL/3)
-	_, err = m.cfg.Store.RenewLease(rctx, n.ID, n.Generation, m.cfg.TTL)
-	cancel()
-	if err != nil {
-		return
-	}
-	m.mu.Lock()
-	m.fenced, m.deadline = "", m.fenceAt(start)
-	m.mu.Unlock()
 }
 
 // leave gives the lease up at once, so the cluster sees the node gone.

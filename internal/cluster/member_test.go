@@ -88,6 +88,9 @@ func TestMemberLeaseFenceRejoin(t *testing.T) {
 		return err == nil && renewed.LeaseExpires.After(first.LeaseExpires)
 	})
 
+	if f, _ := r.counts(); f != 0 {
+		t.Fatalf("fenced while the database answered: %v", r.fences)
+	}
 	// The database stops answering: the node fences itself in time.
 	if err := pg.Freeze(); err != nil {
 		t.Fatal(err)
@@ -99,7 +102,7 @@ func TestMemberLeaseFenceRejoin(t *testing.T) {
 	r.mu.Unlock()
 	// The lease can run out no earlier than TTL after the last renewal
 	// the database answered, which started before frozeAt.
-	if latest := frozeAt.Add(ttl); !fencedAt.Before(latest) || !strings.Contains(reason, "could not be renewed") {
+	if latest := frozeAt.Add(ttl); !fencedAt.After(frozeAt) || !fencedAt.Before(latest) || !strings.Contains(reason, "could not be renewed") {
 		t.Fatalf("fenced at %v (%q), the lease may have run out by %v", fencedAt, reason, latest)
 	}
 	if m.Fenced() == "" {

@@ -46,21 +46,41 @@ func (s *Server) clusterNode(id, qemuVersion string) (store.Node, error) {
 		QEMUVersion: qemuVersion, MachineType: qemu.MachineType, CPUModel: qemu.CPUModel(s.accel), Accel: s.accel}, nil
 }
 
-// joinCluster joins before the VMs are reconciled; startCluster (from
-// Serve) keeps the lease.
+// joinCluster joins before the VMs are reconciled, and keeps the lease
+// from then on (leaveCluster ends it): a slow start-up must not let it
+// run out unwatched. The VMs of the daemon that used this database before
+// it became a cluster (this data dir, the recorded owner) join this node.
 func (s *Server) joinCluster(ctx context.Context, n store.Node) error {
 	m, err := cluster.Join(ctx, cluster.Config{Store: s.store, Node: n, TTL: s.cfg.LeaseTTL, Log: s.log,
 		Fence: s.svc.Fence,
 		Rejoined: func(ctx context.Context, _ *store.Node) {
 			if err := s.svc.Unfence(ctx); err != nil {
-				s.log.Error("record the fence's effects", "err", err)
+				s.log.Error("record the fence's effects; the node stays fenced", "err", err)
 			}
 		}})
 	if err != nil {
 		return err
 	}
 	s.member = m
+	mctx, stop := context.WithCancel(context.Background())
+	s.memberStop, s.memberDone = stop, make(chan struct{})
+	go func() { defer close(s.memberDone); m.Run(mctx) }()
+	if k, err := s.store.AdoptVMs(ctx, n.ID, n.ID); err != nil {
+		return fmt.Errorf("bring this data dir's VMs into the cluster: %w", err)
+	} else if k > 0 {
+		s.log.Info("this data dir's VMs joined its node", "vms", k)
+	}
 	return nil
+}
+
+// leaveCluster stops renewing the lease and gives it up (once).
+func (s *Server) leaveCluster() {
+	if s.memberStop == nil {
+		return
+	}
+	s.memberStop()
+	<-s.memberDone
+	s.memberStop = nil
 }
 
 // hostMemoryMiB is the host's MemTotal (0 when unknown).
@@ -146,24 +166,33 @@ func (s *Server) nodeSummaries(ctx context.Context) map[string]nodeSummary {
 }
 
 // nodeCache holds the nodes for VM listings, read again from the store
-// at most every two seconds (and when it meets an unknown node).
+// at most every two seconds (outside its lock: concurrent readers may
+// each read it once).
 type nodeCache struct {
 	mu    sync.Mutex
 	nodes map[string]nodeSummary
 	at    time.Time
 }
 
-// get returns the node id: its name (the id when unknown) and whether it
-// is alive (a node this one does not know of counts as alive: nothing
-// says it is gone).
+// get returns node id's name (the id when unknown) and whether it is
+// alive (a node this one does not know of counts as alive: nothing says
+// it is gone).
 func (c *nodeCache) get(s *Server, id string) nodeSummary {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, known := c.nodes[id]; !known || time.Since(c.at) > 2*time.Second {
+	stale := time.Since(c.at) > 2*time.Second
+	if stale {
+		c.at = time.Now() // one reader refreshes; the others use what is there
+	}
+	c.mu.Unlock()
+	if stale {
 		if m := s.nodeSummaries(context.Background()); m != nil {
-			c.nodes, c.at = m, time.Now()
+			c.mu.Lock()
+			c.nodes = m
+			c.mu.Unlock()
 		}
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if n, ok := c.nodes[id]; ok {
 		return n
 	}

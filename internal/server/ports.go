@@ -56,7 +56,7 @@ func (s *Server) exposePort(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("port must be between 1 and 65535, got %d", req.Port))
 		return
 	}
-	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	v, err := s.svc.GetLocal(r.Context(), r.PathValue("id")) // exposures live on the VM's node
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -136,7 +136,7 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) unexposePort(w http.ResponseWriter, r *http.Request) {
-	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	v, err := s.svc.GetLocal(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -240,6 +240,9 @@ func (s *Server) restoreTCPExposures(ctx context.Context) {
 	for _, p := range ps {
 		if p.Kind != "tcp" {
 			continue
+		}
+		if v, err := s.svc.Get(ctx, p.VMID); err != nil || !s.svc.IsLocal(v) {
+			continue // another cluster node's VM opens its own
 		}
 		if _, err := s.proxy.ExposeTCP(p.VMID, p.Port, net.JoinHostPort(p.HostAddr, strconv.Itoa(p.HostPort))); err != nil {
 			s.log.Warn("re-open TCP exposure", "vm", p.VMID, "port", p.Port, "host", p.HostAddr, "host_port", p.HostPort, "err", err)

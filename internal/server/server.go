@@ -118,7 +118,10 @@ type Server struct {
 	log     *slog.Logger
 	accel   string
 	member  *cluster.Member // the cluster membership (nil: not a cluster node)
-	nodes   nodeCache
+	// memberStop and memberDone end the membership's renewals (leaveCluster).
+	memberStop context.CancelFunc
+	memberDone chan struct{}
+	nodes      nodeCache
 	// guestFn, when set, replaces svc.Guest for the service, job and
 	// process relays (tests put a fake agent behind it).
 	guestFn func(ctx context.Context, ref string) (*store.VM, *guest.Client, error)
@@ -210,6 +213,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	} else if cfg.Cluster {
 		return nil, fmt.Errorf("--cluster: %w", store.ErrNoCluster)
+	}
+	if cfg.Cluster && cfg.KeepRunning {
+		return nil, errors.New("--keep-running cannot go with --cluster: a node that stops gives up its lease, and its VMs must not run on without one")
 	}
 	s.tokens = auth.New(s.store, s.token)
 	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)
@@ -349,13 +355,6 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	var memberDone chan struct{}
-	mctx, stopMember := context.WithCancel(context.Background())
-	defer stopMember()
-	if s.member != nil {
-		memberDone = make(chan struct{})
-		go func() { defer close(memberDone); s.member.Run(mctx) }()
-	}
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)
 	go s.svc.RunLogCap(ctx, time.Second)
@@ -385,15 +384,13 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.svc.SuspendAll(actx)
 		cancel()
 	}
-	if memberDone != nil { // the node leaves once its VMs are saved
-		stopMember()
-		<-memberDone
-	}
+	s.leaveCluster() // once its VMs are saved
 	s.closeResources()
 	return nil
 }
 
 func (s *Server) closeResources() {
+	s.leaveCluster()
 	if s.ssh != nil {
 		s.ssh.Close()
 	}

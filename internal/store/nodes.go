@@ -80,15 +80,16 @@ RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, ttl.Se
 }
 
 // RenewLease extends the lease of node id at generation gen to ttl from
-// the database's now and returns how long it now has; ErrLeaseLost when
-// the node is at another generation or gone.
+// the database's now and returns when it runs out; ErrLeaseLost when the
+// node is at another generation, gone, or its lease has already run out
+// (a lease that ran out is never brought back: the node joins again).
 func (s *Store) RenewLease(ctx context.Context, id string, gen int64, ttl time.Duration) (time.Time, error) {
 	if err := s.needCluster(); err != nil {
 		return time.Time{}, err
 	}
 	var exp time.Time
 	err := s.queryRow(ctx, `UPDATE nodes SET lease_expires = now() + make_interval(secs => ?)
-WHERE id = ? AND generation = ? RETURNING lease_expires`, ttl.Seconds(), id, gen).Scan(&exp)
+WHERE id = ? AND generation = ? AND lease_expires > now() RETURNING lease_expires`, ttl.Seconds(), id, gen).Scan(&exp)
 	if errors.Is(err, sql.ErrNoRows) {
 		return time.Time{}, ErrLeaseLost
 	}
@@ -105,23 +106,60 @@ func (s *Store) LeaveNode(ctx context.Context, id string, gen int64) error {
 	return err
 }
 
-// RemoveNode deletes a node that is not alive; ErrConflict while its
-// lease runs.
+// RemoveNode deletes a node that is not alive and has no VMs; ErrConflict
+// while its lease runs or VMs are recorded on it (they would belong to
+// no node).
 func (s *Store) RemoveNode(ctx context.Context, idOrName string) error {
 	if err := s.needCluster(); err != nil {
 		return err
 	}
-	r, err := s.exec(ctx, `DELETE FROM nodes WHERE (id = ? OR name = ?) AND lease_expires <= now()`, idOrName, idOrName)
+	r, err := s.exec(ctx, `DELETE FROM nodes WHERE (id = ? OR name = ?) AND lease_expires <= now()
+AND NOT EXISTS (SELECT 1 FROM vms WHERE vms.node_id = nodes.id)`, idOrName, idOrName)
 	if err != nil {
 		return err
 	}
 	if n, _ := r.RowsAffected(); n == 0 {
-		if _, err := s.GetNode(ctx, idOrName); err != nil {
+		node, err := s.GetNode(ctx, idOrName)
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("%w: node %s is alive (its lease runs): drain or stop it first", ErrConflict, idOrName)
+		if node.Alive {
+			return fmt.Errorf("%w: node %s is alive (its lease runs): stop it first", ErrConflict, node.Name)
+		}
+		return fmt.Errorf("%w: VMs are recorded on node %s: delete them first", ErrConflict, node.Name)
 	}
 	return nil
+}
+
+// AdoptVMs records on node id the VMs of no node, when owner is the data
+// dir recorded as the database's owner (ClaimOwner): the VMs of the daemon
+// that used the database before it became a cluster node. It returns how
+// many it adopted.
+func (s *Store) AdoptVMs(ctx context.Context, owner, id string) (int, error) {
+	var have string
+	err := s.queryRow(ctx, `SELECT value FROM meta WHERE key = 'owner'`).Scan(&have)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && have != owner) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	vms, err := s.ListVMs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, v := range vms {
+		if v.Node != "" {
+			continue
+		}
+		v.Node = id
+		if err := s.UpdateVM(ctx, v); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // GetNode returns one node by id or name.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +62,9 @@ func TestNodes(t *testing.T) {
 			t.Fatal("b's half-second lease never ran out")
 		}
 	}
+	if _, err := s.RenewLease(ctx, b.ID, 1, time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("renewal of a lease that ran out: %v", err)
+	}
 	ns, err := s.ListNodes(ctx)
 	if err != nil || len(ns) != 2 || ns[0].Name != "a" || !ns[0].Alive || ns[0].QEMUVersion != "10.0.2" || ns[1].Alive {
 		t.Fatalf("list: %+v %v", ns, err)
@@ -88,6 +92,26 @@ func TestNodes(t *testing.T) {
 	var node string
 	if err := s.queryRow(ctx, `SELECT node_id FROM vms WHERE id = ?`, v.ID).Scan(&node); err != nil || node != a.ID {
 		t.Fatalf("node_id column: %q %v", node, err)
+	}
+	if err := s.RemoveNode(ctx, "a"); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "VMs are recorded") {
+		t.Fatalf("removing a node with VMs: %v", err)
+	}
+	// The VMs of the database's single-node owner join that owner's node.
+	old := &VM{ID: "vm-2", Name: "two", State: "stopped", NetIndex: 2, CreatedAt: time.Now()}
+	if err := s.CreateVM(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ClaimOwner(ctx, "owner-x"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.AdoptVMs(ctx, "someone-else", a.ID); err != nil || n != 0 {
+		t.Fatalf("adopt by another data dir: %d %v", n, err)
+	}
+	if n, err := s.AdoptVMs(ctx, "owner-x", a.ID); err != nil || n != 1 {
+		t.Fatalf("adopt by the owner: %d %v", n, err)
+	}
+	if got, _ := s.GetVM(ctx, "two"); got.Node != a.ID {
+		t.Fatalf("adopted VM's node: %q", got.Node)
 	}
 }
 

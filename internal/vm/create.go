@@ -140,6 +140,9 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	if err := o.Validate(); err != nil {
 		return nil, false, err
 	}
+	if err := s.checkFenced(); err != nil {
+		return nil, false, err
+	}
 	if err := s.checkNetwork(ctx, o.Network); err != nil {
 		return nil, false, err
 	}
@@ -373,7 +376,9 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "identity_ms", (time.Since(t0) - tAgent).Milliseconds(), "guest_identity_ms", idr.MS, "steps_us", idr.StepsUS, "restore", mc.Incoming != "")
 	now := time.Now().UTC()
 	v.PID, v.StartedAt, v.Error = m.PID(), &now, "" // the caller records it running
-	s.setInstance(v.ID, in)
+	if !s.setInstance(v.ID, in) {
+		return fmt.Errorf("%w: this node was fenced while the VM started (%s)", ErrUnavailable, s.fenceReason())
+	}
 	go s.monitor(v.ID, in)
 	return nil
 }

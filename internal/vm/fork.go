@@ -41,6 +41,9 @@ const forkAttempts = 3
 // is deleted and made again from a new capture of the parent; after forkAttempts
 // captures the fork fails and leaves no child behind. The parent is only captured.
 func (s *Service) fork(ctx context.Context, idOrName string, fo ForkOptions) (*ForkResult, error) {
+	if err := s.checkFenced(); err != nil {
+		return nil, err
+	}
 	count := fo.Count
 	if count < 1 || count > 32 {
 		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)

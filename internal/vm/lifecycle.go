@@ -108,8 +108,17 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 		return nil, err
 	}
 	v.ColdBoot = true
+	if err := s.enter(ctx, v, table[opStart].to); err != nil {
+		// A QEMU the record does not name would be killed by the next
+		// start anyway: end it now.
+		if in := s.instance(v.ID); in != nil {
+			in.kill()
+			s.setInstance(v.ID, nil)
+		}
+		return nil, fmt.Errorf("start %s: record it running: %w", v.Name, err)
+	}
 	s.logEvent(v.ID, "started (qemu pid %d)", v.PID)
-	return v, s.enter(ctx, v, table[opStart].to)
+	return v, nil
 }
 
 // remove removes a VM in any settled state.
@@ -275,9 +284,6 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
 				v.PID, v.ColdBoot, v.Error = 0, true, "lost while the daemon was down: "+err.Error()
-				if why := s.fenceReason(); why != "" {
-					v.Error = "killed by this node's fence: " + why
-				}
 				s.enter(ctx, v, api.StateCrashed)
 				os.RemoveAll(s.paths(v.ID).Run)
 			}
@@ -418,7 +424,9 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		v.CPUs = n
 		s.store.UpdateVM(ctx, v)
 	}
-	s.setInstance(v.ID, in)
+	if !s.setInstance(v.ID, in) {
+		return fmt.Errorf("this node was fenced (%s)", s.fenceReason())
+	}
 	go s.monitor(v.ID, in)
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)
 	s.logEvent(v.ID, "daemon restarted: reattached to qemu pid %d", v.PID)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -294,7 +295,6 @@ func TestExitMonitor(t *testing.T) {
 	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // give a wrong monitor the chance to write
 	if st := e.state("box").State; st != api.StateStopped {
 		t.Fatalf("after a stop: %s", st)
 	}
@@ -512,4 +512,40 @@ func TestFenceAndOtherNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exec("a", "true")
+}
+
+// A machine that an operation was starting when the fence came is killed
+// as it would be recorded: the operation fails, and nothing runs.
+func TestFenceDuringALaunch(t *testing.T) {
+	e := newFakeEnv(t)
+	e.create("first") // builds the template: the next create only restores it
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.hv.OnStarted(func(cfg qemu.Config) {
+		once.Do(func() { close(held); <-release })
+	})
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := e.s.Create(e.ctx, CreateOptions{Name: "late", MemoryMiB: 512})
+		errc <- err
+	}()
+	<-held
+	e.s.Fence("test fence")
+	close(release)
+	if err := <-errc; !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "fenced") {
+		t.Fatalf("a create the fence interrupted: %v", err)
+	}
+	if n := e.hv.Running(); n != 0 {
+		t.Fatalf("%d machines run on the fenced node", n)
+	}
+	if err := e.s.Unfence(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.GetVM(e.ctx, "late"); err == nil {
+		t.Fatal("the interrupted create left its VM")
+	}
+	if v := e.state("first"); v.State != api.StateCrashed {
+		t.Fatalf("first after the unfence: %s", v.State)
+	}
+	e.create("after") // and creates work again
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -24,8 +25,34 @@ func (s *Service) ours(v *store.VM) error {
 	if v.Node == s.cfg.Node {
 		return nil
 	}
+	if v.Node == "" {
+		return fmt.Errorf("%w: VM %s belongs to no node: it was made by a daemon outside the cluster, whose data dir holds it (start that daemon with --cluster to bring it in)", ErrOtherNode, v.Name)
+	}
 	return fmt.Errorf("%w: VM %s runs on node %s, not on this one (%s): send the request to that node (agentvm node ls shows its address)",
 		ErrOtherNode, v.Name, v.Node, s.cfg.Node)
+}
+
+// GetLocal is Get for a change to a VM: refused on a fenced node (before
+// the store is read) and for another node's VM (ErrOtherNode).
+func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, error) {
+	return s.getLocal(ctx, idOrName)
+}
+
+// IsLocal reports whether v runs on this node.
+func (s *Service) IsLocal(v *store.VM) bool { return s.ours(v) == nil }
+
+func (s *Service) getLocal(ctx context.Context, idOrName string) (*store.VM, error) {
+	if err := s.checkFenced(); err != nil {
+		return nil, err
+	}
+	v, err := s.Get(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.ours(v); err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // localVMs lists the VMs of this node.
@@ -45,29 +72,89 @@ func (s *Service) localVMs(ctx context.Context) ([]*store.VM, error) {
 
 // Fence kills every VM this node runs, at once and without a word to the
 // store (which may be out of reach): the node could not renew its lease
-// and another node may soon be given its VMs. Until Unfence, operations
-// are refused with ErrUnavailable naming reason.
+// and another node may soon be given its VMs. Every machine gets SIGKILL
+// before anything is torn down. Until Unfence, operations are refused
+// with ErrUnavailable naming reason, and a machine an operation was
+// starting is killed as it would be recorded (setInstance).
 func (s *Service) Fence(reason string) {
 	s.mu.Lock()
 	s.fenced = reason
+	s.fenceEpoch++
 	s.mu.Unlock()
 	ins := s.takeInstances()
 	for _, in := range ins {
-		in.kill()
+		in.mu.Lock()
+		in.expectExit = true // not a crash for the monitor to record
+		in.mu.Unlock()
+		in.machine.Kill()
+	}
+	s.mu.Lock()
+	for _, in := range ins {
+		s.fencedVMs[in.id] = true
+	}
+	s.mu.Unlock()
+	for _, in := range ins {
+		in.kill() // networks and agent sessions
 	}
 	s.log.Error("fenced: every VM of this node killed", "reason", reason, "vms", len(ins))
 }
 
-// Unfence runs after the node has joined the cluster again: it records
-// what the fence did (each VM it killed is crashed, with the reason) and
-// lets operations through again.
+// Unfence runs after the node has joined the cluster again. It records
+// what the fences did, each VM under its operation lock (so after any
+// operation that was under way): a VM recorded running or paused without
+// a machine is crashed, with the reason, and a warm-pool VM deleted. Then
+// it lets operations through again, unless a new fence came meanwhile.
 func (s *Service) Unfence(ctx context.Context) error {
-	if err := s.Reconcile(ctx); err != nil {
-		return err
+	s.unfenceMu.Lock()
+	defer s.unfenceMu.Unlock()
+	s.mu.Lock()
+	epoch, reason := s.fenceEpoch, s.fenced
+	ids := make([]string, 0, len(s.fencedVMs))
+	for id := range s.fencedVMs {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		if err := s.recordFenced(ctx, id, reason); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err // still fenced; the next rejoin tries again
 	}
 	s.mu.Lock()
-	s.fenced = ""
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if s.fenceEpoch == epoch {
+		s.fenced = ""
+		for _, id := range ids {
+			delete(s.fencedVMs, id)
+		}
+	}
+	return nil
+}
+
+// recordFenced records what a fence did to VM id.
+func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
+	defer s.ops.lock(id, "unfence")()
+	v, err := s.store.GetVM(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil // deleted meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	if s.instance(id) != nil {
+		return nil // started again since
+	}
+	s.killStrays(v, 0)
+	switch {
+	case v.State == statePool:
+		s.destroy(ctx, v)
+	case live(v):
+		v.PID, v.ColdBoot, v.Error = 0, true, "killed by this node's fence: "+reason
+		return s.enter(ctx, v, api.StateCrashed)
+	}
 	return nil
 }
 

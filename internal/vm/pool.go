@@ -53,18 +53,19 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	v.Network, v.Egress = o.Network, o.Egress
 	v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart = int64(o.IdleTimeout.Seconds()), int64(o.DeleteAfter.Seconds()), o.Restart
 	if err := s.enter(ctx, v, api.StateCreating); err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			s.destroy(context.Background(), v) // its record is in doubt
+			return nil, false, err
+		}
 		// the name or key was taken meanwhile: the pool VM is still good
 		v.Name, v.IdempotencyKey = "pool-"+v.ID, ""
 		s.pool.push(poolKey{v.Image, v.CPUs, v.MemoryMiB}, v.ID)
-		if errors.Is(err, store.ErrConflict) {
-			if o.IdempotencyKey != "" {
-				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
-					return prev, false, nil
-				}
+		if o.IdempotencyKey != "" {
+			if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
+				return prev, false, nil
 			}
-			return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, name)
 		}
-		return nil, false, err
+		return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, name)
 	}
 	fail := func(err error) (*store.VM, bool, error) {
 		s.destroy(context.Background(), v)

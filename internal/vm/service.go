@@ -129,7 +129,13 @@ type Service struct {
 
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
 
-	fenced string // why the node is fenced ("": it is not); see Fence
+	// Fencing (node.go): why the node is fenced ("": it is not), how many
+	// fences there have been, and the VMs they killed since the last
+	// Unfence. unfenceMu serialises Unfence.
+	fenced     string
+	fenceEpoch int
+	fencedVMs  map[string]bool
+	unfenceMu  sync.Mutex
 }
 
 // New creates the service. Call Reconcile before serving requests.
@@ -158,7 +164,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	if hv == nil {
 		hv = HypervisorOf(qemuDriver{})
 	}
-	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
+	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, fencedVMs: map[string]bool{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
 		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig,
@@ -236,21 +242,25 @@ func (s *Service) instance(id string) *instance {
 }
 
 // setInstance records (or, with nil, forgets) the live side of VM id. On
-// a fenced node a new instance is killed instead: an operation that was
-// starting a machine when the fence came must not leave it running.
-func (s *Service) setInstance(id string, in *instance) {
+// a fenced node a new instance is killed instead, and false returned: an
+// operation that was starting a machine when the fence came must not
+// leave it running (Unfence records what became of the VM).
+func (s *Service) setInstance(id string, in *instance) bool {
 	s.mu.Lock()
 	fenced := s.fenced != "" && in != nil
 	switch {
 	case in == nil:
 		delete(s.instances, id)
-	case !fenced:
+	case fenced:
+		s.fencedVMs[id] = true
+	default:
 		s.instances[id] = in
 	}
 	s.mu.Unlock()
 	if fenced {
 		in.kill()
 	}
+	return !fenced
 }
 
 // paths are every file of one VM, named in one place.

@@ -202,6 +202,9 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 
 // createFrom makes a new VM from a snapshot: its processes and files, a fresh identity.
 func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
+	if err := s.checkFenced(); err != nil {
+		return nil, false, err
+	}
 	if o.IdempotencyKey != "" {
 		if v, err := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); err == nil {
 			return v, false, nil

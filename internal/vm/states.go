@@ -136,7 +136,7 @@ func (s *Service) enter(ctx context.Context, v *store.VM, to api.State) error {
 		return fmt.Errorf("VM %s: no transition from %s to %s", v.Name, from, to)
 	}
 	v.State = to
-	if err := s.store.UpdateVM(context.WithoutCancel(ctx), v); err != nil {
+	if err := s.store.UpdateVM(ctx, v); err != nil { // durable: outlives the caller
 		v.State = from
 		return err
 	}

@@ -37,7 +37,14 @@ type HV struct {
 	starts  []qemu.Config    // every Start, in order
 	// failStart makes the next Start fail with it.
 	failStart error
+	// started, when set, runs after each Start has made its machine, before
+	// Start returns it (a test holds a start there).
+	started func(qemu.Config)
 }
+
+// OnStarted sets a function that runs after each Start has made its
+// machine, before Start returns it.
+func (h *HV) OnStarted(fn func(qemu.Config)) { h.mu.Lock(); h.started = fn; h.mu.Unlock() }
 
 // FailNextStart makes the next Start fail with err.
 func (h *HV) FailNextStart(err error) { h.mu.Lock(); h.failStart = err; h.mu.Unlock() }
@@ -107,7 +114,11 @@ func (h *HV) Start(ctx context.Context, cfg qemu.Config) (*Machine, error) {
 	}
 	h.mu.Lock()
 	h.procs[pid] = m
+	hook := h.started
 	h.mu.Unlock()
+	if hook != nil {
+		hook(cfg)
+	}
 	return m, nil
 }
 
