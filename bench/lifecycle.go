@@ -1,7 +1,9 @@
 package main
 
-// The lifecycle benchmark (go run ./bench -lifecycle): pause/resume, suspend and
-// wake-to-first-exec, snapshot interruption and live fork, all on one VM of -lc-memory MiB (default 1 GiB).
+// The lifecycle benchmark (go run ./bench -lifecycle): the table of issue 15
+// (lifecycle_table.go) and, with -lc-detail, pause/resume, suspend and
+// wake-to-first-exec, snapshot interruption, live fork and vCPU hot-add, all
+// on one VM of -lc-memory MiB (default 1 GiB).
 
 import (
 	"context"
@@ -35,8 +37,9 @@ var lcMemoryMiB int64 = 1024
 // holdCmd starts a background python3 that keeps ~200 MiB resident (every page touched).
 const holdCmd = `nohup python3 -c 'import time; b=bytearray(200<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; time.sleep(10**9)' >/dev/null 2>&1 & echo $!`
 
-// runLifecycle runs only the lifecycle phases. Snapshots it made are deleted on
-// every exit path here; VMs are deleted by b.cleanup in run.
+// runLifecycle runs the lifecycle table, then with -lc-detail the phases.
+// Snapshots it made are deleted on every exit path here; VMs are deleted by
+// b.cleanup in run.
 func (b *bench) runLifecycle(ctx context.Context) (err error) {
 	lc := &LifecycleReport{}
 	b.r.Lifecycle = lc
@@ -46,8 +49,19 @@ func (b *bench) runLifecycle(ctx context.Context) (err error) {
 	}
 	b.r.Host.Accel = h.Accel
 	b.r.Host.ServerVersion = h.Version
+	if q := os.Getenv("AGENTVM_QEMU"); q != "" { // the servers run this QEMU
+		b.r.Host.QEMUVersion = qemuVersionOf(q) + " (AGENTVM_QEMU=" + q + ")"
+	}
 
 	defer b.deleteSnapshots()
+
+	tableErr := b.runLifecycleTable(ctx, lc)
+	if !lcDetail || ctx.Err() != nil {
+		return tableErr
+	}
+	if tableErr != nil {
+		defer func() { err = errors.Join(fmt.Errorf("table: %w", tableErr), err) }()
+	}
 
 	logf("creating the %d MiB VM (the first create of this shape cold-boots its template once, ~30 s; not measured)", lcMemoryMiB)
 	t0 := time.Now()

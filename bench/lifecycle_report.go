@@ -38,6 +38,8 @@ type LifecycleReport struct {
 	HotAdd          []HotAddRun `json:"hot_add"`
 	RestartResizeMs int64       `json:"stop_start_resize_to_exec_ms"`
 
+	Table *LCTable `json:"table,omitempty"` // the issue 15 table
+
 	ResumeTargetMs  float64 `json:"target_resume_ms"`
 	WakeTargetMs    float64 `json:"target_wake_to_exec_ms"`
 	ForkPauseTarget float64 `json:"target_fork_parent_pause_ms"`
@@ -122,6 +124,14 @@ func (r *Report) PrintLifecycle(w io.Writer) {
 		r.printTail(w, line)
 		return
 	}
+	if lc.Table != nil {
+		printLCTable(w, lc.Table)
+	}
+	if lc.VMMemoryMiB == 0 { // the per-phase report did not run (-lc-detail)
+		r.printTail(w, line)
+		return
+	}
+	fmt.Fprintln(w, "Per-phase report (-lc-detail):")
 	fmt.Fprintf(w, "VM: %d MiB, %.1f GiB disk (default), template %s\n", lc.VMMemoryMiB, float64(lc.VMDiskBytes)/(1<<30), lc.VMTemplate)
 	fmt.Fprintf(w, "  setup create (not a result): server create_ms %d, create -> first exec %d ms\n\n", lc.VMCreateServerMs, lc.VMCreateToExecMs)
 
@@ -214,6 +224,67 @@ func (r *Report) PrintLifecycle(w io.Writer) {
 	r.printTail(w, line)
 }
 
+// printLCTable prints the issue 15 table: per row and size p50, n, min,
+// max, the ratio to the same run's cold boot, the issue's figure and target.
+func printLCTable(w io.Writer, t *LCTable) {
+	fmt.Fprintf(w, "\nIssue 15 lifecycle table: %s; %s; ms; x cold = p50 / this run's cold boot of the same size\n", t.Client, t.StateNote)
+	hdr := "  %-64s %4s %2s %8s %8s %8s %8s  %-24s %-11s %s\n"
+	fmt.Fprintf(w, hdr, "operation", "mem", "n", "p50", "min", "max", "x cold", "issue's \"now\"", "target p50", "meets target")
+	for _, d := range lcRowDefs {
+		for i, mem := range t.Memories {
+			r := t.row(d.key, mem)
+			op := ""
+			if i == 0 {
+				op = d.op
+			}
+			size := fmt.Sprintf("%dG", mem>>10)
+			if mem%1024 != 0 {
+				size = fmt.Sprintf("%dM", mem)
+			}
+			if r.Stats.N == 0 {
+				why := r.Error
+				if why == "" {
+					why = r.Detail
+				}
+				if why == "" {
+					why = "not measured"
+				}
+				fmt.Fprintf(w, "  %-64s %4s  -  (%s)\n", op, size, why)
+				continue
+			}
+			meets := "-"
+			if r.Meets != nil {
+				meets = map[bool]string{true: "yes", false: "no"}[*r.Meets]
+			}
+			xcold := "-"
+			if r.OverColdBoot > 0 {
+				xcold = fmt.Sprintf("%.4f", r.OverColdBoot)
+			}
+			fmt.Fprintf(w, "  %-64s %4s %2d %8.0f %8.0f %8.0f %8s  %-24s %-11s %s\n", op, size, r.Stats.N, r.Stats.P50, r.Stats.Min, r.Stats.Max,
+				xcold, d.now, d.target, meets)
+			if r.Error != "" {
+				fmt.Fprintf(w, "  %-64s        error: %s\n", "", r.Error)
+			}
+			if r.Detail != "" {
+				fmt.Fprintf(w, "  %-64s        %s\n", "", r.Detail)
+			}
+		}
+	}
+	for _, mem := range t.Memories {
+		met, judged := 0, 0
+		for _, r := range t.Rows {
+			if r.MemoryMiB == mem && r.Meets != nil {
+				judged++
+				if *r.Meets {
+					met++
+				}
+			}
+		}
+		fmt.Fprintf(w, "  targets met, %d MiB: %d of %d measured rows with a target\n", mem, met, judged)
+	}
+	fmt.Fprintln(w)
+}
+
 func (r *Report) printTail(w io.Writer, line string) {
 	fmt.Fprintln(w, "Notes:")
 	for _, n := range r.Notes {
@@ -229,14 +300,26 @@ func (r *Report) printTail(w io.Writer, line string) {
 }
 
 func lifecycleNotes() []string {
-	return []string{
-		fmt.Sprintf("-lifecycle implies -keep-template: no cold boot is measured. The first create of the %d MiB shape cold-boots its "+
-			"template once (~30 s under TCG) if none is cached; that setup create is not a result.", lcMemoryMiB),
-		"Wall times are client-side around one SDK call; server times are the server's own op.took_ms / paused_ms.",
-		"Wake to first exec is timed from sending an exec of `true` to a suspended VM (the request wakes it) until it returns.",
-		"Fork 'all children exec'd' is timed from the fork call start until every child answered an exec of `true` (children exec'd in parallel after the fork returned).",
-		"Ratios are N=k / N=1; a 507 (insufficient memory) from the server is reported as a failed row, not a crash.",
+	notes := []string{
+		"The table runs on three servers of this run's binary: the cold boots on one with an empty template dir (the first create of each size " +
+			"cold-boots its template; the image is cached and not measured), the main one on the cached templates without a warm pool, " +
+			"and one with --warm-pool 1 for the warm pool row (each of its creates is made once the pool holds a VM of the shape).",
+		"Wall times are client-side around Go client (pkg/client) calls, not the CLI the issue timed; 'to first exec' ends when an exec of `true` returns.",
+		"Suspend, wake, create --from and the forks run on one VM of each size with a python3 holding 200 MiB resident (as -restore); " +
+			"live grow and the creates use fresh VMs. Children and VMs are deleted untimed.",
+		"Live grow: each size to twice its size (1 -> 2 GiB, 4 -> 8 GiB), from the resize call until the guest's MemTotal shows all but 64 MiB of it.",
+		fmt.Sprintf("Fork parent pause is the server's parent_pause_ms of fork --count 1: idle, then with a python3 in the parent rewriting a 64 MiB bytearray "+
+			"at %d MiB/s (256 KiB slice writes, alternating patterns); the rate it reached is read from its own progress file.", lcDirtyMiBs),
+		"fork --count 8 runs only for VMs of at most 1 GiB, once; its target is N=8 <= 2x N=1 (the N=1 row's p50).",
+		"Under TCG with a QEMU before 9.0 (Debian 12's 7.2) every live save is stop-and-copy (qemu.precopyUnreliable): the fork parent " +
+			"is paused for the whole save. AGENTVM_QEMU=/opt/agentvm/qemu-10/bin/qemu-system-x86_64 makes the servers use QEMU 10 (live precopy).",
 	}
+	if lcDetail {
+		notes = append(notes, fmt.Sprintf("-lc-detail: the per-phase report runs on one %d MiB VM after the table (its setup create is not a result).", lcMemoryMiB),
+			"Per-phase fork 'all children exec'd' is timed from the fork call start until every child answered an exec of `true`; ratios are N=k / N=1; "+
+				"a 507 (insufficient memory) is reported as a failed row.")
+	}
+	return notes
 }
 
 // lifecycleJSON is what -json writes with -lifecycle.

@@ -5,7 +5,7 @@
 // Run from the repository root:
 //
 //	go run ./bench [-creates 10] [-execs 50] [-cli-execs 20] [-keep-template] [-json out.json]
-//	go run ./bench -lifecycle [-json out.json]   # only pause/resume, suspend, snapshot, fork (lifecycle.go)
+//	go run ./bench -lifecycle [-lc-runs 3] [-lc-memories 1024,4096] [-lc-detail] [-json out.json]  # the issue 15 table: wake, create --from, fork, suspend, live grow, creates with and without the warm pool, fork parent pause idle and dirtying, each as a ratio to a cold boot in the same run (lifecycle_table.go); -lc-detail adds pause/resume, snapshot, fork 1/4/8, vCPU hot-add (lifecycle.go)
 //	go run ./bench -restore [-json out.json]     # restores of a VM's own memory, stream vs pages format, 1 and 4 GiB (restore.go)
 //	go run ./bench -e2b [-creates 10] [-execs 50]  # the published e2b npm SDK vs the Go client (e2b.go)
 //	go run ./bench -tssdk [-execs 50]  # exec round trip through sdk/typescript vs the Go client (tssdk.go)
@@ -65,7 +65,7 @@ func main() {
 	flag.BoolVar(&o.skipSSH, "skip-ssh", false, "skip the OpenSSH baseline")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this path")
 	flag.BoolVar(&o.verbose, "v", false, "print progress details")
-	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (pause/resume, suspend, snapshot, fork on one -lc-memory VM); implies -keep-template unless it is given")
+	flag.BoolVar(&o.lifecycle, "lifecycle", false, "run only the lifecycle benchmark (the issue 15 table for -lc-memories VMs against a cold boot measured on a server with an empty template dir; -lc-detail adds pause/resume, suspend, snapshot, fork on one -lc-memory VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.access, "access", false, "run only the interactive-access benchmark (100 MiB through the files API and scp via the gateway vs scp to sshd in the VM, keystroke echo); implies -keep-template unless it is given")
 	flag.BoolVar(&o.net, "net", false, "run only the networking benchmark (preview proxy vs plain TCP exposure, VM -> host loopback throughput); implies -keep-template unless it is given")
 	flag.BoolVar(&o.stress, "stress", false, "run only the stress benchmark (parallel creates and execs, create latency and host memory as running VMs pile up to -stress-vms, suspend/list/wake of all); implies -keep-template unless it is given")

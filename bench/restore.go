@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -146,42 +145,16 @@ func (b *bench) restoreRound(ctx context.Context, mem int64) (map[string][]float
 	if err := b.holdMemory(ctx, v.ID); err != nil {
 		return res, err
 	}
-	for i := 0; i < rsRuns; i++ {
-		t0 := time.Now()
-		s, err := b.c.SuspendVM(ctx, v.ID)
-		d := time.Since(t0)
-		if err != nil || s.State != api.StateSuspended {
-			return res, fmt.Errorf("suspend: %v (state %v)", err, s)
-		}
-		res[restoreOps[0]] = append(res[restoreOps[0]], msf(d))
-		time.Sleep(time.Second) // the wake is what is measured
-		t1 := time.Now()
-		if err := b.execTrue(ctx, v.ID); err != nil {
-			return res, fmt.Errorf("exec waking the VM: %w", err)
-		}
-		res[restoreOps[1]] = append(res[restoreOps[1]], msf(time.Since(t1)))
-	}
-	sn, err := b.c.Snapshot(ctx, v.ID, "bench-rs-"+randSuffix())
+	sus, wake, err := b.suspendWake(ctx, v.ID, rsRuns)
+	res[restoreOps[0]], res[restoreOps[1]] = sus, wake
 	if err != nil {
-		return res, fmt.Errorf("snapshot: %w", err)
+		return res, err
 	}
-	b.trackSnap(sn.ID)
-	for i := 0; i < rsRuns; i++ {
-		t0 := time.Now()
-		c, err := b.c.CreateVM(ctx, api.CreateVMRequest{From: sn.ID})
-		if err != nil {
-			return res, fmt.Errorf("create --from: %w", err)
-		}
-		b.track(c.ID, c.PID)
-		_, err = b.firstExec(ctx, c.ID)
-		d := time.Since(t0)
-		b.remove(c.ID)
-		if err != nil {
-			return res, fmt.Errorf("first exec in a VM from the snapshot: %w", err)
-		}
-		res[restoreOps[2]] = append(res[restoreOps[2]], msf(d))
+	from, err := b.createFromSnapshot(ctx, v.ID, rsRuns)
+	res[restoreOps[2]] = from
+	if err != nil {
+		return res, err
 	}
-	b.c.DeleteSnapshot(ctx, sn.ID)
 	forks := []struct {
 		op    string
 		count int
@@ -231,28 +204,60 @@ func (b *bench) holdMemory(ctx context.Context, vm string) error {
 	}
 }
 
+// suspendWake suspends vm and wakes it with an exec of `true`, runs times:
+// the suspend calls' wall times and the wakes' (suspend state to exec returned).
+func (b *bench) suspendWake(ctx context.Context, vm string, runs int) (suspend, wake []float64, err error) {
+	for i := 0; i < runs; i++ {
+		t0 := time.Now()
+		s, err := b.c.SuspendVM(ctx, vm)
+		d := time.Since(t0)
+		if err != nil || s.State != api.StateSuspended {
+			return suspend, wake, fmt.Errorf("suspend: %v (state %v)", err, s)
+		}
+		suspend = append(suspend, msf(d))
+		time.Sleep(time.Second) // the wake is what is measured
+		t1 := time.Now()
+		if err := b.execTrue(ctx, vm); err != nil {
+			return suspend, wake, fmt.Errorf("exec waking the VM: %w", err)
+		}
+		wake = append(wake, msf(time.Since(t1)))
+	}
+	return suspend, wake, nil
+}
+
+// createFromSnapshot snapshots vm once (untimed) and times runs creates
+// --from the snapshot, each until its first exec; the VMs and the snapshot
+// are deleted (untimed).
+func (b *bench) createFromSnapshot(ctx context.Context, vm string, runs int) ([]float64, error) {
+	var out []float64
+	sn, err := b.c.Snapshot(ctx, vm, "bench-rs-"+randSuffix())
+	if err != nil {
+		return out, fmt.Errorf("snapshot: %w", err)
+	}
+	b.trackSnap(sn.ID)
+	defer b.c.DeleteSnapshot(ctx, sn.ID)
+	for i := 0; i < runs; i++ {
+		t0 := time.Now()
+		c, err := b.c.CreateVM(ctx, api.CreateVMRequest{From: sn.ID})
+		if err != nil {
+			return out, fmt.Errorf("create --from: %w", err)
+		}
+		b.track(c.ID, c.PID)
+		_, err = b.firstExec(ctx, c.ID)
+		d := time.Since(t0)
+		b.remove(c.ID)
+		if err != nil {
+			return out, fmt.Errorf("first exec in a VM from the snapshot: %w", err)
+		}
+		out = append(out, msf(d))
+	}
+	return out, nil
+}
+
 // timeFork forks vm into count children and returns the ms until every
 // child has answered an exec; the children are deleted (untimed).
 func (b *bench) timeFork(ctx context.Context, vm string, count int) (float64, error) {
-	t0 := time.Now()
-	fr, err := b.c.Fork(ctx, vm, count)
-	if err != nil {
-		return 0, err
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(fr.Children))
-	for i, c := range fr.Children {
-		b.track(c.ID, c.PID)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = b.firstExec(ctx, c.ID)
-		}()
-	}
-	wg.Wait()
-	d := msf(time.Since(t0))
-	for _, c := range fr.Children {
-		b.remove(c.ID)
-	}
-	return d, errors.Join(errs...)
+	fr := ForkRun{Count: count}
+	err := b.forkOnce(ctx, vm, &fr)
+	return fr.AllExecMs, err
 }

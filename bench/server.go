@@ -219,8 +219,11 @@ func defaultTemplateDir() string {
 	return filepath.Join(cache, "templates")
 }
 
-func qemuVersion() string {
-	out, err := exec.Command("qemu-system-x86_64", "--version").Output()
+func qemuVersion() string { return qemuVersionOf("qemu-system-x86_64") }
+
+// qemuVersionOf is the first line of `bin --version`.
+func qemuVersionOf(bin string) string {
+	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {
 		return "unknown (" + err.Error() + ")"
 	}

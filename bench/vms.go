@@ -137,6 +137,25 @@ func (b *bench) firstExec(ctx context.Context, id string) (int, error) {
 	}
 }
 
+// createToExec creates a VM (tracked for cleanup) and waits for its first
+// exec of `true`: the VM, the create call's time, the time from the create
+// to the exec's answer and the failed exec attempts.
+func (b *bench) createToExec(ctx context.Context, req api.CreateVMRequest) (v *api.VM, created, toExec time.Duration, retries int, err error) {
+	t0 := time.Now()
+	v, err = b.c.CreateVM(ctx, req)
+	if err != nil {
+		return nil, 0, 0, 0, err
+	}
+	created = time.Since(t0)
+	b.track(v.ID, v.PID)
+	retries, err = b.firstExec(ctx, v.ID)
+	toExec = time.Since(t0)
+	if err != nil {
+		return v, created, toExec, retries, fmt.Errorf("first exec in %s: %w", v.ID, err)
+	}
+	return v, created, toExec, retries, nil
+}
+
 // coldBoot is the first create against the server: with a fresh template dir it
 // cold-boots the template (the image is already cached).
 func (b *bench) coldBoot(ctx context.Context) error {
@@ -144,16 +163,9 @@ func (b *bench) coldBoot(ctx context.Context) error {
 	cb.Measured = !b.o.keepTemplate
 	logf("first create (%s)", map[bool]string{true: "cold-boots the template", false: "cached template"}[cb.Measured])
 	t0 := time.Now()
-	v, err := b.c.CreateVM(ctx, vmShape)
+	v, created, toExec, retries, err := b.createToExec(ctx, vmShape)
 	if err != nil {
 		return err
-	}
-	created := time.Since(t0)
-	b.track(v.ID, v.PID)
-	retries, err := b.firstExec(ctx, v.ID)
-	toExec := time.Since(t0)
-	if err != nil {
-		return fmt.Errorf("first exec in %s: %w", v.ID, err)
 	}
 	cb.FirstCreateWallMs = ms(created)
 	cb.FirstCreateToFirstExecMs = ms(toExec)
