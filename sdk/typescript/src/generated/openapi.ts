@@ -580,6 +580,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the cluster's nodes (admin only; serve --cluster)
+         * @description Every node that joined the cluster on this database: its address,
+         *     whether its lease runs by the database's clock, its generation (one
+         *     more at every join), capacity and what saved states it can restore
+         *     (QEMU version, machine type, CPU model, accelerator). 409 when the
+         *     server is not a cluster node.
+         */
+        get: operations["listNodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{node}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Remove a node whose lease has run out (admin only) */
+        delete: operations["removeNode"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tokens": {
         parameters: {
             query?: never;
@@ -1944,7 +1985,7 @@ export interface components {
         Error: {
             error: {
                 /** @enum {string} */
-                code: "invalid_argument" | "not_found" | "conflict" | "unauthorized" | "insufficient_storage" | "unavailable" | "internal" | "forbidden" | "permission_denied" | "exists" | "not_empty" | "is_directory" | "not_directory" | "no_space" | "state_incompatible";
+                code: "invalid_argument" | "not_found" | "conflict" | "unauthorized" | "insufficient_storage" | "unavailable" | "internal" | "forbidden" | "permission_denied" | "exists" | "not_empty" | "is_directory" | "not_directory" | "no_space" | "state_incompatible" | "other_node";
                 /** @description Human-readable message. */
                 message: string;
             };
@@ -1989,7 +2030,41 @@ export interface components {
          * @enum {string}
          */
         VMState: "creating" | "running" | "paused" | "suspended" | "stopped" | "crashed" | "deleting" | "error";
+        Node: {
+            /** @description the node's data dir identity */
+            id: string;
+            name: string;
+            /** @description where other nodes and clients reach its API */
+            address: string;
+            /** Format: int64 */
+            generation: number;
+            /** @description its lease runs (by the database's clock) */
+            alive: boolean;
+            /** Format: date-time */
+            lease_expires: string;
+            /**
+             * Format: int64
+             * @description negative once the lease ran out
+             */
+            lease_left_ms: number;
+            /** Format: date-time */
+            joined_at: string;
+            /** @description the node that answered */
+            self?: boolean;
+            cpus: number;
+            /** Format: int64 */
+            memory_mib: number;
+            qemu_version: string;
+            machine_type: string;
+            cpu_model: string;
+            accel: string;
+        };
         VM: {
+            /** @description the cluster node the VM runs on (absent outside a cluster) */
+            node?: string;
+            node_id?: string;
+            /** @description the VM's node is gone (its lease ran out): the VM runs nowhere, whatever its state */
+            node_lost?: boolean;
             /**
              * @description the image the VM was made from
              * @enum {string}
@@ -3303,6 +3378,56 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["SnapshotNotFound"];
             500: components["responses"]["Internal"];
+        };
+    };
+    listNodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The nodes, by name. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        nodes: components["schemas"]["Node"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    removeNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Node name or id. */
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
         };
     };
     listTokens: {
