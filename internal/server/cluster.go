@@ -1,14 +1,12 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -42,7 +40,8 @@ func (s *Server) clusterNode(id, qemuVersion string) (store.Node, error) {
 	if addr == "" {
 		addr = s.ln.Addr().String()
 	}
-	return store.Node{ID: id, Name: name, Address: addr, CPUs: runtime.NumCPU(), MemoryMiB: hostMemoryMiB(),
+	total, _, _ := meminfo()
+	return store.Node{ID: id, Name: name, Address: addr, CPUs: runtime.NumCPU(), MemoryMiB: total >> 20,
 		QEMUVersion: qemuVersion, MachineType: qemu.MachineType, CPUModel: qemu.CPUModel(s.accel), Accel: s.accel}, nil
 }
 
@@ -81,23 +80,6 @@ func (s *Server) leaveCluster() {
 	s.memberStop()
 	<-s.memberDone
 	s.memberStop = nil
-}
-
-// hostMemoryMiB is the host's MemTotal (0 when unknown).
-func hostMemoryMiB() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb >> 10
-		}
-	}
-	return 0
 }
 
 func (s *Server) nodeToAPI(n *store.Node) api.Node {

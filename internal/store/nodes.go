@@ -23,10 +23,10 @@ type Node struct {
 	Name    string `json:"name"`    // unique in the cluster
 	Address string `json:"address"` // where other nodes and clients reach its API
 	// Generation grows by one at every join: a process holding an older
-	// one has lost the node.
-	Generation   int64     `json:"generation"`
-	LeaseExpires time.Time `json:"lease_expires"`
-	JoinedAt     time.Time `json:"joined_at"`
+	// one has lost the node. It and the lease times are columns only.
+	Generation   int64     `json:"-"`
+	LeaseExpires time.Time `json:"-"`
+	JoinedAt     time.Time `json:"-"`
 	// Alive says the lease had not run out at the database's clock when
 	// the node was read; LeaseLeft is how long it had left (negative: how
 	// long ago it ran out).
@@ -198,11 +198,9 @@ FROM nodes `+where+` ORDER BY name`, args...)
 		if err := rows.Scan(&data, &n.Generation, &n.LeaseExpires, &n.JoinedAt, &left); err != nil {
 			return nil, err
 		}
-		gen, exp, joined := n.Generation, n.LeaseExpires, n.JoinedAt
-		if err := json.Unmarshal([]byte(data), &n); err != nil {
+		if err := json.Unmarshal([]byte(data), &n); err != nil { // leaves the columns' fields alone
 			return nil, fmt.Errorf("decode node: %w", err)
 		}
-		n.Generation, n.LeaseExpires, n.JoinedAt = gen, exp, joined
 		n.LeaseLeft = time.Duration(left * float64(time.Second))
 		n.Alive = n.LeaseLeft > 0
 		out = append(out, &n)

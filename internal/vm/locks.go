@@ -104,10 +104,3 @@ func (o *opLocks) forget(id string) {
 	defer o.mu.Unlock()
 	delete(o.locks, id)
 }
-
-// size is the number of VMs with an entry.
-func (o *opLocks) size() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.locks)
-}

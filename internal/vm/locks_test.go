@@ -41,3 +41,10 @@ func TestOpLocks(t *testing.T) {
 		t.Fatalf("%d entries left after forget", o.size())
 	}
 }
+
+// size is the number of VMs with an entry.
+func (o *opLocks) size() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.locks)
+}

@@ -160,7 +160,7 @@ func (s *Service) SetEgress(ctx context.Context, idOrName string, e *api.Egress)
 	if err := checkEgress(e); err != nil {
 		return nil, err
 	}
-	v, err := s.getLocal(ctx, idOrName)
+	v, err := s.GetLocal(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +191,7 @@ func describeEgress(e network.Egress) string {
 
 // SetNetwork puts a VM on a private network ("" takes it off).
 func (s *Service) SetNetwork(ctx context.Context, idOrName, name string) (*store.VM, error) {
-	v, err := s.getLocal(ctx, idOrName)
+	v, err := s.GetLocal(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}

@@ -32,16 +32,13 @@ func (s *Service) ours(v *store.VM) error {
 		ErrOtherNode, v.Name, v.Node, s.cfg.Node)
 }
 
-// GetLocal is Get for a change to a VM: refused on a fenced node (before
-// the store is read) and for another node's VM (ErrOtherNode).
-func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, error) {
-	return s.getLocal(ctx, idOrName)
-}
-
 // IsLocal reports whether v runs on this node.
 func (s *Service) IsLocal(v *store.VM) bool { return s.ours(v) == nil }
 
-func (s *Service) getLocal(ctx context.Context, idOrName string) (*store.VM, error) {
+// GetLocal is Get for a change to a VM: refused on a fenced node (before
+// the store is read, which may be what is gone) and for another node's VM
+// (ErrOtherNode).
+func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, error) {
 	if err := s.checkFenced(); err != nil {
 		return nil, err
 	}

@@ -27,14 +27,8 @@ type OpResult struct {
 // is in progress; the handling of an unexpected exit is waited for, up to
 // 30 s), returning the record as it is once the VM is held.
 func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
-	if err := s.checkFenced(); err != nil {
-		return nil, nil, err
-	}
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.GetLocal(ctx, idOrName)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := s.ours(v); err != nil {
 		return nil, nil, err
 	}
 	unlock, err := s.ops.try(v.ID, v.Name, op)
@@ -328,13 +322,7 @@ const wakeTimeout = 3 * time.Minute
 // Wake brings a paused or suspended VM back to running; concurrent callers share
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
-	if err := s.checkFenced(); err != nil { // before the store, which may be what is gone
-		return nil, err
-	}
-	v, err := s.Get(ctx, idOrName)
-	if err == nil {
-		err = s.ours(v)
-	}
+	v, err := s.GetLocal(ctx, idOrName)
 	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
 	}

@@ -162,7 +162,7 @@ func (s *Service) SetPolicy(ctx context.Context, idOrName string, idle, deleteAf
 			return nil, fmt.Errorf("%w: durations must not be negative", ErrInvalid)
 		}
 	}
-	v, err := s.getLocal(ctx, idOrName)
+	v, err := s.GetLocal(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
