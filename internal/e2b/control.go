@@ -236,7 +236,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ *auth.Principa
 		o.IdempotencyKey = "e2b:" + h
 	}
 	if req.AllowInternetAccess != nil && !*req.AllowInternetAccess {
-		o.Egress = &api.Egress{Mode: "deny"}
+		o.Egress = &store.Egress{Mode: "deny"}
 	}
 	var v *store.VM
 	if img, ierr := image.Resolve(tmpl); ierr == nil {
@@ -312,7 +312,7 @@ type detail struct {
 // paused reports whether a VM counts as a paused sandbox. E2B knows only
 // running and paused, so every state but running is paused (a stopped or
 // crashed VM is started again by connect).
-func paused(v *store.VM) bool { return v.State != api.StateRunning }
+func paused(v *store.VM) bool { return v.State != store.StateRunning }
 
 func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, full bool) detail {
 	d := detail{TemplateID: sb.TemplateID, SandboxID: v.Name, ClientID: clientID, StartedAt: v.CreatedAt, EndAt: sb.EndAt,
@@ -534,7 +534,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, p *auth.Principal
 		apiError(w, http.StatusBadRequest, "filesystem-only pause is not supported: agentvm pauses keep memory and processes")
 		return
 	}
-	if v.State == api.StateSuspended || v.State == api.StatePaused {
+	if v.State == store.StateSuspended || v.State == store.StatePaused {
 		apiError(w, http.StatusConflict, "sandbox %q is already paused", v.Name)
 		return
 	}
@@ -564,7 +564,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 		return
 	}
 	status := http.StatusOK
-	if v.State != api.StateRunning {
+	if v.State != store.StateRunning {
 		if v, err = s.cfg.VMs.Wake(r.Context(), v.ID); err != nil {
 			vmError(w, err)
 			return

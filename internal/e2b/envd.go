@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -341,7 +340,7 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 // level (and its health probe then finds the sandbox gone).
 func (c *envdCall) abortIfGone() {
 	v, err := c.s.cfg.VMs.Get(context.Background(), c.vm.ID)
-	if err != nil || v.State != api.StateRunning {
+	if err != nil || v.State != store.StateRunning {
 		panic(http.ErrAbortHandler)
 	}
 }

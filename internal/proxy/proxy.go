@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -332,7 +331,7 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 		}
 		return false
 	}
-	if v.State != api.StateRunning {
+	if v.State != store.StateRunning {
 		c.NotFound(w, v.Name) // a paused sandbox is unreachable until connect resumes it
 		return true
 	}

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -23,7 +22,7 @@ import (
 // running one is dialled, others fail as the service fails them.
 type stateVMs struct {
 	mu      sync.Mutex
-	state   api.State
+	state   store.State
 	backend string
 	dialErr error // returned by DialPort instead of a connection
 	woken   int
@@ -43,8 +42,8 @@ func (f *stateVMs) DialPort(ctx context.Context, _ string, _ int) (net.Conn, err
 	f.mu.Lock()
 	f.dials++
 	switch f.state {
-	case api.StatePaused, api.StateSuspended:
-		f.state = api.StateRunning
+	case store.StatePaused, store.StateSuspended:
+		f.state = store.StateRunning
 		f.woken++
 	}
 	st, err := f.state, f.dialErr
@@ -52,7 +51,7 @@ func (f *stateVMs) DialPort(ctx context.Context, _ string, _ int) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	if st != api.StateRunning {
+	if st != store.StateRunning {
 		return nil, fmt.Errorf("%w: cannot exec VM web: it is %s", vm.ErrConflict, st)
 	}
 	var d net.Dialer
@@ -89,24 +88,24 @@ func TestPreviewInEveryState(t *testing.T) {
 		p.ServeHTTP(rec, r)
 		return rec.Code, rec.Body.String()
 	}
-	for _, st := range []api.State{api.StateRunning, api.StatePaused, api.StateSuspended} {
+	for _, st := range []store.State{store.StateRunning, store.StatePaused, store.StateSuspended} {
 		f.state, f.woken = st, 0
 		code, body := get()
 		if code != http.StatusOK || body != "from the VM" {
 			t.Errorf("%s: %d %q", st, code, body)
 		}
-		if want := map[bool]int{true: 1, false: 0}[st != api.StateRunning]; f.woken != want {
+		if want := map[bool]int{true: 1, false: 0}[st != store.StateRunning]; f.woken != want {
 			t.Errorf("%s: woken %d times", st, f.woken)
 		}
 	}
-	for _, st := range []api.State{api.StateStopped, api.StateCrashed, api.StateError, api.StateCreating, api.StateDeleting} {
+	for _, st := range []store.State{store.StateStopped, store.StateCrashed, store.StateError, store.StateCreating, store.StateDeleting} {
 		f.state, f.dials = st, 0
 		code, body := get()
 		if code != http.StatusServiceUnavailable || !strings.Contains(body, "web is "+string(st)) || f.dials != 0 {
 			t.Errorf("%s: %d %q after %d dials", st, code, body, f.dials)
 		}
 	}
-	f.state = api.StateRunning
+	f.state = store.StateRunning
 	for _, c := range []struct {
 		err  error
 		code int

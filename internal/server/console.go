@@ -79,7 +79,7 @@ func (s *Server) runUsage(ctx context.Context) {
 		}
 		var out []vmstats.Proc
 		for _, v := range vms {
-			if (v.State == api.StateRunning || v.State == api.StatePaused) && v.PID > 0 {
+			if (v.State == store.StateRunning || v.State == store.StatePaused) && v.PID > 0 {
 				out = append(out, vmstats.Proc{VMID: v.ID, PID: v.PID}) // the sampler reads its start time
 			}
 		}
@@ -111,8 +111,8 @@ func (s *Server) hostInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.HostInfo{Accel: s.accel, VMs: map[api.State]int{}, WarmPool: s.svc.PoolReady(), Templates: []api.Template{}}
 	for _, v := range vms {
-		out.VMs[v.State]++
-		if v.State == api.StateRunning || v.State == api.StatePaused || v.State == api.StateCreating {
+		out.VMs[api.State(v.State)]++
+		if v.State == store.StateRunning || v.State == store.StatePaused || v.State == store.StateCreating {
 			out.MemoryCommittedBytes += v.MemoryMiB << 20
 		}
 	}

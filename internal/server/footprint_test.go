@@ -21,7 +21,7 @@ import (
 func TestSuspendedStateFootprint(t *testing.T) {
 	ts := newTestServer(t, nil)
 	ctx := context.Background()
-	v := &store.VM{ID: "vm2", Name: "sleepy", State: api.StateSuspended, CPUs: 1, MemoryMiB: 512, NetIndex: 2, CreatedAt: time.Now().UTC()}
+	v := &store.VM{ID: "vm2", Name: "sleepy", State: store.StateSuspended, CPUs: 1, MemoryMiB: 512, NetIndex: 2, CreatedAt: time.Now().UTC()}
 	if err := ts.store.CreateVM(ctx, v); err != nil {
 		t.Fatal(err)
 	}

@@ -57,12 +57,7 @@ func FuzzCreateVMRequest(f *testing.F) {
 			t.Fatalf("decoded negative values: memory %d disk %d idle %d delete %d",
 				req.Memory, req.Disk, req.IdleTimeout, req.DeleteAfter)
 		}
-		// As createVM maps the request.
-		o := vm.CreateOptions{
-			Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
-			Labels: req.Labels, Env: req.Env, IdempotencyKey: req.IdempotencyKey, Network: req.Network, Egress: req.Egress,
-			IdleTimeout: time.Duration(req.IdleTimeout), DeleteAfter: time.Duration(req.DeleteAfter), Restart: req.Restart,
-		}
+		o := createOptions(&req, req.IdempotencyKey)
 		if o.Validate() != nil {
 			return
 		}

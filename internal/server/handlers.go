@@ -124,14 +124,14 @@ func (s *Server) router() (http.Handler, []string) {
 }
 
 func (s *Server) toAPI(v *store.VM) api.VM {
-	out := api.VM{ID: v.ID, Name: v.Name, State: v.State, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, DiskBytes: v.DiskBytes,
+	out := api.VM{ID: v.ID, Name: v.Name, State: api.State(v.State), CPUs: v.CPUs, MemoryMiB: v.MemoryMiB, DiskBytes: v.DiskBytes,
 		Labels: v.Labels, Env: v.Env, PID: v.PID, Accel: s.accel, Template: v.Template, Error: v.Error,
 		CreatedAt: v.CreatedAt, StartedAt: v.StartedAt, CreateMs: v.CreateMs, Source: v.Source, NextCPUs: v.NextCPUs, NextMemoryMiB: v.NextMemoryMiB}
 	sub := network.SubnetForIndex(v.NetIndex)
 	cfg := network.Config{Subnet: sub}
 	out.Subnet, out.Gateway, out.IP = sub.String(), cfg.Gateway().String(), cfg.GuestIP().String()
 	out.Ports = s.vmPorts(context.Background(), v)
-	out.Network, out.Egress = v.Network, v.Egress
+	out.Network, out.Egress = v.Network, (*api.Egress)(v.Egress)
 	out.IdleTimeoutSec, out.DeleteAfterSec, out.Restart = v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart
 	out.Image = imageName(v.Image)
 	out.StateBytes = s.svc.StateBytes(v)
@@ -153,6 +153,17 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
+// createOptions maps a create request onto the VM service's options; key is
+// the idempotency key (the header's, else the body's).
+func createOptions(req *api.CreateVMRequest, key string) vm.CreateOptions {
+	return vm.CreateOptions{
+		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
+		Labels: req.Labels, Env: req.Env, IdempotencyKey: key, Network: req.Network, Egress: (*store.Egress)(req.Egress),
+		IdleTimeout: time.Duration(req.IdleTimeout), DeleteAfter: time.Duration(req.DeleteAfter), Restart: req.Restart,
+		Image: req.Image,
+	}
+}
+
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	var req api.CreateVMRequest
 	if !decodeJSON(w, r, &req) {
@@ -162,12 +173,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if h := r.Header.Get("Idempotency-Key"); h != "" {
 		key = h
 	}
-	opts := vm.CreateOptions{
-		Name: req.Name, CPUs: req.CPUs, MemoryMiB: req.Memory.MiB(), DiskBytes: int64(req.Disk),
-		Labels: req.Labels, Env: req.Env, IdempotencyKey: key, Network: req.Network, Egress: req.Egress,
-		IdleTimeout: time.Duration(req.IdleTimeout), DeleteAfter: time.Duration(req.DeleteAfter), Restart: req.Restart,
-		Image: req.Image,
-	}
+	opts := createOptions(&req, key)
 	create := s.svc.Create
 	if req.From != "" && req.Image != "" {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, "image and from are exclusive: a VM made from a snapshot has the snapshot's image")

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/store"
 )
 
 // metrics holds operation latency histograms for the Prometheus endpoint.
@@ -62,8 +62,8 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), 500)
 		return
 	}
-	byState := map[api.State]int{}
-	for _, st := range api.States {
+	byState := map[store.State]int{}
+	for _, st := range store.States {
 		byState[st] = 0
 	}
 	var committed int64
@@ -75,7 +75,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprintln(bw, "# HELP agentvm_vms VMs by state.")
 	fmt.Fprintln(bw, "# TYPE agentvm_vms gauge")
-	states := make([]api.State, 0, len(byState))
+	states := make([]store.State, 0, len(byState))
 	for st := range byState {
 		states = append(states, st)
 	}

@@ -19,7 +19,7 @@ func (s *Server) networkRoutes(mux patternMux) {
 }
 
 func (s *Server) networkToAPI(r *http.Request, n *store.Network) api.NetworkInfo {
-	out := api.NetworkInfo{Name: n.Name, Egress: n.Egress, CreatedAt: n.CreatedAt, VMs: []string{}}
+	out := api.NetworkInfo{Name: n.Name, Egress: (*api.Egress)(n.Egress), CreatedAt: n.CreatedAt, VMs: []string{}}
 	if ms, err := s.svc.NetworkMembers(r.Context(), n.Name); err == nil {
 		for _, m := range ms {
 			out.VMs = append(out.VMs, m.Name)
@@ -33,7 +33,7 @@ func (s *Server) createNetwork(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	n, err := s.svc.CreateNetwork(r.Context(), req.Name, req.Egress)
+	n, err := s.svc.CreateNetwork(r.Context(), req.Name, (*store.Egress)(req.Egress))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -76,7 +76,7 @@ func (s *Server) setNetworkEgress(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &e) {
 		return
 	}
-	n, err := s.svc.SetNetworkEgress(r.Context(), r.PathValue("name"), &e)
+	n, err := s.svc.SetNetworkEgress(r.Context(), r.PathValue("name"), (*store.Egress)(&e))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -102,7 +102,7 @@ func (s *Server) setEgress(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &e) {
 		return
 	}
-	v, err := s.svc.SetEgress(r.Context(), r.PathValue("id"), &e)
+	v, err := s.svc.SetEgress(r.Context(), r.PathValue("id"), (*store.Egress)(&e))
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 )
 
@@ -27,10 +26,13 @@ func (s *Store) AddEvent(ctx context.Context, e *Event) error {
 	if badText([]any{e.VMID}) {
 		return ErrBadText
 	}
-	data, _ := json.Marshal(e)
+	if badText([]any{e.Type, e.Actor, e.Message}) {
+		return ErrBadText
+	}
 	s.eventMu.Lock()
 	defer s.eventMu.Unlock()
-	err := s.queryRow(ctx, `INSERT INTO events (vm_id, time, data) VALUES (?,?,?) RETURNING seq`, e.VMID, e.Time.UnixNano(), string(data)).Scan(&e.Seq)
+	err := s.queryRow(ctx, `INSERT INTO events (vm_id, time, type, actor, message, attrs) VALUES (?,?,?,?,?,?) RETURNING seq`,
+		e.VMID, nanos(e.Time), e.Type, e.Actor, e.Message, jsonText(e.Data)).Scan(&e.Seq)
 	if err != nil {
 		return err
 	}
@@ -44,9 +46,9 @@ func (s *Store) AddEvent(ctx context.Context, e *Event) error {
 // ListEvents returns a VM's events with seq > after, oldest first (at most
 // limit); vmID "" lists the events of every VM.
 func (s *Store) ListEvents(ctx context.Context, vmID string, after int64, limit int) ([]*Event, error) {
-	q, args := `SELECT seq, data FROM events WHERE vm_id=? AND seq>? ORDER BY seq LIMIT ?`, []any{vmID, after, limit}
+	q, args := `SELECT seq, vm_id, time, type, actor, message, attrs FROM events WHERE vm_id=? AND seq>? ORDER BY seq LIMIT ?`, []any{vmID, after, limit}
 	if vmID == "" {
-		q, args = `SELECT seq, data FROM events WHERE seq>? ORDER BY seq LIMIT ?`, []any{after, limit}
+		q, args = `SELECT seq, vm_id, time, type, actor, message, attrs FROM events WHERE seq>? ORDER BY seq LIMIT ?`, []any{after, limit}
 	}
 	return s.queryEvents(ctx, q, args...)
 }
@@ -59,16 +61,16 @@ func (s *Store) queryEvents(ctx context.Context, q string, args ...any) ([]*Even
 	defer rows.Close()
 	var out []*Event
 	for rows.Next() {
-		var seq int64
-		var data string
-		if err := rows.Scan(&seq, &data); err != nil {
-			return nil, err
-		}
 		var e Event
-		if err := json.Unmarshal([]byte(data), &e); err != nil {
+		var at int64
+		var attrs string
+		if err := rows.Scan(&e.Seq, &e.VMID, &at, &e.Type, &e.Actor, &e.Message, &attrs); err != nil {
 			return nil, err
 		}
-		e.Seq = seq
+		e.Time = fromNanos(at)
+		if err := jsonCols("event", attrs, &e.Data); err != nil {
+			return nil, err
+		}
 		out = append(out, &e)
 	}
 	return out, rows.Err()
@@ -77,9 +79,9 @@ func (s *Store) queryEvents(ctx context.Context, q string, args ...any) ([]*Even
 // LatestEvents returns a VM's newest limit events, oldest first; vmID ""
 // lists the newest of every VM's.
 func (s *Store) LatestEvents(ctx context.Context, vmID string, limit int) ([]*Event, error) {
-	q, args := `SELECT seq, data FROM events WHERE vm_id=? ORDER BY seq DESC LIMIT ?`, []any{vmID, limit}
+	q, args := `SELECT seq, vm_id, time, type, actor, message, attrs FROM events WHERE vm_id=? ORDER BY seq DESC LIMIT ?`, []any{vmID, limit}
 	if vmID == "" {
-		q, args = `SELECT seq, data FROM events ORDER BY seq DESC LIMIT ?`, []any{limit}
+		q, args = `SELECT seq, vm_id, time, type, actor, message, attrs FROM events ORDER BY seq DESC LIMIT ?`, []any{limit}
 	}
 	out, err := s.queryEvents(ctx, q, args...)
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 )
 
 func TestEventsRetention(t *testing.T) {
@@ -78,7 +77,7 @@ func TestPortsDomainsNetworks(t *testing.T) {
 		if _, err := s.GetDomain(ctx, "x.test"); !errors.Is(err, ErrNotFound) {
 			t.Fatal("domain survives DeletePorts")
 		}
-		n := &Network{Name: "proj", Egress: &api.Egress{Mode: "deny"}, CreatedAt: time.Now()}
+		n := &Network{Name: "proj", Egress: &Egress{Mode: "deny"}, CreatedAt: time.Now()}
 		if err := s.CreateNetwork(ctx, n); err != nil {
 			t.Fatal(err)
 		}

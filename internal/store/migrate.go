@@ -97,6 +97,75 @@ CREATE INDEX vms_state ON vms(state);`,
 );
 ALTER TABLE vms ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX vms_node ON vms (node_id);`,
+	// 6: a column per field of every record (columns.go): the JSON in
+	// data is copied into them by fillColumns.
+	`ALTER TABLE vms ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN disk_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN labels TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN env TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN pid INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN template TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN machine_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN error TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN started_at INTEGER;
+ALTER TABLE vms ADD COLUMN create_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN image TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN cold_boot INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN disk TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN layers TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN source TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN layout TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN hot_memory_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN saved_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN next_cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN next_memory_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN resume_on_start INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN idle_timeout_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN delete_after_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN restart TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN network TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN vm_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN vm_name TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN disk_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN env TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN disk TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN layers TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN state_file TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN paused_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN shape_key TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN image TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN network TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN network_egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN hot_memory_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN saved_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE networks ADD COLUMN egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN allow TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN ssh_keys TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN type TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN message TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN attrs TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN memory_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN qemu_version TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN machine_type TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN cpu_model TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN accel TEXT NOT NULL DEFAULT '';`,
+	// 7: the JSON records, now in columns, go.
+	`ALTER TABLE vms DROP COLUMN data;
+ALTER TABLE snapshots DROP COLUMN data;
+ALTER TABLE networks DROP COLUMN data;
+ALTER TABLE tokens DROP COLUMN data;
+ALTER TABLE events DROP COLUMN data;
+ALTER TABLE nodes DROP COLUMN data;`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database
@@ -118,6 +187,12 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			tx.Rollback()
 			return fmt.Errorf("schema migration %d: %w", v+1, err)
 		}
+		if fill := fills[v+1]; fill != nil {
+			if err := fill(ctx, tx, false); err != nil {
+				tx.Rollback()
+				return fmt.Errorf("schema migration %d: %w", v+1, err)
+			}
+		}
 		// PRAGMA takes no parameters; v+1 is ours.
 		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, v+1)); err != nil {
 			tx.Rollback()
@@ -127,9 +202,5 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			return fmt.Errorf("schema migration %d: %w", v+1, err)
 		}
 	}
-	// An agentvm from before migration 2 knows no state column and may
-	// have written since: bring the column back in line with the records.
-	_, err := db.ExecContext(ctx, `UPDATE vms SET state = COALESCE(json_extract(data, '$.state'), '')
-WHERE state IS NOT COALESCE(json_extract(data, '$.state'), '')`)
-	return err
+	return nil
 }

@@ -11,7 +11,6 @@ import (
 // (migrations in migrate.go): step i of both makes the same tables, in each
 // one's types, so a schema version means the same schema in either. A new
 // step is added to both lists (TestMigrationListsMatch checks the counts).
-// Records stay JSON in text columns, as in SQLite: the store reads them whole.
 var pgMigrations = []string{
 	// 1: the tables.
 	`CREATE TABLE snapshots (
@@ -96,6 +95,75 @@ CREATE INDEX vms_state ON vms (state);`,
 );
 ALTER TABLE vms ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 CREATE INDEX vms_node ON vms (node_id);`,
+	// 6: a column per field of every record (columns.go): the JSON in
+	// data is copied into them by fillColumns.
+	`ALTER TABLE vms ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN memory_mib BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN disk_bytes BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN labels TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN env TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN pid INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN template TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN machine_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN error TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN started_at BIGINT;
+ALTER TABLE vms ADD COLUMN create_ms BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN image TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN cold_boot BOOLEAN NOT NULL DEFAULT FALSE;
+ALTER TABLE vms ADD COLUMN disk TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN layers TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN source TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN layout TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN hot_memory_mib BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN saved_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN next_cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN next_memory_mib BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN resume_on_start BOOLEAN NOT NULL DEFAULT FALSE;
+ALTER TABLE vms ADD COLUMN idle_timeout_s BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN delete_after_s BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN restart TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN network TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN vm_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN vm_name TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN memory_mib BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN disk_bytes BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN env TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN disk TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN layers TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN state_file TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN bytes BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN paused_ms BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN shape_key TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN image TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN network TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN network_egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE snapshots ADD COLUMN hot_memory_mib BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN saved_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE networks ADD COLUMN egress TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN allow TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN ssh_keys TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN type TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN message TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN attrs TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN memory_mib BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN qemu_version TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN machine_type TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN cpu_model TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN accel TEXT NOT NULL DEFAULT '';`,
+	// 7: the JSON records, now in columns, go.
+	`ALTER TABLE vms DROP COLUMN data;
+ALTER TABLE snapshots DROP COLUMN data;
+ALTER TABLE networks DROP COLUMN data;
+ALTER TABLE tokens DROP COLUMN data;
+ALTER TABLE events DROP COLUMN data;
+ALTER TABLE nodes DROP COLUMN data;`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that
@@ -135,6 +203,11 @@ func migratePostgres(ctx context.Context, db *sql.DB) error {
 	for v := have; v < len(pgMigrations); v++ {
 		if _, err := tx.ExecContext(ctx, pgMigrations[v]); err != nil {
 			return fmt.Errorf("schema migration %d: %w", v+1, err)
+		}
+		if fill := fills[v+1]; fill != nil {
+			if err := fill(ctx, tx, true); err != nil {
+				return fmt.Errorf("schema migration %d: %w", v+1, err)
+			}
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version (one, version) VALUES (TRUE, $1)

@@ -3,31 +3,44 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"time"
-
-	"github.com/agentvm/agentvm/api"
 )
 
 // Network is a private network.
 type Network struct {
-	Name      string      `json:"name"`
-	Egress    *api.Egress `json:"egress,omitempty"`
-	CreatedAt time.Time   `json:"created_at"`
+	Name      string    `json:"name"`
+	Egress    *Egress   `json:"egress,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// networkCols are the networks table's columns, the key first.
+const networkCols = `name, egress, created_at`
+
+var networkQ = queriesFor("networks", networkCols)
+
+func networkArgs(n *Network) []any { return []any{n.Name, jsonText(n.Egress), nanos(n.CreatedAt)} }
+
+func scanNetwork(sc scanner) (*Network, error) {
+	var n Network
+	var egress string
+	var created int64
+	if err := sc.Scan(&n.Name, &egress, &created); err != nil {
+		return nil, err
+	}
+	n.CreatedAt = fromNanos(created)
+	return &n, jsonCols("network "+n.Name, egress, &n.Egress)
 }
 
 // CreateNetwork inserts a network; ErrConflict if the name is taken.
 func (s *Store) CreateNetwork(ctx context.Context, n *Network) error {
-	data, _ := json.Marshal(n)
-	_, err := s.exec(ctx, `INSERT INTO networks (name, created_at, data) VALUES (?,?,?)`, n.Name, n.CreatedAt.UnixNano(), string(data))
+	_, err := s.exec(ctx, networkQ.insert, networkArgs(n)...)
 	return mapErr(err)
 }
 
 // UpdateNetwork replaces a network's record.
 func (s *Store) UpdateNetwork(ctx context.Context, n *Network) error {
-	data, _ := json.Marshal(n)
-	r, err := s.exec(ctx, `UPDATE networks SET data=? WHERE name=?`, string(data), n.Name)
+	r, err := s.exec(ctx, networkQ.update, updateArgs(networkArgs(n))...)
 	if err != nil {
 		return err
 	}
@@ -39,36 +52,27 @@ func (s *Store) UpdateNetwork(ctx context.Context, n *Network) error {
 
 // GetNetwork finds a network by name.
 func (s *Store) GetNetwork(ctx context.Context, name string) (*Network, error) {
-	var data string
-	err := s.queryRow(ctx, `SELECT data FROM networks WHERE name=?`, name).Scan(&data)
+	n, err := scanNetwork(s.queryRow(ctx, networkQ.list+` WHERE name=?`, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
-	if err != nil {
-		return nil, err
-	}
-	var n Network
-	return &n, json.Unmarshal([]byte(data), &n)
+	return n, err
 }
 
 // ListNetworks returns every network, oldest first.
 func (s *Store) ListNetworks(ctx context.Context) ([]*Network, error) {
-	rows, err := s.query(ctx, `SELECT data FROM networks ORDER BY created_at, name`)
+	rows, err := s.query(ctx, networkQ.list+` ORDER BY created_at, name`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []*Network
 	for rows.Next() {
-		var data string
-		if err := rows.Scan(&data); err != nil {
+		n, err := scanNetwork(rows)
+		if err != nil {
 			return nil, err
 		}
-		var n Network
-		if err := json.Unmarshal([]byte(data), &n); err != nil {
-			return nil, err
-		}
-		out = append(out, &n)
+		out = append(out, n)
 	}
 	return out, rows.Err()
 }

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -23,7 +22,7 @@ type Node struct {
 	Name    string `json:"name"`    // unique in the cluster
 	Address string `json:"address"` // where other nodes and clients reach its API
 	// Generation grows by one at every join: a process holding an older
-	// one has lost the node. It and the lease times are columns only.
+	// one has lost the node.
 	Generation   int64     `json:"-"`
 	LeaseExpires time.Time `json:"-"`
 	JoinedAt     time.Time `json:"-"`
@@ -60,14 +59,17 @@ func (s *Store) JoinNode(ctx context.Context, n *Node, ttl time.Duration) (*Node
 	if n.ID == "" || n.Name == "" {
 		return nil, errors.New("a node needs an id and a name")
 	}
-	data, _ := json.Marshal(n)
 	var gen int64
 	var exp, joined time.Time
-	err := s.queryRow(ctx, `INSERT INTO nodes (id, name, address, generation, lease_expires, joined_at, data)
-VALUES (?, ?, ?, 1, now() + make_interval(secs => ?), now(), ?)
+	err := s.queryRow(ctx, `INSERT INTO nodes (id, name, address, generation, lease_expires, joined_at,
+	cpus, memory_mib, qemu_version, machine_type, cpu_model, accel)
+VALUES (?, ?, ?, 1, now() + make_interval(secs => ?), now(), ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET name = excluded.name, address = excluded.address,
-	generation = nodes.generation + 1, lease_expires = excluded.lease_expires, joined_at = excluded.joined_at, data = excluded.data
-RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, ttl.Seconds(), string(data)).Scan(&gen, &exp, &joined)
+	generation = nodes.generation + 1, lease_expires = excluded.lease_expires, joined_at = excluded.joined_at,
+	cpus = excluded.cpus, memory_mib = excluded.memory_mib, qemu_version = excluded.qemu_version,
+	machine_type = excluded.machine_type, cpu_model = excluded.cpu_model, accel = excluded.accel
+RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, ttl.Seconds(),
+		n.CPUs, n.MemoryMiB, n.QEMUVersion, n.MachineType, n.CPUModel, n.Accel).Scan(&gen, &exp, &joined)
 	if err != nil {
 		if errors.Is(mapErr(err), ErrConflict) {
 			return nil, fmt.Errorf("%w: another node is named %q", ErrConflict, n.Name)
@@ -184,7 +186,8 @@ func (s *Store) nodes(ctx context.Context, where string, args ...any) ([]*Node, 
 	if err := s.needCluster(); err != nil {
 		return nil, err
 	}
-	rows, err := s.query(ctx, `SELECT data, generation, lease_expires, joined_at, EXTRACT(EPOCH FROM lease_expires - now())::float8
+	rows, err := s.query(ctx, `SELECT id, name, address, cpus, memory_mib, qemu_version, machine_type, cpu_model, accel,
+	generation, lease_expires, joined_at, EXTRACT(EPOCH FROM lease_expires - now())::float8
 FROM nodes `+where+` ORDER BY name`, args...)
 	if err != nil {
 		return nil, err
@@ -192,14 +195,11 @@ FROM nodes `+where+` ORDER BY name`, args...)
 	defer rows.Close()
 	var out []*Node
 	for rows.Next() {
-		var data string
 		var n Node
 		var left float64
-		if err := rows.Scan(&data, &n.Generation, &n.LeaseExpires, &n.JoinedAt, &left); err != nil {
+		if err := rows.Scan(&n.ID, &n.Name, &n.Address, &n.CPUs, &n.MemoryMiB, &n.QEMUVersion, &n.MachineType, &n.CPUModel, &n.Accel,
+			&n.Generation, &n.LeaseExpires, &n.JoinedAt, &left); err != nil {
 			return nil, err
-		}
-		if err := json.Unmarshal([]byte(data), &n); err != nil { // leaves the columns' fields alone
-			return nil, fmt.Errorf("decode node: %w", err)
 		}
 		n.LeaseLeft = time.Duration(left * float64(time.Second))
 		n.Alive = n.LeaseLeft > 0

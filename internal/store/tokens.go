@@ -3,8 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"fmt"
 	"time"
 )
 
@@ -23,11 +21,18 @@ type Token struct {
 	SSHKeys []string `json:"ssh_keys,omitempty"`
 }
 
+// tokenCols are the tokens table's columns, the key first.
+const tokenCols = `id, hash, vm_id, allow, user_name, name, created_at, expires_at, ssh_keys`
+
+var tokenQ = queriesFor("tokens", tokenCols)
+
+func tokenArgs(t *Token) []any {
+	return []any{t.ID, t.Hash, t.VMID, jsonText(t.Allow), t.User, t.Name, nanos(t.CreatedAt), nanos(t.ExpiresAt), jsonText(t.SSHKeys)}
+}
+
 // CreateToken inserts a token.
 func (s *Store) CreateToken(ctx context.Context, t *Token) error {
-	data, _ := json.Marshal(t)
-	_, err := s.exec(ctx, `INSERT INTO tokens (id, hash, vm_id, expires_at, created_at, data) VALUES (?,?,?,?,?,?)`,
-		t.ID, t.Hash, t.VMID, t.ExpiresAt.UnixNano(), t.CreatedAt.UnixNano(), string(data))
+	_, err := s.exec(ctx, tokenQ.insert, tokenArgs(t)...)
 	return mapErr(err)
 }
 
@@ -35,13 +40,15 @@ func scanTokens(rows *sql.Rows) ([]*Token, error) {
 	defer rows.Close()
 	var out []*Token
 	for rows.Next() {
-		var data string
-		if err := rows.Scan(&data); err != nil {
+		var t Token
+		var allow, keys string
+		var created, expires int64
+		if err := rows.Scan(&t.ID, &t.Hash, &t.VMID, &allow, &t.User, &t.Name, &created, &expires, &keys); err != nil {
 			return nil, err
 		}
-		var t Token
-		if err := json.Unmarshal([]byte(data), &t); err != nil {
-			return nil, fmt.Errorf("decode token: %w", err)
+		t.CreatedAt, t.ExpiresAt = fromNanos(created), fromNanos(expires)
+		if err := jsonCols("token "+t.ID, allow, &t.Allow, keys, &t.SSHKeys); err != nil {
+			return nil, err
 		}
 		out = append(out, &t)
 	}
@@ -50,7 +57,7 @@ func scanTokens(rows *sql.Rows) ([]*Token, error) {
 
 // TokenByHash finds an unexpired token by the hash of its secret.
 func (s *Store) TokenByHash(ctx context.Context, hash string, now time.Time) (*Token, error) {
-	rows, err := s.query(ctx, `SELECT data FROM tokens WHERE hash=? AND expires_at>?`, hash, now.UnixNano())
+	rows, err := s.query(ctx, tokenQ.list+` WHERE hash=? AND expires_at>?`, hash, now.UnixNano())
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +74,7 @@ func (s *Store) TokenByHash(ctx context.Context, hash string, now time.Time) (*T
 // ListTokens returns the unexpired tokens, of one VM when vmID is set,
 // oldest first.
 func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*Token, error) {
-	q, args := `SELECT data FROM tokens WHERE expires_at>?`, []any{now.UnixNano()}
+	q, args := tokenQ.list+` WHERE expires_at>?`, []any{now.UnixNano()}
 	if vmID != "" {
 		q += ` AND vm_id=?`
 		args = append(args, vmID)

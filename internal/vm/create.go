@@ -11,7 +11,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
@@ -29,8 +28,8 @@ type CreateOptions struct {
 	Labels         map[string]string
 	Env            map[string]string
 	IdempotencyKey string
-	Network        string      // private network name ("" = none)
-	Egress         *api.Egress // nil: the network's policy, else public
+	Network        string        // private network name ("" = none)
+	Egress         *store.Egress // nil: the network's policy, else public
 	IdleTimeout    time.Duration
 	DeleteAfter    time.Duration
 	Restart        string
@@ -195,7 +194,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 		return nil, nil, err
 	}
 	id := "vm-" + randHex(6)
-	state := api.StateCreating
+	state := store.StateCreating
 	if o.pool {
 		o.Name, state = "pool-"+id, statePool
 	}
@@ -239,7 +238,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 // finishCreate records a successful create; on failure the VM is destroyed.
 func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time) error {
 	v.CreateMs = time.Since(start).Milliseconds()
-	if err := s.enter(ctx, v, api.StateRunning); err != nil {
+	if err := s.enter(ctx, v, store.StateRunning); err != nil {
 		s.destroy(context.Background(), v)
 		return err
 	}

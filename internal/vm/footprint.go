@@ -1,7 +1,6 @@
 package vm
 
 import (
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -11,7 +10,7 @@ import (
 // format, its sparse RAM file, whose holes take none). 0 for a VM that is
 // not suspended: a running VM's state file is gone once its wake is done.
 func (s *Service) StateBytes(v *store.VM) int64 {
-	if v.State != api.StateSuspended {
+	if v.State != store.StateSuspended {
 		return 0
 	}
 	return qemu.DiskUsage(s.suspendPath(v.ID))

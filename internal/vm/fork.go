@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
@@ -197,7 +196,7 @@ func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(
 // nil when the agent does not answer (the children are then not checked).
 func (s *Service) parentInfo(ctx context.Context, parent *store.VM) *guest.Info {
 	in := s.instance(parent.ID)
-	if in == nil || parent.State == api.StatePaused {
+	if in == nil || parent.State == store.StatePaused {
 		// A paused guest's agent cannot answer: waiting for it would hold
 		// the parent's lock for the whole timeout.
 		return nil

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/network"
@@ -72,7 +71,7 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 // start cold-boots a stopped VM from its own disk; a paused or suspended VM is
 // resumed or woken instead.
 func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error) {
-	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == api.StatePaused || v.State == api.StateSuspended) {
+	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == store.StatePaused || v.State == store.StateSuspended) {
 		return s.Wake(ctx, v.ID)
 	}
 	v, unlock, err := s.take(ctx, idOrName, opStart)
@@ -104,7 +103,7 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 	mc := s.machineConfig(v, p, img)
 	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: s.cfg.BootTimeout, baseDisk: v.DiskBytes, identity: identitySame, growFS: true}); err != nil {
 		v.PID, v.Error = 0, "start failed: "+err.Error()
-		s.enter(ctx, v, api.StateStopped)
+		s.enter(ctx, v, store.StateStopped)
 		return nil, err
 	}
 	v.ColdBoot = true
@@ -181,10 +180,10 @@ func (s *Service) monitor(id string, in *instance) {
 		s.destroy(context.Background(), v)
 		return
 	}
-	to := api.StateCrashed
+	to := store.StateCrashed
 	v.PID, v.ColdBoot, v.Error = 0, true, "QEMU exited unexpectedly"+qemu.LogTail(s.paths(id).Log)
 	if clean && reason != "host-error" {
-		to, v.Error = api.StateStopped, ""
+		to, v.Error = store.StateStopped, ""
 	}
 	s.enter(context.Background(), v, to)
 	os.RemoveAll(s.paths(id).Run)
@@ -197,7 +196,7 @@ func (s *Service) monitor(id string, in *instance) {
 	}
 	s.Event(id, "lifecycle", ActorSystem, "QEMU exited: %s (%s)", v.State, why)
 	s.log.Warn("vm exited", "vm", id, "state", v.State, "reason", why)
-	s.maybeRestart(v, v.State == api.StateCrashed, why)
+	s.maybeRestart(v, v.State == store.StateCrashed, why)
 }
 
 // Guest returns the agent session of a running VM, resuming a paused VM and waking
@@ -263,19 +262,19 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	for _, v := range vms {
 		switch v.State {
-		case api.StateSuspended, api.StateStopped, api.StateCrashed, api.StateError:
+		case store.StateSuspended, store.StateStopped, store.StateCrashed, store.StateError:
 			// A wake or start the daemon did not finish: its QEMU (recorded or
 			// not) goes, see killStrays below.
-		case api.StateCreating, api.StateDeleting, statePool:
+		case store.StateCreating, store.StateDeleting, statePool:
 			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
 			s.destroy(ctx, v)
-		case api.StateRunning, api.StatePaused:
+		case store.StateRunning, store.StatePaused:
 			qemu.RemoveState(s.suspendPath(v.ID) + ".tmp")
 			if !s.hv.IsOurs(v.PID, v.ID) {
 				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
 					// the daemon died between writing the suspend state and recording it
 					v.PID = 0
-					s.enter(ctx, v, api.StateSuspended)
+					s.enter(ctx, v, store.StateSuspended)
 					s.log.Info("finished an interrupted suspend", "vm", v.ID)
 					continue
 				}
@@ -284,7 +283,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			if err := s.reattach(ctx, v); err != nil {
 				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
 				v.PID, v.ColdBoot, v.Error = 0, true, "lost while the daemon was down: "+err.Error()
-				s.enter(ctx, v, api.StateCrashed)
+				s.enter(ctx, v, store.StateCrashed)
 				os.RemoveAll(s.paths(v.ID).Run)
 			}
 		}
@@ -380,19 +379,19 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	if st, err := m.Status(actx); err == nil {
 		var err error
 		switch {
-		case v.State == api.StateRunning && st != "running":
+		case v.State == store.StateRunning && st != "running":
 			// Stopped for a save (completed, or stop-and-copy cancelled
 			// above) while the daemon died: the guest may have missed the
 			// close of the dead daemon's connection.
 			if err = m.Resume(actx); err == nil {
 				bounceAgentChannel(p.Agent)
 			}
-		case v.State == api.StatePaused && st == "postmigrate":
+		case v.State == store.StatePaused && st == "postmigrate":
 			err = m.Repause(actx)
 		}
 		if err != nil {
 			s.log.Warn("cannot restore the recorded state after an interrupted operation", "vm", v.ID, "status", st, "state", v.State, "err", err)
-		} else if api.State(st) != v.State {
+		} else if store.State(st) != v.State {
 			s.log.Info("restored the recorded state after an interrupted operation", "vm", v.ID, "status", st, "state", v.State)
 		}
 	}

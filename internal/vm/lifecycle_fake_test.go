@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/fakehv"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
@@ -89,7 +88,7 @@ func (e *fakeEnv) create(name string) *store.VM {
 	if err != nil {
 		e.t.Fatalf("create %s: %v", name, err)
 	}
-	if v.State != api.StateRunning {
+	if v.State != store.StateRunning {
 		e.t.Fatalf("create %s: state %s", name, v.State)
 	}
 	return v
@@ -122,7 +121,7 @@ func (e *fakeEnv) state(name string) *store.VM {
 }
 
 // waitState waits (generously) for the VM's recorded state.
-func (e *fakeEnv) waitState(name string, want api.State) *store.VM {
+func (e *fakeEnv) waitState(name string, want store.State) *store.VM {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -184,7 +183,7 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Pause(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := e.machine(v).Status(e.ctx); st != "paused" || e.state("box").State != api.StatePaused {
+	if st, _ := e.machine(v).Status(e.ctx); st != "paused" || e.state("box").State != store.StatePaused {
 		t.Fatalf("pause: machine %s, VM %s", st, e.state("box").State)
 	}
 	if _, err := e.s.Pause(e.ctx, "box"); err != nil { // a no-op
@@ -200,7 +199,7 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Suspend(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if e.hv.MachineOf(v.ID) != nil || e.state("box").State != api.StateSuspended {
+	if e.hv.MachineOf(v.ID) != nil || e.state("box").State != store.StateSuspended {
 		t.Fatalf("suspend: a machine still runs, or state %s", e.state("box").State)
 	}
 	if _, err := os.Stat(e.s.suspendPath(v.ID)); err != nil {
@@ -209,7 +208,7 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, _, err := e.s.Guest(e.ctx, "box"); err != nil { // reaching a suspended VM wakes it
 		t.Fatalf("wake on use: %v", err)
 	}
-	if e.state("box").State != api.StateRunning || e.machine(v).Memory() != "work in progress" {
+	if e.state("box").State != store.StateRunning || e.machine(v).Memory() != "work in progress" {
 		t.Fatalf("wake: state %s, memory %q", e.state("box").State, e.machine(v).Memory())
 	}
 	if got := e.exec("box", "echo back"); got != "back\n" {
@@ -219,7 +218,7 @@ func TestLifecycleOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if e.hv.MachineOf(v.ID) != nil || e.state("box").State != api.StateStopped {
+	if e.hv.MachineOf(v.ID) != nil || e.state("box").State != store.StateStopped {
 		t.Fatal("stop: a machine still runs, or not stopped")
 	}
 	if _, err := e.s.Pause(e.ctx, "box"); !errors.Is(err, ErrConflict) {
@@ -262,7 +261,7 @@ func TestFailedStartLeavesNothingRunning(t *testing.T) {
 	if _, err := e.s.Start(e.ctx, "box"); err == nil || !strings.Contains(err.Error(), "could not open disk") {
 		t.Fatalf("start: %v", err)
 	}
-	if v := e.state("box"); v.State == api.StateRunning || e.hv.Running() != 0 {
+	if v := e.state("box"); v.State == store.StateRunning || e.hv.Running() != 0 {
 		t.Fatalf("after a failed start: state %s, %d machines", v.State, e.hv.Running())
 	}
 	if _, err := e.s.Start(e.ctx, "box"); err != nil { // and the next one works
@@ -277,7 +276,7 @@ func TestExitMonitor(t *testing.T) {
 	e := newFakeEnv(t)
 	v := e.create("box")
 	e.machine(v).Crash()
-	got := e.waitState("box", api.StateCrashed)
+	got := e.waitState("box", store.StateCrashed)
 	if !strings.Contains(got.Error, "exited unexpectedly") || got.PID != 0 {
 		t.Fatalf("crash recorded as %+v", got)
 	}
@@ -285,7 +284,7 @@ func TestExitMonitor(t *testing.T) {
 		t.Fatalf("start after a crash: %v", err)
 	}
 	e.machine(v).PowerOff()
-	if got := e.waitState("box", api.StateStopped); got.Error != "" {
+	if got := e.waitState("box", store.StateStopped); got.Error != "" {
 		t.Fatalf("power-off recorded with error %q", got.Error)
 	}
 	// An exit the service causes is not a crash.
@@ -295,7 +294,7 @@ func TestExitMonitor(t *testing.T) {
 	if _, err := e.s.Stop(e.ctx, "box"); err != nil {
 		t.Fatal(err)
 	}
-	if st := e.state("box").State; st != api.StateStopped {
+	if st := e.state("box").State; st != store.StateStopped {
 		t.Fatalf("after a stop: %s", st)
 	}
 }
@@ -315,7 +314,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	half := &store.VM{ID: "vm-halfmade00001", Name: "half", State: api.StateCreating, CPUs: 1, MemoryMiB: 512, Image: image.Default}
+	half := &store.VM{ID: "vm-halfmade00001", Name: "half", State: store.StateCreating, CPUs: 1, MemoryMiB: 512, Image: image.Default}
 	if err := e.st.CreateVM(e.ctx, half); err != nil {
 		t.Fatal(err)
 	}
@@ -324,13 +323,13 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if err := e.s.Reconcile(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if v := e.state("alive"); v.State != api.StateRunning || v.PID != a.PID || e.machine(a).Memory() != "kept" {
+	if v := e.state("alive"); v.State != store.StateRunning || v.PID != a.PID || e.machine(a).Memory() != "kept" {
 		t.Fatalf("re-attached VM: %+v", v)
 	}
 	if got := e.exec("alive", "echo still"); got != "still\n" {
 		t.Fatalf("exec after re-attach: %q", got)
 	}
-	if v := e.state("dies"); v.State != api.StateCrashed || !strings.Contains(v.Error, "lost while the daemon was down") {
+	if v := e.state("dies"); v.State != store.StateCrashed || !strings.Contains(v.Error, "lost while the daemon was down") {
 		t.Fatalf("VM whose machine died: %s %q", v.State, v.Error)
 	}
 	if _, err := e.st.GetVM(e.ctx, half.ID); err == nil {
@@ -353,13 +352,13 @@ func TestForkOnFakeMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Children) != 2 || res.Parent.State != api.StateRunning {
+	if len(res.Children) != 2 || res.Parent.State != store.StateRunning {
 		t.Fatalf("fork: %d children, parent %s", len(res.Children), res.Parent.State)
 	}
 	disks := map[string]bool{e.state("parent").Disk: true}
 	for _, c := range res.Children {
 		m := e.machine(c)
-		if m.Memory() != "step 41" || c.State != api.StateRunning {
+		if m.Memory() != "step 41" || c.State != store.StateRunning {
 			t.Fatalf("child %s: memory %q, state %s", c.Name, m.Memory(), c.State)
 		}
 		e.exec(c.Name, "true")
@@ -393,7 +392,7 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := e.state("box")
-	if got.State != api.StateRunning || len(got.Layers) != 1 || got.Disk == v.Disk {
+	if got.State != store.StateRunning || len(got.Layers) != 1 || got.Disk == v.Disk {
 		t.Fatalf("after a snapshot: state %s, layers %v, disk %s (was %s)", got.State, got.Layers, got.Disk, v.Disk)
 	}
 	if st, _ := e.machine(v).Status(e.ctx); st != "running" {
@@ -407,7 +406,7 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	if _, err := e.s.Snapshot(e.ctx, "box", "snap2"); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := e.machine(v).Status(e.ctx); st != "paused" || e.state("box").State != api.StatePaused {
+	if st, _ := e.machine(v).Status(e.ctx); st != "paused" || e.state("box").State != store.StatePaused {
 		t.Fatalf("a paused VM's snapshot leaves it %s (recorded %s)", st, e.state("box").State)
 	}
 	if _, err := e.s.Snapshot(e.ctx, "box", "snap1"); !errors.Is(err, ErrConflict) {
@@ -421,7 +420,7 @@ func TestSnapshotCreateFromAndResizeOnFakeMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.State != api.StateRunning || e.machine(c).Memory() != "at the snapshot" || c.Disk == e.state("box").Disk {
+	if c.State != store.StateRunning || e.machine(c).Memory() != "at the snapshot" || c.Disk == e.state("box").Disk {
 		t.Fatalf("from the snapshot: state %s, memory %q, disk %s", c.State, e.machine(c).Memory(), c.Disk)
 	}
 	e.exec("copy", "true")
@@ -470,7 +469,7 @@ func TestFenceAndOtherNodes(t *testing.T) {
 	e := newFakeEnv(t)
 	e.create("a")
 	e.create("b")
-	other := &store.VM{ID: "vm-elsewhere0001", Name: "remote", State: api.StateRunning, CPUs: 1, MemoryMiB: 512, NetIndex: 90, Node: "node-2", PID: 4242, CreatedAt: time.Now()}
+	other := &store.VM{ID: "vm-elsewhere0001", Name: "remote", State: store.StateRunning, CPUs: 1, MemoryMiB: 512, NetIndex: 90, Node: "node-2", PID: 4242, CreatedAt: time.Now()}
 	if err := e.st.CreateVM(e.ctx, other); err != nil {
 		t.Fatal(err)
 	}
@@ -501,11 +500,11 @@ func TestFenceAndOtherNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"a", "b"} {
-		if v := e.state(name); v.State != api.StateCrashed || !strings.Contains(v.Error, "fence") {
+		if v := e.state(name); v.State != store.StateCrashed || !strings.Contains(v.Error, "fence") {
 			t.Fatalf("%s after the unfence: %s %q", name, v.State, v.Error)
 		}
 	}
-	if v := e.state("remote"); v.State != api.StateRunning || v.Error != "" {
+	if v := e.state("remote"); v.State != store.StateRunning || v.Error != "" {
 		t.Fatalf("another node's VM was reconciled here: %s %q", v.State, v.Error)
 	}
 	if _, err := e.s.Start(e.ctx, "a"); err != nil {
@@ -544,7 +543,7 @@ func TestFenceDuringALaunch(t *testing.T) {
 	if _, err := e.st.GetVM(e.ctx, "late"); err == nil {
 		t.Fatal("the interrupted create left its VM")
 	}
-	if v := e.state("first"); v.State != api.StateCrashed {
+	if v := e.state("first"); v.State != store.StateCrashed {
 		t.Fatalf("first after the unfence: %s", v.State)
 	}
 	e.create("after") // and creates work again

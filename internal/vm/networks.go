@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -21,7 +20,7 @@ import (
 // in each VM's network stack on the host, out of the guest's reach.
 
 // EgressToNetwork converts and validates an API egress policy.
-func EgressToNetwork(e *api.Egress) (network.Egress, error) {
+func EgressToNetwork(e *store.Egress) (network.Egress, error) {
 	if e == nil {
 		return network.Egress{Mode: network.EgressPublic}, nil
 	}
@@ -46,7 +45,7 @@ func EgressToNetwork(e *api.Egress) (network.Egress, error) {
 }
 
 // checkEgress validates an API policy (nil is fine).
-func checkEgress(e *api.Egress) error {
+func checkEgress(e *store.Egress) error {
 	if e == nil {
 		return nil
 	}
@@ -156,7 +155,7 @@ func (s *Service) applyEgress(v *store.VM) {
 
 // SetEgress replaces a VM's own egress policy (nil: follow its network's);
 // it applies at once to new connections.
-func (s *Service) SetEgress(ctx context.Context, idOrName string, e *api.Egress) (*store.VM, error) {
+func (s *Service) SetEgress(ctx context.Context, idOrName string, e *store.Egress) (*store.VM, error) {
 	if err := checkEgress(e); err != nil {
 		return nil, err
 	}
@@ -219,7 +218,7 @@ func (s *Service) SetNetwork(ctx context.Context, idOrName, name string) (*store
 }
 
 // CreateNetwork creates a private network.
-func (s *Service) CreateNetwork(ctx context.Context, name string, e *api.Egress) (*store.Network, error) {
+func (s *Service) CreateNetwork(ctx context.Context, name string, e *store.Egress) (*store.Network, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -272,7 +271,7 @@ func (s *Service) DeleteNetwork(ctx context.Context, name string) error {
 
 // SetNetworkEgress changes a network's policy and applies it to its running
 // VMs that have no policy of their own.
-func (s *Service) SetNetworkEgress(ctx context.Context, name string, e *api.Egress) (*store.Network, error) {
+func (s *Service) SetNetworkEgress(ctx context.Context, name string, e *store.Egress) (*store.Network, error) {
 	if err := checkEgress(e); err != nil {
 		return nil, err
 	}

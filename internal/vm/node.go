@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -150,7 +149,7 @@ func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
 		s.destroy(ctx, v)
 	case live(v):
 		v.PID, v.ColdBoot, v.Error = 0, true, "killed by this node's fence: "+reason
-		return s.enter(ctx, v, api.StateCrashed)
+		return s.enter(ctx, v, store.StateCrashed)
 	}
 	return nil
 }

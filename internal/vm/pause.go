@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -151,7 +150,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	}
 	if err != nil {
 		qemu.RemoveState(tmp)
-		if v.State == api.StateRunning {
+		if v.State == store.StateRunning {
 			in.machine.Resume(context.Background()) // leave it as it was
 		} else {
 			in.machine.Repause(context.Background())
@@ -230,7 +229,7 @@ func (s *Service) resumeStoppedOnFullDisk(self string) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			v, err := s.store.GetVM(ctx, id)
-			if err != nil || (v.State != api.StateRunning && v.State != statePool) || s.instance(id) != in {
+			if err != nil || (v.State != store.StateRunning && v.State != statePool) || s.instance(id) != in {
 				return
 			}
 			if st, err := in.machine.Status(ctx); err != nil || st != "io-error" {
@@ -270,7 +269,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		// do it.
 		v.PID, v.ColdBoot = 0, true
 		v.Error = "memory state lost (" + err.Error() + "); start boots it from its disk"
-		s.enter(ctx, v, api.StateStopped)
+		s.enter(ctx, v, store.StateStopped)
 		s.logEvent(v.ID, "wake impossible: %s", v.Error)
 		return fmt.Errorf("%w: VM %s lost its memory state; its disk is intact: start it with: agentvm start %s", ErrConflict, v.Name, v.Name)
 	}
@@ -323,7 +322,7 @@ const wakeTimeout = 3 * time.Minute
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
 	v, err := s.GetLocal(ctx, idOrName)
-	if err != nil || (v.State != api.StatePaused && v.State != api.StateSuspended && !s.ops.isBusy(v.ID)) {
+	if err != nil || (v.State != store.StatePaused && v.State != store.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
 	}
 	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
@@ -332,9 +331,9 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 		return nil, err
 	}
 	switch v.State {
-	case api.StatePaused:
+	case store.StatePaused:
 		err = s.resumeLocked(ctx, v)
-	case api.StateSuspended:
+	case store.StateSuspended:
 		err = s.wakeLocked(ctx, v)
 	}
 	return v, err
@@ -348,7 +347,7 @@ func (s *Service) SuspendAll(ctx context.Context) {
 		return
 	}
 	for _, v := range vms {
-		if v.State != api.StateRunning && v.State != api.StatePaused {
+		if v.State != store.StateRunning && v.State != store.StatePaused {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -374,7 +373,7 @@ func (s *Service) WakeMarked(ctx context.Context) {
 		return
 	}
 	for _, v := range vms {
-		if v.State != api.StateSuspended || !v.ResumeOnStart {
+		if v.State != store.StateSuspended || !v.ResumeOnStart {
 			continue
 		}
 		if w, err := s.Wake(ctx, v.ID); err != nil {

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -123,7 +122,7 @@ func (s *Service) applyPolicy(ctx context.Context, v *store.VM) {
 		}
 		return
 	}
-	if v.IdleTimeoutSec <= 0 || (v.State != api.StateRunning && v.State != api.StatePaused) {
+	if v.IdleTimeoutSec <= 0 || (v.State != store.StateRunning && v.State != store.StatePaused) {
 		return
 	}
 	idle := s.idleFor(v)
@@ -221,7 +220,7 @@ func (s *Service) maybeRestart(v *store.VM, crashed bool, reason string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		cur, err := s.store.GetVM(ctx, v.ID)
-		if err != nil || (cur.State != api.StateCrashed && cur.State != api.StateStopped) {
+		if err != nil || (cur.State != store.StateCrashed && cur.State != store.StateStopped) {
 			return // deleted or started by someone meanwhile
 		}
 		if _, err := s.Start(ctx, v.ID); err != nil {

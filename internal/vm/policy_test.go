@@ -2,10 +2,10 @@ package vm
 
 import (
 	"errors"
+	"github.com/agentvm/agentvm/internal/store"
 	"testing"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/network"
 )
 
@@ -30,7 +30,7 @@ func TestRestartBackoff(t *testing.T) {
 }
 
 func TestEgressToNetwork(t *testing.T) {
-	e, err := EgressToNetwork(&api.Egress{Allow: []string{"10.0.0.0/8", "203.0.113.7", "Deb.Debian.org.", "*.example.com"}, AllowHost: []int{5432}})
+	e, err := EgressToNetwork(&store.Egress{Allow: []string{"10.0.0.0/8", "203.0.113.7", "Deb.Debian.org.", "*.example.com"}, AllowHost: []int{5432}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestEgressToNetwork(t *testing.T) {
 		e.Domains[0] != "deb.debian.org" || e.Domains[1] != "example.com" || e.AllowHost[0] != 5432 {
 		t.Fatalf("converted %+v", e)
 	}
-	for _, bad := range []*api.Egress{{Mode: "sometimes"}, {Mode: "deny", Allow: []string{"1.2.3.4"}}, {AllowHost: []int{0}}, {Allow: []string{"not a name"}}} {
+	for _, bad := range []*store.Egress{{Mode: "sometimes"}, {Mode: "deny", Allow: []string{"1.2.3.4"}}, {AllowHost: []int{0}}, {Allow: []string{"not a name"}}} {
 		if _, err := EgressToNetwork(bad); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("%+v: %v", bad, err)
 		}

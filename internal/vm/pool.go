@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -52,7 +51,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
 	v.Network, v.Egress = o.Network, o.Egress
 	v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart = int64(o.IdleTimeout.Seconds()), int64(o.DeleteAfter.Seconds()), o.Restart
-	if err := s.enter(ctx, v, api.StateCreating); err != nil {
+	if err := s.enter(ctx, v, store.StateCreating); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
 			s.destroy(context.Background(), v) // its record is in doubt
 			return nil, false, err

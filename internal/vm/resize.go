@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
@@ -88,7 +87,7 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 }
 
 // live reports whether v has a QEMU running its guest (running or paused).
-func live(v *store.VM) bool { return v.State == api.StateRunning || v.State == api.StatePaused }
+func live(v *store.VM) bool { return v.State == store.StateRunning || v.State == store.StatePaused }
 
 // growDisk grows v's disk to size: online through QEMU and the guest, or
 // offline with qemu-img.
@@ -103,7 +102,7 @@ func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string
 			return "", fmt.Errorf("grow disk: %w", err)
 		}
 		msg = "disk grown; the filesystem grows when the VM resumes"
-		if v.State == api.StateRunning {
+		if v.State == store.StateRunning {
 			c, err := in.guestClient(ctx)
 			if err == nil {
 				err = c.SetIdentity(ctx, guest.Identity{DiskResize: true})
@@ -136,7 +135,7 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 	case !live(v):
 		v.CPUs, v.NextCPUs = cpus, 0
 		return []string{"CPUs set; they apply when the VM starts"}, nil
-	case cpus > v.CPUs && v.State == api.StateRunning && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
+	case cpus > v.CPUs && v.State == store.StateRunning && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
 		if err := s.growCPUs(ctx, v, cpus); err != nil {
 			return nil, err
 		}
@@ -192,7 +191,7 @@ func decideMemory(v *store.VM, mib int64) (plug int64, msgs []string) {
 	}
 	boot, room := v.MemoryMiB-v.HotMemoryMiB, qemu.MaxHotplugMiB(layoutOf(v))
 	plug = (mib - boot + qemu.MemoryBlockMiB - 1) / qemu.MemoryBlockMiB * qemu.MemoryBlockMiB
-	if mib > v.MemoryMiB && v.State == api.StateRunning && plug <= room {
+	if mib > v.MemoryMiB && v.State == store.StateRunning && plug <= room {
 		return plug, nil
 	}
 	v.NextMemoryMiB = mib

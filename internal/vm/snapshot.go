@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/disk"
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
@@ -49,7 +48,7 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	}
 	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
 	freeze := func() error { return in.machine.FreezeDisk(ctx, newTop) }
-	if v.State == api.StatePaused {
+	if v.State == store.StatePaused {
 		res, err = in.machine.SaveStopped(ctx, statePath, s.captureFormat())
 		if err == nil {
 			err = freeze()

@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
 // statePool marks a warm-pool VM: a running VM no caller has yet (hidden
 // from Get and List).
-const statePool api.State = "pool"
+const statePool = store.StatePool
 
 // Operations of the state table.
 const (
@@ -30,10 +29,10 @@ const (
 
 // rule is one operation's row of the state table.
 type rule struct {
-	from   []api.State // the states it may start from
-	noop   []api.State // the states in which it is already done: it succeeds and changes nothing
-	during api.State   // the state recorded while it runs ("": the state it started from)
-	to     api.State   // the state it leaves the VM in ("": the state it started from)
+	from   []store.State // the states it may start from
+	noop   []store.State // the states in which it is already done: it succeeds and changes nothing
+	during store.State   // the state recorded while it runs ("": the state it started from)
+	to     store.State   // the state it leaves the VM in ("": the state it started from)
 }
 
 // table is the VM state machine: every user-facing operation's row. The
@@ -44,17 +43,17 @@ type rule struct {
 // a clean guest shutdown; a restart of the daemon finishes or rolls back
 // what it finds (Reconcile).
 var table = map[string]rule{
-	opStart:    {from: []api.State{api.StateStopped, api.StateCrashed}, noop: []api.State{api.StateRunning}, to: api.StateRunning},
-	opStop:     {from: []api.State{api.StateRunning, api.StatePaused, api.StateSuspended}, noop: []api.State{api.StateStopped}, to: api.StateStopped},
-	opExec:     {from: []api.State{api.StateRunning}},
-	opPause:    {from: []api.State{api.StateRunning}, noop: []api.State{api.StatePaused}, to: api.StatePaused},
-	opResume:   {from: []api.State{api.StatePaused}, noop: []api.State{api.StateRunning}, to: api.StateRunning},
-	opSuspend:  {from: []api.State{api.StateRunning, api.StatePaused}, noop: []api.State{api.StateSuspended}, to: api.StateSuspended},
-	opWake:     {from: []api.State{api.StatePaused, api.StateSuspended}, noop: []api.State{api.StateRunning}, to: api.StateRunning},
-	opSnapshot: {from: []api.State{api.StateRunning, api.StatePaused}},
-	opFork:     {from: []api.State{api.StateRunning, api.StatePaused}},
-	opResize:   {from: []api.State{api.StateRunning, api.StatePaused, api.StateStopped, api.StateCrashed}},
-	opDelete:   {from: []api.State{api.StateRunning, api.StatePaused, api.StateStopped, api.StateCrashed, api.StateError, api.StateSuspended}, during: api.StateDeleting},
+	opStart:    {from: []store.State{store.StateStopped, store.StateCrashed}, noop: []store.State{store.StateRunning}, to: store.StateRunning},
+	opStop:     {from: []store.State{store.StateRunning, store.StatePaused, store.StateSuspended}, noop: []store.State{store.StateStopped}, to: store.StateStopped},
+	opExec:     {from: []store.State{store.StateRunning}},
+	opPause:    {from: []store.State{store.StateRunning}, noop: []store.State{store.StatePaused}, to: store.StatePaused},
+	opResume:   {from: []store.State{store.StatePaused}, noop: []store.State{store.StateRunning}, to: store.StateRunning},
+	opSuspend:  {from: []store.State{store.StateRunning, store.StatePaused}, noop: []store.State{store.StateSuspended}, to: store.StateSuspended},
+	opWake:     {from: []store.State{store.StatePaused, store.StateSuspended}, noop: []store.State{store.StateRunning}, to: store.StateRunning},
+	opSnapshot: {from: []store.State{store.StateRunning, store.StatePaused}},
+	opFork:     {from: []store.State{store.StateRunning, store.StatePaused}},
+	opResize:   {from: []store.State{store.StateRunning, store.StatePaused, store.StateStopped, store.StateCrashed}},
+	opDelete:   {from: []store.State{store.StateRunning, store.StatePaused, store.StateStopped, store.StateCrashed, store.StateError, store.StateSuspended}, during: store.StateDeleting},
 }
 
 // checkTransition answers whether op may start from v's state, with a 409
@@ -69,9 +68,9 @@ func checkTransition(op string, v *store.VM) error {
 	}
 	hint := ""
 	switch {
-	case op == opExec && (v.State == api.StateStopped || v.State == api.StateCrashed):
+	case op == opExec && (v.State == store.StateStopped || v.State == store.StateCrashed):
 		hint = "; start it first with: agentvm start " + v.Name
-	case v.State == api.StateCreating:
+	case v.State == store.StateCreating:
 		hint = "; it is still being created"
 	}
 	return fmt.Errorf("%w: cannot %s VM %s: it is %s%s", ErrConflict, op, v.Name, v.State, hint)
@@ -83,30 +82,30 @@ func done(op string, v *store.VM) bool { return slices.Contains(table[op].noop, 
 // Reachable reports whether a VM in state st can serve a request: it runs,
 // or a wake brings it back on its own. Stopped, crashed, failed and
 // half-made VMs cannot.
-func Reachable(st api.State) bool {
+func Reachable(st store.State) bool {
 	return slices.Contains(table[opExec].from, st) || slices.Contains(table[opWake].from, st)
 }
 
 // internal are the transitions nobody asks for, each with its reason: the
 // rest of the service's moves come from table.
 var internal = []struct {
-	from []api.State
-	to   api.State
+	from []store.State
+	to   store.State
 	why  string
 }{
-	{[]api.State{api.StateCreating}, api.StateRunning, "a create (or a fork's child) is done"},
-	{[]api.State{statePool}, api.StateCreating, "a warm-pool VM is claimed"},
-	{[]api.State{api.StateRunning, api.StatePaused, api.StateCreating}, api.StateCrashed, "QEMU exited unasked, or was lost while the daemon was down"},
-	{[]api.State{api.StateRunning, api.StatePaused, api.StateCreating}, api.StateStopped, "the guest powered off"},
-	{[]api.State{api.StateRunning, api.StatePaused}, api.StateSuspended, "a restart finds a suspend whose state was written but not recorded"},
-	{[]api.State{api.StateSuspended, api.StatePaused}, api.StateStopped, "a wake finds the memory state lost"},
-	{[]api.State{api.StateCrashed}, api.StateStopped, "a start of a crashed VM failed: it is stopped, with the error"},
+	{[]store.State{store.StateCreating}, store.StateRunning, "a create (or a fork's child) is done"},
+	{[]store.State{statePool}, store.StateCreating, "a warm-pool VM is claimed"},
+	{[]store.State{store.StateRunning, store.StatePaused, store.StateCreating}, store.StateCrashed, "QEMU exited unasked, or was lost while the daemon was down"},
+	{[]store.State{store.StateRunning, store.StatePaused, store.StateCreating}, store.StateStopped, "the guest powered off"},
+	{[]store.State{store.StateRunning, store.StatePaused}, store.StateSuspended, "a restart finds a suspend whose state was written but not recorded"},
+	{[]store.State{store.StateSuspended, store.StatePaused}, store.StateStopped, "a wake finds the memory state lost"},
+	{[]store.State{store.StateCrashed}, store.StateStopped, "a start of a crashed VM failed: it is stopped, with the error"},
 }
 
 // allowed reports whether a VM may move from one state to another: the
 // moves of table (from a start state to the during state, and on to the
 // target) and the internal ones.
-func allowed(from, to api.State) bool {
+func allowed(from, to store.State) bool {
 	for _, r := range table {
 		if !slices.Contains(r.from, from) {
 			continue
@@ -128,7 +127,7 @@ func allowed(from, to api.State) bool {
 // write that does not depend on the caller staying (the effect it records
 // has happened). Operations enter their during state before their effect
 // and their target after it. On an error v keeps its old state.
-func (s *Service) enter(ctx context.Context, v *store.VM, to api.State) error {
+func (s *Service) enter(ctx context.Context, v *store.VM, to store.State) error {
 	from := v.State
 	if from != to && !allowed(from, to) {
 		// A programming error: the record stays as it was.

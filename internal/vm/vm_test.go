@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -39,7 +38,7 @@ func TestValidate(t *testing.T) {
 func TestTransitions(t *testing.T) {
 	for _, c := range []struct {
 		op    string
-		state api.State
+		state store.State
 		ok    bool
 	}{
 		{"exec", "running", true}, {"exec", "stopped", false}, {"exec", "creating", false},
@@ -58,15 +57,15 @@ func TestTransitions(t *testing.T) {
 // starts from, its target is a real state, every state a VM can be in
 // is either reachable or explicitly not, and every operation can start.
 func TestStateTable(t *testing.T) {
-	known := map[api.State]bool{statePool: true}
-	for _, st := range api.States {
+	known := map[store.State]bool{statePool: true}
+	for _, st := range store.States {
 		known[st] = true
 	}
 	for op, r := range table {
 		if len(r.from) == 0 {
 			t.Errorf("%s starts from no state", op)
 		}
-		for _, st := range append(append([]api.State{}, r.from...), r.noop...) {
+		for _, st := range append(append([]store.State{}, r.from...), r.noop...) {
 			if !known[st] {
 				t.Errorf("%s names unknown state %q", op, st)
 			}
@@ -76,14 +75,14 @@ func TestStateTable(t *testing.T) {
 				t.Errorf("%s: %s is both a start state and a no-op", op, st)
 			}
 		}
-		for _, st := range []api.State{r.to, r.during} {
+		for _, st := range []store.State{r.to, r.during} {
 			if st != "" && !known[st] {
 				t.Errorf("%s leads to unknown state %q", op, st)
 			}
 		}
 	}
-	for st, want := range map[api.State]bool{api.StateRunning: true, api.StatePaused: true, api.StateSuspended: true,
-		api.StateStopped: false, api.StateCrashed: false, api.StateError: false, api.StateCreating: false, api.StateDeleting: false} {
+	for st, want := range map[store.State]bool{store.StateRunning: true, store.StatePaused: true, store.StateSuspended: true,
+		store.StateStopped: false, store.StateCrashed: false, store.StateError: false, store.StateCreating: false, store.StateDeleting: false} {
 		if Reachable(st) != want {
 			t.Errorf("Reachable(%s) = %v", st, !want)
 		}
@@ -107,32 +106,32 @@ func TestValidateSnapshotName(t *testing.T) {
 // state and target) and the internal ones, nothing else.
 func TestStateMoves(t *testing.T) {
 	for _, c := range []struct {
-		from, to api.State
+		from, to store.State
 		ok       bool
 	}{
-		{api.StateStopped, api.StateRunning, true},    // start
-		{api.StateCrashed, api.StateRunning, true},    // start
-		{api.StateRunning, api.StatePaused, true},     // pause
-		{api.StateSuspended, api.StateRunning, true},  // wake
-		{api.StatePaused, api.StateSuspended, true},   // suspend
-		{api.StateCrashed, api.StateDeleting, true},   // delete's during state
-		{api.StateCreating, api.StateRunning, true},   // a create is done
-		{statePool, api.StateCreating, true},          // a claim
-		{api.StateRunning, api.StateCrashed, true},    // an unasked exit
-		{api.StateSuspended, api.StateStopped, true},  // a lost memory state
-		{api.StateStopped, api.StatePaused, false},    // nothing pauses a stopped VM
-		{api.StateDeleting, api.StateRunning, false},  // a delete is final
-		{api.StateCrashed, api.StateSuspended, false}, // a crashed VM has no memory to save
-		{api.StateStopped, api.StateSuspended, false},
-		{api.StateCreating, api.StatePaused, false},
-		{api.StateSuspended, api.StateCrashed, false},
+		{store.StateStopped, store.StateRunning, true},    // start
+		{store.StateCrashed, store.StateRunning, true},    // start
+		{store.StateRunning, store.StatePaused, true},     // pause
+		{store.StateSuspended, store.StateRunning, true},  // wake
+		{store.StatePaused, store.StateSuspended, true},   // suspend
+		{store.StateCrashed, store.StateDeleting, true},   // delete's during state
+		{store.StateCreating, store.StateRunning, true},   // a create is done
+		{statePool, store.StateCreating, true},            // a claim
+		{store.StateRunning, store.StateCrashed, true},    // an unasked exit
+		{store.StateSuspended, store.StateStopped, true},  // a lost memory state
+		{store.StateStopped, store.StatePaused, false},    // nothing pauses a stopped VM
+		{store.StateDeleting, store.StateRunning, false},  // a delete is final
+		{store.StateCrashed, store.StateSuspended, false}, // a crashed VM has no memory to save
+		{store.StateStopped, store.StateSuspended, false},
+		{store.StateCreating, store.StatePaused, false},
+		{store.StateSuspended, store.StateCrashed, false},
 	} {
 		if got := allowed(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)
 		}
 	}
-	known := map[api.State]bool{statePool: true}
-	for _, st := range api.States {
+	known := map[store.State]bool{statePool: true}
+	for _, st := range store.States {
 		known[st] = true
 	}
 	for _, m := range internal {
@@ -157,21 +156,21 @@ func TestEnterRecordsOnlyKnownMoves(t *testing.T) {
 	defer st.Close()
 	s := &Service{store: st, log: slog.New(slog.DiscardHandler)}
 	ctx := context.Background()
-	v := &store.VM{ID: "vm-000000000001", Name: "box", State: api.StateDeleting, CPUs: 1, MemoryMiB: 512}
+	v := &store.VM{ID: "vm-000000000001", Name: "box", State: store.StateDeleting, CPUs: 1, MemoryMiB: 512}
 	if err := st.CreateVM(ctx, v); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.enter(ctx, v, api.StateRunning); err == nil || v.State != api.StateDeleting {
+	if err := s.enter(ctx, v, store.StateRunning); err == nil || v.State != store.StateDeleting {
 		t.Fatalf("deleting -> running: %v, state %s", err, v.State)
 	}
-	if got, _ := st.GetVM(ctx, v.ID); got.State != api.StateDeleting {
+	if got, _ := st.GetVM(ctx, v.ID); got.State != store.StateDeleting {
 		t.Fatalf("recorded %s", got.State)
 	}
-	v.State = api.StateRunning // as if the row were running
-	if err := s.enter(ctx, v, api.StateCrashed); err != nil {
+	v.State = store.StateRunning // as if the row were running
+	if err := s.enter(ctx, v, store.StateCrashed); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := st.GetVM(ctx, v.ID); got.State != api.StateCrashed {
+	if got, _ := st.GetVM(ctx, v.ID); got.State != store.StateCrashed {
 		t.Fatalf("recorded %s, want crashed", got.State)
 	}
 }
