@@ -187,4 +187,3 @@ func (s *Store) FreeNetIndex(ctx context.Context) (int, error) {
 	}
 	return next, rows.Err()
 }
-
