@@ -83,6 +83,8 @@ type Node struct {
 	ID      string `json:"id"`
 	Name    string `json:"name"`
 	Address string `json:"address"`
+	// PeerAddress is where other nodes forward requests for its VMs.
+	PeerAddress string `json:"peer_address,omitempty"`
 	// Generation grows at every join of the node.
 	Generation int64 `json:"generation"`
 	// Alive says its lease runs, by the database's clock; LeaseLeftMs is

@@ -49,6 +49,7 @@ type options struct {
 	stress       bool
 	e2b          bool
 	tssdk        bool
+	cluster      bool
 	code         bool
 	browser      bool
 	memgrow      bool
@@ -73,13 +74,14 @@ func main() {
 	flag.BoolVar(&o.tssdk, "tssdk", false, "run only the TypeScript SDK benchmark (exec round trip of true through sdk/typescript vs the Go client, same VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.code, "code", false, "run only the code-interpreter benchmark (run_code print(1) vs exec true on one VM, create to first result from the template and the warm pool); implies -keep-template unless it is given")
 	flag.BoolVar(&o.browser, "browser", false, "run only the browser benchmark (create to a CDP answer from the template and the warm pool vs a Chromium start, screenshots vs CDP's, fork of a VM with an open page vs a default fork); implies -keep-template unless it is given")
+	flag.BoolVar(&o.cluster, "cluster", false, "run only the cluster benchmark (create p50 on 1, 2 and 3 nodes of a cluster on a PostgreSQL the run starts, against this run's single-node server; exec of true sent to its VM's node vs to another node, which forwards it); implies -keep-template unless it is given")
 	flag.BoolVar(&o.memgrow, "memgrow", false, "run only the live memory grow benchmark (resize of a running 1 GiB VM to 4 GiB until the guest's MemTotal shows it, against stop/resize/start); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.Parse()
-	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow {
+	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -186,6 +188,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.restore {
 		phases = b.runRestore
 	}
+	if o.cluster {
+		phases = b.runCluster
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -224,6 +229,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.browser:
 		r.PrintBrowser(os.Stdout)
 		out = modeJSON(r, "browser", r.Browser)
+	case o.cluster:
+		r.PrintCluster(os.Stdout)
+		out = modeJSON(r, "cluster", r.Cluster)
 	case o.tssdk:
 		r.PrintTSSDK(os.Stdout)
 		out = modeJSON(r, "tssdk", r.TSSDK)

@@ -132,6 +132,7 @@ type Report struct {
 	Browser   *BrowserReport   `json:"browser,omitempty"`
 	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
+	Cluster   *ClusterReport   `json:"cluster,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
 	Net       *NetReport       `json:"net,omitempty"`
 	Notes     []string         `json:"notes"`

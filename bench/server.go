@@ -90,7 +90,7 @@ var listenRe = regexp.MustCompile(`agentvm listening on (http://[0-9.:]+)`)
 // fresh empty template dir so that the first create cold-boots the template.
 // startServer starts `agentvm serve` with its own data dir under tmp. The warm pool
 // is off unless warmPool > 0, so creates measure the restore path.
-func startServer(ctx context.Context, bin, tmp string, keepTemplate bool, warmPool int) (*server, error) {
+func startServer(ctx context.Context, bin, tmp string, keepTemplate bool, warmPool int, extra ...string) (*server, error) {
 	s := &server{bin: bin, dataDir: filepath.Join(tmp, "data"), log: &syncBuffer{}}
 	if err := os.MkdirAll(s.dataDir, 0o700); err != nil {
 		return nil, err
@@ -105,6 +105,7 @@ func startServer(ctx context.Context, bin, tmp string, keepTemplate bool, warmPo
 		}
 		args = append(args, "--template-dir", s.templateDir)
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(filepath.Join(bin, "agentvm"), args...)
 	pr, pw, err := os.Pipe()
 	if err != nil {

@@ -1,8 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -15,8 +21,8 @@ import (
 
 // Two daemons as nodes of one cluster on a real PostgreSQL: both join and
 // list each other with their capacity and QEMU; each runs the VMs made
-// through it, lists the other's with their node, and answers an operation
-// on the other's VM with 421 other_node. When the database stops answering
+// through it, lists the other's with their node, and forwards requests
+// about the other's VMs to it (clusterRouting). When the database stops answering
 // (its processes frozen, as in a network partition) each node kills its
 // VMs before its lease can run out; when it answers again they join again
 // with a new generation, the killed VMs are recorded crashed with the
@@ -61,9 +67,7 @@ func TestClusterNodes(t *testing.T) {
 		t.Fatalf("exec on its own node: %+v", r)
 	}
 	var ae *client.APIError
-	if _, err := a.Client.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 421 || ae.Code != api.CodeOtherNode {
-		t.Fatalf("exec in the other node's VM: %v", err)
-	}
+	clusterRouting(t, ctx, a, b, nodes)
 
 	// The database stops answering: both nodes fence themselves.
 	if err := pg.Freeze(); err != nil {
@@ -130,7 +134,11 @@ func TestClusterNodes(t *testing.T) {
 			t.Fatalf("node-b after it stopped: %+v", n)
 		}
 	}
-	// Its VMs are shown lost: they run nowhere.
+	// Its VMs are shown lost: they run nowhere, and a request about one
+	// is answered by the node asked, not forwarded.
+	if _, err := a.Client.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 421 || ae.Code != api.CodeOtherNode {
+		t.Fatalf("exec in a VM of a node that left: %v", err)
+	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		got, err := a.Client.GetVM(ctx, "on-b")
 		if err == nil && got.NodeLost {
@@ -143,9 +151,132 @@ func TestClusterNodes(t *testing.T) {
 	if out, _, _ := a.CLI("", "ls"); !strings.Contains(out, "lost (was crashed)") {
 		t.Fatalf("agentvm ls after node-b left:\n%s", out)
 	}
+	// The lost node cannot be removed while VMs are recorded on it; its
+	// VMs can be deleted (forgotten: they run nowhere), then it can.
+	if _, errOut, code := a.CLI("", "node", "rm", "node-b"); code == 0 || !strings.Contains(errOut, "VMs are recorded") {
+		t.Fatalf("node rm of a node with VMs: %d %q", code, errOut)
+	}
+	if err := a.Client.DeleteVM(ctx, "on-b"); err != nil {
+		t.Fatalf("delete a lost node's VM: %v", err)
+	}
+	if _, err := a.Client.GetVM(ctx, "on-b"); !errors.As(err, &ae) || ae.Status != 404 {
+		t.Fatalf("the lost node's VM after its delete: %v", err)
+	}
+	if out, errOut, code := a.CLI("", "node", "rm", "node-b"); code != 0 {
+		t.Fatalf("node rm of a lost node without VMs: %d %q %q", code, out, errOut)
+	}
 	for _, name := range []string{"on-a", "after"} {
 		if err := a.Client.DeleteVM(ctx, name); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// clusterRouting drives node b's VM "on-b" through node a: exec (buffered
+// and upgraded), files both ways, lifecycle, a scoped token and its
+// revocation, a preview; a token cannot name another caller; the peer
+// listener refuses anyone without a node certificate.
+func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nodes []api.Node) {
+	t.Helper()
+	if r := a.Exec(ctx, "on-b", "hostname; echo via-a"); !strings.Contains(r.Stdout, "via-a") {
+		t.Fatalf("exec in node b's VM through node a: %+v", r)
+	}
+	var out bytes.Buffer
+	st, err := a.Client.Run(ctx, "on-b", api.ExecRequest{Cmd: []string{"sh", "-c", "cat; echo done"}}, strings.NewReader("streamed\n"), &out, io.Discard)
+	if err != nil || st.ExitCode != 0 || out.String() != "streamed\ndone\n" {
+		t.Fatalf("upgraded exec through node a: %+v %v %q", st, err, out.String())
+	}
+	payload := bytes.Repeat([]byte("cluster-routing "), 64<<10) // 1 MiB
+	if _, err := a.Client.WriteFile(ctx, "on-b", "/root/payload", bytes.NewReader(payload), int64(len(payload)), client.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.Exec(ctx, "on-b", "sha256sum /root/payload | cut -c1-64"); strings.TrimSpace(r.Stdout) != fmt.Sprintf("%x", sha256.Sum256(payload)) {
+		t.Fatalf("the file written through node a, read on node b: %+v", r)
+	}
+	rc, _, err := a.Client.ReadFile(ctx, "on-b", "/root/payload", 0, -1, client.FileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("read back through node a: %d bytes, %v", len(got), err)
+	}
+	if v, err := a.Client.PauseVM(ctx, "on-b"); err != nil || v.State != api.StatePaused || v.Node != "node-b" {
+		t.Fatalf("pause through node a: %+v %v", v, err)
+	}
+	if v, err := b.Client.GetVM(ctx, "on-b"); err != nil || v.State != api.StatePaused {
+		t.Fatalf("node b's view after the pause: %+v %v", v, err)
+	}
+	if v, err := a.Client.ResumeVM(ctx, "on-b"); err != nil || v.State != api.StateRunning {
+		t.Fatalf("resume through node a: %+v %v", v, err)
+	}
+
+	// A scoped token works through either node and stops at its revoke.
+	tok, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: "on-b", Allow: []string{api.PermExec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scoped := client.New(a.URL, tok.Secret)
+	if res, err := scoped.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"echo", "scoped"}}); err != nil || strings.TrimSpace(res.Stdout) != "scoped" {
+		t.Fatalf("scoped token through node a: %+v %v", res, err)
+	}
+	var ae *client.APIError
+	if _, err := scoped.PauseVM(ctx, "on-b"); !errors.As(err, &ae) || ae.Status != 403 {
+		t.Fatalf("a scoped exec token paused a VM through node a: %v", err)
+	}
+	// A token of a VM on node a cannot pass for the admin on node b.
+	tokA, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: "on-a", Allow: []string{api.PermExec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", a.URL+"/v1/vms/on-b/exec", strings.NewReader(`{"cmd":["true"]}`))
+	req.Header.Set("Authorization", "Bearer "+tokA.Secret)
+	req.Header.Set("Agentvm-Principal", "admin")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 403 {
+		t.Fatalf("a token of another VM naming itself the admin: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if err := a.Client.RevokeToken(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := scoped.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 401 {
+		t.Fatalf("a revoked token through node a: %v", err)
+	}
+
+	// A preview of node b's VM through node a's proxy: the caller's token
+	// is checked by node a, the app answers from node b.
+	startWebServer(t, b, "on-b")
+	h, err := a.Client.Health(ctx)
+	if err != nil || h.Proxy == "" {
+		t.Fatalf("health of node a: %+v %v", h, err)
+	}
+	pv := &previewEnv{t: t, s: a, proxy: h.Proxy, domain: h.Domain}
+	if resp, body := pv.do("GET", pv.host(8000, "on-b"), "/x", nil, map[string]string{"Authorization": "Bearer " + a.Token}); resp.StatusCode != 200 || body != "hello from HTTP/1.1 /x\n" {
+		t.Fatalf("preview of node b's VM through node a: %d %q", resp.StatusCode, body)
+	}
+	if resp, body := pv.do("GET", pv.host(8000, "on-b"), "/x", nil, nil); resp.StatusCode != 401 {
+		t.Fatalf("private preview through node a without a token: %d %q", resp.StatusCode, body)
+	}
+
+	// The peer listener: TLS that needs a node certificate of this cluster.
+	var peer string
+	for _, n := range nodes {
+		if n.Name == "node-b" {
+			peer = n.PeerAddress
+		}
+	}
+	if peer == "" {
+		t.Fatalf("node-b has no peer address: %+v", nodes)
+	}
+	anon := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	if resp, err := anon.Get("https://" + peer + "/v1/vms/on-b"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the peer listener answered a client without a certificate: %s", resp.Status)
+	}
+	if resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + peer + "/v1/vms/on-b"); err == nil && resp.StatusCode < 400 {
+		resp.Body.Close()
+		t.Fatalf("the peer listener answered plain HTTP: %s", resp.Status)
 	}
 }

@@ -102,7 +102,8 @@ func serveCmd() *cobra.Command {
 		"how saves write a VM's memory: auto (suspends as one migration stream, snapshots and forks as pages, whose sparse RAM file the VMs made from them map copy-on-write and share), pages or stream for every save; states of either format restore")
 	f.BoolVar(&cfg.Cluster, "cluster", os.Getenv("AGENTVM_CLUSTER") != "", "be a node of the cluster whose database is --store (PostgreSQL): join it, run only the VMs recorded on this node, renew a lease and kill every VM of this node when the lease cannot be renewed in time (agentvm node ls lists the nodes)")
 	f.StringVar(&cfg.NodeName, "node-name", os.Getenv("AGENTVM_NODE_NAME"), "this node's name in the cluster (default: the host name)")
-	f.StringVar(&cfg.Advertise, "advertise", os.Getenv("AGENTVM_ADVERTISE"), "the address other nodes and clients reach this node's API at (default: --listen's)")
+	f.StringVar(&cfg.Advertise, "advertise", os.Getenv("AGENTVM_ADVERTISE"), "the address clients reach this node's API at (default: --listen's)")
+	f.StringVar(&cfg.PeerListen, "peer-listen", os.Getenv("AGENTVM_PEER_LISTEN"), "with --cluster: the node-to-node listener other nodes forward requests to, TLS with the cluster CA's certificates both ways (default 127.0.0.1:0; listen on an address the other nodes reach, e.g. 0.0.0.0:7071, whose host part is then --advertise's)")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 0, "the node's lease in the cluster (default 15s): renewed every third of it; the node kills its VMs a quarter of it before a lease it could not renew may run out")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the templates of --warm-images at start-up")
 	return c

@@ -157,6 +157,37 @@ func principalOf(t *store.Token) *Principal {
 	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, ExpiresAt: t.ExpiresAt}
 }
 
+// Claim is how a node tells the node it forwards a request to who sent
+// it: "admin" for the admin token, else "token:<id>" (the other node reads
+// the token from the shared store, so an expired or revoked one fails
+// there too).
+func (p *Principal) Claim() string {
+	if p.TokenID == "" {
+		return "admin"
+	}
+	return "token:" + p.TokenID
+}
+
+// Claimed is the principal a Claim names; only a request from another
+// node (authenticated by its certificate) may carry one.
+func (s *Service) Claimed(ctx context.Context, claim string) (*Principal, error) {
+	if claim == "admin" {
+		return Admin, nil
+	}
+	id, ok := strings.CutPrefix(claim, "token:")
+	if !ok || id == "" {
+		return nil, fmt.Errorf("%w: bad forwarded principal %q", ErrInvalid, claim)
+	}
+	t, err := s.store.TokenByID(ctx, id, s.now())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, ErrUnauthenticated
+	}
+	if err != nil {
+		return nil, err
+	}
+	return principalOf(t), nil
+}
+
 // AuthenticateKey finds the principal whose token registered key for vmID.
 func (s *Service) AuthenticateKey(ctx context.Context, vmID string, key ssh.PublicKey) (*Principal, error) {
 	ts, err := s.store.ListTokens(ctx, vmID, s.now())

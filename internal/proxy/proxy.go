@@ -64,6 +64,11 @@ type Config struct {
 	CompatPort int
 	// TLS, when set, makes the proxy HTTPS only (with HTTP/2 by ALPN).
 	TLS *tls.Config
+	// Forward, when set, may serve a request for a VM that another
+	// cluster node runs, once this proxy has checked the caller (by
+	// passing it to that node, whose ServeForwarded serves it), and
+	// reports whether it did.
+	Forward func(w http.ResponseWriter, r *http.Request, v *store.VM) bool
 }
 
 // Proxy is the preview router.
@@ -363,16 +368,22 @@ func (p *Proxy) hostRef(r *http.Request) (int, string) {
 	return port, ref
 }
 
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.serve(w, r, false) }
+
+// ServeForwarded serves a preview request another cluster node forwarded
+// (Config.Forward there) after it checked the caller's token itself.
+func (p *Proxy) ServeForwarded(w http.ResponseWriter, r *http.Request) { p.serve(w, r, true) }
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized bool) {
 	v, port, status, msg := p.route(r)
-	if p.cfg.Compat != nil && p.serveCompat(w, r, p.cfg.Compat, v, port) {
+	if !authorized && p.cfg.Compat != nil && p.serveCompat(w, r, p.cfg.Compat, v, port) {
 		return
 	}
 	if v == nil {
 		page(w, status, "Not found", msg)
 		return
 	}
-	if q := r.URL.Query(); q.Has(TokenParam) {
+	if q := r.URL.Query(); !authorized && q.Has(TokenParam) {
 		// Move the token into a cookie for this host and drop it from the URL.
 		tok := q.Get(TokenParam)
 		if pr, err := p.cfg.Auth.Authenticate(r.Context(), tok); err != nil || pr.Can(v.ID, "preview") != nil {
@@ -384,7 +395,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, sameHostTarget(r.URL, q), http.StatusFound)
 		return
 	}
-	if !p.public(r.Context(), v.ID, port) {
+	if !authorized && !p.public(r.Context(), v.ID, port) {
 		pr, err := p.cfg.Auth.Authenticate(r.Context(), secret(r))
 		if err != nil {
 			page(w, http.StatusUnauthorized, "Unauthorized", fmt.Sprintf("port %d of %s is private: send Authorization: Bearer <token> (a token with the preview permission), or open the URL once with ?%s=<token>; `agentvm expose %s %d --public` makes it public", port, v.Name, TokenParam, v.Name, port))
@@ -402,6 +413,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer done()
+	}
+	if !authorized && p.cfg.Forward != nil && p.cfg.Forward(w, r, v) {
+		return
 	}
 	if !vm.Reachable(v.State) {
 		page(w, http.StatusServiceUnavailable, "VM not running", fmt.Sprintf("%s is %s", v.Name, v.State))

@@ -56,19 +56,28 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			writeErr(w, err)
 			return
 		}
-		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
-		// Lifecycle operations record who asked (vm/ops.go).
-		r = r.WithContext(vm.WithActor(r.Context(), actor(r)))
-		// A scoped token's revoke or expiry ends its requests that are still
-		// running (streams, upgraded connections), not just its next login.
-		w, r, done, err := s.tokens.TrackHTTP(w, r, p)
-		if err != nil {
-			writeError(w, http.StatusTooManyRequests, api.CodeTooMany, err.Error())
-			return
-		}
-		defer done()
-		next.ServeHTTP(w, r)
+		s.serveAs(w, r, p, next)
 	})
+}
+
+// serveAs serves r as principal p: from here on the request is p's, on
+// whichever node runs its VM (forwardToOwner).
+func (s *Server) serveAs(w http.ResponseWriter, r *http.Request, p *auth.Principal, next http.Handler) {
+	r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+	// Lifecycle operations record who asked (vm/ops.go).
+	r = r.WithContext(vm.WithActor(r.Context(), actor(r)))
+	// A scoped token's revoke or expiry ends its requests that are still
+	// running (streams, upgraded connections), not just its next login.
+	w, r, done, err := s.tokens.TrackHTTP(w, r, p)
+	if err != nil {
+		writeError(w, http.StatusTooManyRequests, api.CodeTooMany, err.Error())
+		return
+	}
+	defer done()
+	if s.forwardToOwner(w, r, p) {
+		return
+	}
+	next.ServeHTTP(w, r)
 }
 
 // admin allows only the admin token.

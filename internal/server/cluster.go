@@ -72,6 +72,19 @@ func (s *Server) joinCluster(ctx context.Context, n store.Node) error {
 	return nil
 }
 
+// nodeLost is vm.Config.NodeLost: node id's lease ran out, or the node
+// was removed.
+func (s *Server) nodeLost(ctx context.Context, id string) (bool, error) {
+	n, err := s.store.GetNode(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return !n.Alive, nil
+}
+
 // leaveCluster stops renewing the lease and gives it up (once).
 func (s *Server) leaveCluster() {
 	if s.memberStop == nil {
@@ -83,7 +96,7 @@ func (s *Server) leaveCluster() {
 }
 
 func (s *Server) nodeToAPI(n *store.Node) api.Node {
-	return api.Node{ID: n.ID, Name: n.Name, Address: n.Address, Generation: n.Generation, Alive: n.Alive,
+	return api.Node{ID: n.ID, Name: n.Name, Address: n.Address, PeerAddress: n.PeerAddress, Generation: n.Generation, Alive: n.Alive,
 		LeaseExpires: n.LeaseExpires.UTC(), LeaseLeftMs: n.LeaseLeft.Milliseconds(), JoinedAt: n.JoinedAt.UTC(),
 		Self: s.member != nil && s.member.Node().ID == n.ID,
 		CPUs: n.CPUs, MemoryMiB: n.MemoryMiB, QEMUVersion: n.QEMUVersion, MachineType: n.MachineType, CPUModel: n.CPUModel, Accel: n.Accel}

@@ -119,6 +119,7 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
+	s.authed = authed
 	mux.Handle("/", s.auth(authed))
 	return mux, patterns
 }

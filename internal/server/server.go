@@ -63,10 +63,13 @@ type Config struct {
 	// store (serve --cluster): NodeName (default: the host name) names it,
 	// Advertise is the address other nodes and clients reach its API at
 	// (default: the listen address), LeaseTTL its lease (0: 15 s).
-	Cluster   bool
-	NodeName  string
-	Advertise string
-	LeaseTTL  time.Duration
+	// PeerListen is the node-to-node listener other nodes forward
+	// requests to (peer.go; "": 127.0.0.1 on a free port).
+	Cluster    bool
+	NodeName   string
+	Advertise  string
+	LeaseTTL   time.Duration
+	PeerListen string
 	// StateFormat is vm.Config.StateFormat (serve --state-format).
 	StateFormat string
 	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
@@ -122,6 +125,8 @@ type Server struct {
 	memberStop context.CancelFunc
 	memberDone chan struct{}
 	nodes      nodeCache
+	peers      *peers       // node-to-node listener and forwarding (nil: not a cluster node)
+	authed     http.Handler // the authenticated routes, which the peer listener serves too
 	// guestFn, when set, replaces svc.Guest for the service, job and
 	// process relays (tests put a fake agent behind it).
 	guestFn func(ctx context.Context, ref string) (*store.VM, *guest.Client, error)
@@ -214,6 +219,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	} else if cfg.Cluster {
 		return nil, fmt.Errorf("--cluster: %w", store.ErrNoCluster)
 	}
+	if cfg.PeerListen != "" && !cfg.Cluster {
+		return nil, errors.New("--peer-listen goes with --cluster: only cluster nodes forward requests to each other")
+	}
 	if cfg.Cluster && cfg.KeepRunning {
 		return nil, errors.New("--keep-running cannot go with --cluster: a node that stops gives up its lease, and its VMs must not run on without one")
 	}
@@ -237,6 +245,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		StateFormat:   cfg.StateFormat,
 		StateCat:      cfg.StateCat,
 		Node:          nodeID,
+		NodeLost:      s.nodeLost,
 	}, s.store)
 	if err != nil {
 		return nil, err
@@ -260,7 +269,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log,
-			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg})
+			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg, Forward: s.forwardPreview})
 		if err != nil {
 			return nil, err
 		}
@@ -284,6 +293,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Cluster {
 		n, err := s.clusterNode(nodeID, qv)
 		if err != nil {
+			return nil, err
+		}
+		if n.PeerAddress, err = s.startPeers(ctx, nodeID); err != nil {
 			return nil, err
 		}
 		if err := s.joinCluster(ctx, n); err != nil {
@@ -355,6 +367,13 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
+	if s.peers != nil {
+		go func() {
+			if err := s.servePeers(); err != nil {
+				errc <- fmt.Errorf("peer listener: %w", err)
+			}
+		}()
+	}
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)
 	go s.svc.RunLogCap(ctx, time.Second)
@@ -371,6 +390,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.http.Shutdown(sctx)
+	if s.peers != nil {
+		s.peers.close()
+		s.peers = nil
+	}
 	if s.ssh != nil {
 		s.ssh.Close()
 		s.ssh = nil
@@ -391,6 +414,9 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) closeResources() {
 	s.leaveCluster()
+	if s.peers != nil {
+		s.peers.close()
+	}
 	if s.ssh != nil {
 		s.ssh.Close()
 	}

@@ -33,7 +33,7 @@ func fullRecords() (*VM, *Snapshot, *Network, *Token, *Event, *Node) {
 	tk := &Token{ID: "tok-1", Hash: "hash-1", VMID: "vm1", Allow: []string{"exec", "files"}, User: "dev", Name: "ci",
 		CreatedAt: at, ExpiresAt: at.Add(100 * 365 * 24 * time.Hour), SSHKeys: []string{"ssh-ed25519 AAAA test"}}
 	ev := &Event{Seq: 1, VMID: "vm1", Time: at, Type: "lifecycle", Actor: "admin", Message: "created", Data: map[string]string{"ms": "812"}}
-	nd := &Node{ID: "node-1", Name: "a", Address: "10.0.0.1:7070", CPUs: 16, MemoryMiB: 65536, QEMUVersion: "10.0.2",
+	nd := &Node{ID: "node-1", Name: "a", Address: "10.0.0.1:7070", PeerAddress: "10.0.0.1:7071", CPUs: 16, MemoryMiB: 65536, QEMUVersion: "10.0.2",
 		MachineType: "pc-q35-10.0", CPUModel: "host", Accel: "kvm"}
 	return v, sn, n, tk, ev, nd
 }
@@ -119,7 +119,7 @@ func TestRecordColumnsRoundTrip(t *testing.T) {
 			}
 			got, err := s.GetNode(ctx, nd.ID)
 			if err != nil || got.CPUs != nd.CPUs || got.MemoryMiB != nd.MemoryMiB || got.QEMUVersion != nd.QEMUVersion ||
-				got.MachineType != nd.MachineType || got.CPUModel != nd.CPUModel || got.Accel != nd.Accel || got.Address != nd.Address {
+				got.MachineType != nd.MachineType || got.CPUModel != nd.CPUModel || got.Accel != nd.Accel || got.Address != nd.Address || got.PeerAddress != nd.PeerAddress {
 				t.Fatalf("node read back: %+v %v", got, err)
 			}
 		}

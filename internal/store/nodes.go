@@ -20,7 +20,10 @@ var ErrNoCluster = errors.New("a cluster needs a PostgreSQL store (serve --store
 type Node struct {
 	ID      string `json:"id"`      // the node's data dir identity
 	Name    string `json:"name"`    // unique in the cluster
-	Address string `json:"address"` // where other nodes and clients reach its API
+	Address string `json:"address"` // where clients reach its API
+	// PeerAddress is where other nodes reach it: its node-to-node
+	// listener, TLS with certificates of the cluster's CA both ways.
+	PeerAddress string `json:"peer_address"`
 	// Generation grows by one at every join: a process holding an older
 	// one has lost the node.
 	Generation   int64     `json:"-"`
@@ -61,14 +64,14 @@ func (s *Store) JoinNode(ctx context.Context, n *Node, ttl time.Duration) (*Node
 	}
 	var gen int64
 	var exp, joined time.Time
-	err := s.queryRow(ctx, `INSERT INTO nodes (id, name, address, generation, lease_expires, joined_at,
+	err := s.queryRow(ctx, `INSERT INTO nodes (id, name, address, peer_address, generation, lease_expires, joined_at,
 	cpus, memory_mib, qemu_version, machine_type, cpu_model, accel)
-VALUES (?, ?, ?, 1, now() + make_interval(secs => ?), now(), ?, ?, ?, ?, ?, ?)
-ON CONFLICT (id) DO UPDATE SET name = excluded.name, address = excluded.address,
+VALUES (?, ?, ?, ?, 1, now() + make_interval(secs => ?), now(), ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET name = excluded.name, address = excluded.address, peer_address = excluded.peer_address,
 	generation = nodes.generation + 1, lease_expires = excluded.lease_expires, joined_at = excluded.joined_at,
 	cpus = excluded.cpus, memory_mib = excluded.memory_mib, qemu_version = excluded.qemu_version,
 	machine_type = excluded.machine_type, cpu_model = excluded.cpu_model, accel = excluded.accel
-RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, ttl.Seconds(),
+RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, n.PeerAddress, ttl.Seconds(),
 		n.CPUs, n.MemoryMiB, n.QEMUVersion, n.MachineType, n.CPUModel, n.Accel).Scan(&gen, &exp, &joined)
 	if err != nil {
 		if errors.Is(mapErr(err), ErrConflict) {
@@ -186,7 +189,7 @@ func (s *Store) nodes(ctx context.Context, where string, args ...any) ([]*Node, 
 	if err := s.needCluster(); err != nil {
 		return nil, err
 	}
-	rows, err := s.query(ctx, `SELECT id, name, address, cpus, memory_mib, qemu_version, machine_type, cpu_model, accel,
+	rows, err := s.query(ctx, `SELECT id, name, address, peer_address, cpus, memory_mib, qemu_version, machine_type, cpu_model, accel,
 	generation, lease_expires, joined_at, EXTRACT(EPOCH FROM lease_expires - now())::float8
 FROM nodes `+where+` ORDER BY name`, args...)
 	if err != nil {
@@ -197,7 +200,7 @@ FROM nodes `+where+` ORDER BY name`, args...)
 	for rows.Next() {
 		var n Node
 		var left float64
-		if err := rows.Scan(&n.ID, &n.Name, &n.Address, &n.CPUs, &n.MemoryMiB, &n.QEMUVersion, &n.MachineType, &n.CPUModel, &n.Accel,
+		if err := rows.Scan(&n.ID, &n.Name, &n.Address, &n.PeerAddress, &n.CPUs, &n.MemoryMiB, &n.QEMUVersion, &n.MachineType, &n.CPUModel, &n.Accel,
 			&n.Generation, &n.LeaseExpires, &n.JoinedAt, &left); err != nil {
 			return nil, err
 		}

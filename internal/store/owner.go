@@ -31,3 +31,18 @@ func (s *Store) ClaimOwner(ctx context.Context, owner string) error {
 	}
 	return nil
 }
+
+// MetaOnce records value under key unless the key has a value already, and
+// returns the value the key has: of all the daemons that call it with
+// their own value, every one gets the first's.
+func (s *Store) MetaOnce(ctx context.Context, key, value string) (string, error) {
+	if key == "" || value == "" {
+		return "", errors.New("empty meta key or value")
+	}
+	if _, err := s.exec(ctx, `INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING`, key, value); err != nil {
+		return "", err
+	}
+	var have string
+	err := s.queryRow(ctx, `SELECT value FROM meta WHERE key = ?`, key).Scan(&have)
+	return have, err
+}

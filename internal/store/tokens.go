@@ -57,7 +57,16 @@ func scanTokens(rows *sql.Rows) ([]*Token, error) {
 
 // TokenByHash finds an unexpired token by the hash of its secret.
 func (s *Store) TokenByHash(ctx context.Context, hash string, now time.Time) (*Token, error) {
-	rows, err := s.query(ctx, tokenQ.list+` WHERE hash=? AND expires_at>?`, hash, now.UnixNano())
+	return s.oneToken(ctx, `hash=?`, hash, now)
+}
+
+// TokenByID finds an unexpired token by its id.
+func (s *Store) TokenByID(ctx context.Context, id string, now time.Time) (*Token, error) {
+	return s.oneToken(ctx, `id=?`, id, now)
+}
+
+func (s *Store) oneToken(ctx context.Context, where string, arg any, now time.Time) (*Token, error) {
+	rows, err := s.query(ctx, tokenQ.list+` WHERE `+where+` AND expires_at>?`, arg, now.UnixNano())
 	if err != nil {
 		return nil, err
 	}

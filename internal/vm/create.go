@@ -441,14 +441,19 @@ func (s *Service) destroy(ctx context.Context, v *store.VM) {
 		s.log.Warn("delete exposures of a deleted VM", "vm", v.ID, "err", err)
 	}
 	s.gcLayers(ctx)
+	s.deleted(v.ID)
+}
+
+// deleted drops a deleted VM's operation lock entry and runs the delete
+// hooks, outside the VM's lock: closing a TCP exposure waits for its
+// connections, which may be queued on that lock in a wake.
+func (s *Service) deleted(id string) {
 	s.mu.Lock()
 	hooks := append([]func(string){}, s.onDelete...)
 	s.mu.Unlock()
-	s.ops.forget(v.ID)
-	// Hooks run outside the VM's lock: closing a TCP exposure waits for its
-	// connections, which may be queued on that lock in a wake.
+	s.ops.forget(id)
 	for _, fn := range hooks {
-		go fn(v.ID)
+		go fn(id)
 	}
 }
 

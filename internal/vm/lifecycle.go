@@ -135,7 +135,10 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 		return err
 	}
 	if err := s.ours(v); err != nil {
-		return err
+		if lost, lerr := s.nodeLost(ctx, v); lerr != nil || !lost {
+			return err
+		}
+		return s.forgetLost(ctx, v)
 	}
 	if err := s.checkFenced(); err != nil {
 		return err

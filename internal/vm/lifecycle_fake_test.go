@@ -511,6 +511,32 @@ func TestFenceAndOtherNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exec("a", "true")
+
+	// Another node's VM is deleted only once that node is lost: then its
+	// record goes (and the delete hooks run), and nothing here is touched.
+	lost := false
+	e.s.cfg.NodeLost = func(_ context.Context, id string) (bool, error) { return lost && id == "node-2", nil }
+	if err := e.s.Delete(e.ctx, "remote"); !errors.Is(err, ErrOtherNode) {
+		t.Fatalf("delete of a live node's VM: %v", err)
+	}
+	hooked := make(chan string, 1)
+	e.s.OnDelete(func(id string) { hooked <- id })
+	lost = true
+	if err := e.s.Delete(e.ctx, "remote"); err != nil {
+		t.Fatalf("delete of a lost node's VM: %v", err)
+	}
+	if _, err := e.st.GetVM(e.ctx, "remote"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the lost node's VM is still recorded: %v", err)
+	}
+	select {
+	case id := <-hooked:
+		if id != other.ID {
+			t.Fatalf("delete hook ran for %s", id)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the delete hooks did not run for a lost node's VM")
+	}
+	e.exec("a", "true")
 }
 
 // A machine that an operation was starting when the fence came is killed

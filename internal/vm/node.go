@@ -31,6 +31,34 @@ func (s *Service) ours(v *store.VM) error {
 		ErrOtherNode, v.Name, v.Node, s.cfg.Node)
 }
 
+// nodeLost reports whether v is recorded on a node whose lease ran out.
+func (s *Service) nodeLost(ctx context.Context, v *store.VM) (bool, error) {
+	if v.Node == "" || v.Node == s.cfg.Node || s.cfg.NodeLost == nil {
+		return false, nil
+	}
+	return s.cfg.NodeLost(ctx, v.Node)
+}
+
+// forgetLost deletes the record of a VM of a lost node: it runs nowhere
+// (the node fenced itself before its lease ran out, or is gone), and its
+// files are on that node's host, which removes what no record names if it
+// comes back. Its exposures go, and the delete hooks run, as for any
+// delete; this node's files are not touched.
+func (s *Service) forgetLost(ctx context.Context, v *store.VM) error {
+	if err := s.checkFenced(); err != nil {
+		return err
+	}
+	if err := s.store.DeleteVM(ctx, v.ID); err != nil {
+		return err
+	}
+	if err := s.store.DeletePorts(ctx, v.ID); err != nil {
+		s.log.Warn("delete exposures of a lost node's VM", "vm", v.ID, "err", err)
+	}
+	s.deleted(v.ID)
+	s.log.Info("forgot a VM of a lost node", "vm", v.ID, "node", v.Node)
+	return nil
+}
+
 // IsLocal reports whether v runs on this node.
 func (s *Service) IsLocal(v *store.VM) bool { return s.ours(v) == nil }
 

@@ -69,6 +69,9 @@ type Config struct {
 	// Node is this daemon's cluster node id ("" outside a cluster): new
 	// VMs are recorded on it, and only its VMs are run here.
 	Node string
+	// NodeLost, in a cluster, says whether node id's lease has run out (or
+	// the node is gone): its VMs run nowhere, and a delete forgets them.
+	NodeLost func(ctx context.Context, id string) (bool, error)
 	// EnsureImage builds or finds an image (nil: image.Ensure, which
 	// builds Debian images with debootstrap).
 	EnsureImage func(ctx context.Context, o image.Options) (*image.Image, error)

@@ -2034,8 +2034,10 @@ export interface components {
             /** @description the node's data dir identity */
             id: string;
             name: string;
-            /** @description where other nodes and clients reach its API */
+            /** @description where clients reach its API */
             address: string;
+            /** @description its node-to-node listener, where other nodes forward requests for its VMs (TLS with the cluster CA's certificates both ways) */
+            peer_address?: string;
             /** Format: int64 */
             generation: number;
             /** @description its lease runs (by the database's clock) */

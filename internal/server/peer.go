@@ -1,0 +1,251 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/cluster"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// Routing between cluster nodes: any node answers a request about any VM.
+// A node that receives a request for a VM another node runs authenticates
+// the caller as usual, then forwards the request to the owner's peer
+// listener (TLS, a node certificate of the cluster's CA on both ends, see
+// cluster.PeerTLS), naming the caller in principalHeader; the owner checks
+// the caller's rights itself, as for its own clients. Upgraded
+// connections (exec, terminals, TCP) and streams pass through.
+
+// principalHeader names the caller of a forwarded API request
+// (auth.Claim). It is honoured only on the peer listener: on the public
+// API forwardToOwner overwrites it.
+const principalHeader = "Agentvm-Principal"
+
+// previewHeader marks a preview request forwarded to the owner's preview
+// proxy once the forwarding node's proxy checked the caller's token.
+const previewHeader = "Agentvm-Preview"
+
+type forwardedKey struct{}
+
+// forwarded reports whether r came from another node.
+func forwarded(r *http.Request) bool { return r.Context().Value(forwardedKey{}) != nil }
+
+// peers is this node's side of node-to-node traffic.
+type peers struct {
+	tls *cluster.PeerTLS
+	ln  net.Listener
+	srv *http.Server
+
+	mu      sync.Mutex
+	proxies map[string]peerProxy // by node id
+}
+
+type peerProxy struct {
+	addr string
+	rp   *httputil.ReverseProxy
+}
+
+// startPeers opens the node-to-node listener (serve --peer-listen) and
+// returns the address other nodes dial.
+func (s *Server) startPeers(ctx context.Context, nodeID string) (string, error) {
+	pt, err := cluster.NewPeerTLS(ctx, s.store, nodeID)
+	if err != nil {
+		return "", err
+	}
+	listen := s.cfg.PeerListen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return "", fmt.Errorf("--peer-listen %s: %w", listen, err)
+	}
+	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), proxies: map[string]peerProxy{}}
+	return peerAdvertise(ln.Addr().(*net.TCPAddr), s.cfg.Advertise, s.Addr()), nil
+}
+
+// peerAdvertise is the address other nodes reach the peer listener at:
+// the listener's, or when it listens on every interface, the API's
+// advertised host with the listener's port.
+func peerAdvertise(ln *net.TCPAddr, advertise, apiAddr string) string {
+	if !ln.IP.IsUnspecified() {
+		return ln.String()
+	}
+	host := advertise
+	if host == "" {
+		host = apiAddr
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return net.JoinHostPort(host, fmt.Sprint(ln.Port))
+}
+
+// servePeers serves forwarded requests until the listener closes.
+func (s *Server) servePeers() error {
+	s.peers.srv = newHTTPServer(s.peerAuth(s.authed))
+	err := s.peers.srv.Serve(s.peers.ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// peerAuth admits requests from other nodes (their certificate was checked
+// by the TLS handshake) as the caller they name, or passes a forwarded
+// preview request to this node's preview proxy.
+func (s *Server) peerAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := cluster.NodeOf(r.TLS); err != nil {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, "the peer listener serves only cluster nodes: "+err.Error())
+			return
+		}
+		if r.Header.Get(previewHeader) != "" {
+			r.Header.Del(previewHeader)
+			if s.proxy == nil {
+				writeError(w, http.StatusNotFound, api.CodeNotFound, "this node runs no preview proxy (serve --proxy-listen)")
+				return
+			}
+			s.proxy.ServeForwarded(w, r)
+			return
+		}
+		p, err := s.tokens.Claimed(r.Context(), r.Header.Get(principalHeader))
+		if err != nil {
+			if errors.Is(err, auth.ErrUnauthenticated) {
+				writeError(w, http.StatusUnauthorized, api.CodeUnauthorized, "the forwarded token is unknown, expired or revoked")
+				return
+			}
+			writeErr(w, err)
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), forwardedKey{}, true))
+		s.serveAs(w, r, p, next)
+	})
+}
+
+// vmRef is the VM a request's path names (/v1/vms/{ref}[/...]), if any.
+func vmRef(path string) string {
+	rest, ok := strings.CutPrefix(path, "/v1/vms/")
+	if !ok {
+		return ""
+	}
+	ref, _, _ := strings.Cut(rest, "/")
+	return ref
+}
+
+// ownerNode is the live node other than this one that runs v, if any.
+func (s *Server) ownerNode(ctx context.Context, v *store.VM) *store.Node {
+	if s.peers == nil || v.Node == "" || v.Node == s.member.Node().ID {
+		return nil
+	}
+	n, err := s.store.GetNode(ctx, v.Node)
+	if err != nil || !n.Alive || n.PeerAddress == "" {
+		return nil
+	}
+	return n
+}
+
+// forwardPreview passes a preview request for another node's VM to that
+// node's preview proxy (proxy.Config.Forward).
+func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
+	n := s.ownerNode(r.Context(), v)
+	if n == nil {
+		return false
+	}
+	r.Header.Set(previewHeader, "1")
+	s.peers.proxy(n).ServeHTTP(w, r)
+	return true
+}
+
+// forwardToOwner forwards r to the node that runs the VM its path names,
+// when that is another live node, and reports whether it did. A VM of a
+// node that is gone, or of no node, is answered here (421 other_node, or
+// what the handler says).
+func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, p *auth.Principal) bool {
+	if s.peers == nil || forwarded(r) {
+		return false
+	}
+	ref := vmRef(r.URL.Path)
+	if ref == "" {
+		return false
+	}
+	v, err := s.store.GetVM(r.Context(), ref)
+	if err != nil {
+		return false
+	}
+	n := s.ownerNode(r.Context(), v)
+	if n == nil {
+		return false
+	}
+	r.Header.Set(principalHeader, p.Claim())
+	s.peers.proxy(n).ServeHTTP(w, r)
+	return true
+}
+
+// proxy is the reverse proxy to node n's peer listener.
+func (pp *peers) proxy(n *store.Node) *httputil.ReverseProxy {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if p, ok := pp.proxies[n.ID]; ok && p.addr == n.PeerAddress {
+		return p.rp
+	}
+	addr, name := n.PeerAddress, n.Name
+	tr := &http.Transport{
+		TLSClientConfig:     pp.tls.Client(n.ID),
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", addr
+			pr.SetXForwarded()
+			if pr.In.Header.Get(previewHeader) != "" {
+				pr.Out.Host = pr.In.Host // the preview host names the VM and port
+				return
+			}
+			// The owner trusts the caller this node names, not the
+			// caller's credentials.
+			pr.Out.Host = addr
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("Cookie")
+		},
+		Transport:     tr,
+		FlushInterval: -1, // streams (NDJSON exec, followed events) as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable,
+				fmt.Sprintf("the VM runs on node %s, which did not answer: %v", name, err))
+		},
+	}
+	if old, ok := pp.proxies[n.ID]; ok {
+		old.rp.Transport.(*http.Transport).CloseIdleConnections()
+	}
+	pp.proxies[n.ID] = peerProxy{addr: addr, rp: rp}
+	return rp
+}
+
+// close stops the peer listener and its connections.
+func (pp *peers) close() {
+	if pp.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		pp.srv.Shutdown(ctx)
+		cancel()
+	}
+	pp.ln.Close()
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	for _, p := range pp.proxies {
+		p.rp.Transport.(*http.Transport).CloseIdleConnections()
+	}
+}
