@@ -20,9 +20,9 @@ import (
 )
 
 // Two daemons as nodes of one cluster on a real PostgreSQL: both join and
-// list each other with their capacity and QEMU; each runs the VMs made
-// through it, lists the other's with their node, and forwards requests
-// about the other's VMs to it (clusterRouting). When the database stops answering
+// list each other with their capacity and QEMU; creates sent to one node
+// spread over both; each lists every VM with its node and forwards
+// requests about the other's VMs to it (clusterRouting). When the database stops answering
 // (its processes frozen, as in a network partition) each node kills its
 // VMs before its lease can run out; when it answers again they join again
 // with a new generation, the killed VMs are recorded crashed with the
@@ -54,20 +54,26 @@ func TestClusterNodes(t *testing.T) {
 		t.Fatalf("agentvm node ls:\n%s", out)
 	}
 
-	va := a.CreateVM(ctx, api.CreateVMRequest{Name: "on-a"})
-	vb := b.CreateVM(ctx, api.CreateVMRequest{Name: "on-b"})
-	if va.Node != "node-a" || vb.Node != "node-b" {
-		t.Fatalf("nodes of the VMs: %q %q", va.Node, vb.Node)
+	// Two creates sent to node a spread over both nodes (the roomiest
+	// node takes each).
+	va := a.CreateVM(ctx, api.CreateVMRequest{Name: "vm-1"})
+	vb := a.CreateVM(ctx, api.CreateVMRequest{Name: "vm-2"})
+	if va.Node == vb.Node || (va.Node != "node-a" && va.Node != "node-b") || (vb.Node != "node-a" && vb.Node != "node-b") {
+		t.Fatalf("nodes of two creates sent to node a: %q %q", va.Node, vb.Node)
 	}
+	if va.Node == "node-b" {
+		va, vb = vb, va
+	}
+	onA, onB := va.Name, vb.Name
 	out, _, code = b.CLI("", "ls")
 	if code != 0 || !strings.Contains(out, "NODE") || !strings.Contains(out, "node-a") || !strings.Contains(out, "node-b") {
 		t.Fatalf("agentvm ls on node b:\n%s", out)
 	}
-	if r := a.Exec(ctx, "on-a", "echo here"); strings.TrimSpace(r.Stdout) != "here" {
+	if r := a.Exec(ctx, onA, "echo here"); strings.TrimSpace(r.Stdout) != "here" {
 		t.Fatalf("exec on its own node: %+v", r)
 	}
 	var ae *client.APIError
-	clusterRouting(t, ctx, a, b, nodes)
+	clusterRouting(t, ctx, a, b, nodes, onA, onB)
 
 	// The database stops answering: both nodes fence themselves.
 	if err := pg.Freeze(); err != nil {
@@ -84,7 +90,7 @@ func TestClusterNodes(t *testing.T) {
 			t.Fatalf("the nodes' VMs still run with the database gone:\n%s\n%s", a.Logs(), b.Logs())
 		}
 	}
-	if _, err := a.Client.Exec(ctx, "on-a", api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 503 || !strings.Contains(ae.Message, "back in the cluster") {
+	if _, err := a.Client.Exec(ctx, onA, api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 503 || !strings.Contains(ae.Message, "back in the cluster") {
 		t.Fatalf("exec on a fenced node: %v", err)
 	}
 	if err := pg.Thaw(); err != nil {
@@ -98,7 +104,7 @@ func TestClusterNodes(t *testing.T) {
 		for _, n := range nodes {
 			ok = ok && n.Alive && n.Generation == 2
 		}
-		got, gerr := a.Client.GetVM(ctx, "on-a")
+		got, gerr := a.Client.GetVM(ctx, onA)
 		if ok && gerr == nil && got.State == api.StateCrashed {
 			if !strings.Contains(got.Error, "fence") {
 				t.Fatalf("on-a after the fence: %+v", got)
@@ -110,7 +116,7 @@ func TestClusterNodes(t *testing.T) {
 		}
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		got, err := b.Client.GetVM(ctx, "on-b")
+		got, err := b.Client.GetVM(ctx, onB)
 		if err == nil && got.State == api.StateCrashed {
 			break
 		}
@@ -121,6 +127,9 @@ func TestClusterNodes(t *testing.T) {
 	vc := a.CreateVM(ctx, api.CreateVMRequest{Name: "after"})
 	if r := a.Exec(ctx, vc.ID, "echo back"); strings.TrimSpace(r.Stdout) != "back" {
 		t.Fatalf("exec after the rejoin: %+v", r)
+	}
+	if err := a.Client.DeleteVM(ctx, vc.ID); err != nil {
+		t.Fatal(err)
 	}
 
 	// A node that stops leaves the cluster at once.
@@ -136,11 +145,11 @@ func TestClusterNodes(t *testing.T) {
 	}
 	// Its VMs are shown lost: they run nowhere, and a request about one
 	// is answered by the node asked, not forwarded.
-	if _, err := a.Client.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 421 || ae.Code != api.CodeOtherNode {
+	if _, err := a.Client.Exec(ctx, onB, api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 421 || ae.Code != api.CodeOtherNode {
 		t.Fatalf("exec in a VM of a node that left: %v", err)
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		got, err := a.Client.GetVM(ctx, "on-b")
+		got, err := a.Client.GetVM(ctx, onB)
 		if err == nil && got.NodeLost {
 			break
 		}
@@ -156,44 +165,44 @@ func TestClusterNodes(t *testing.T) {
 	if _, errOut, code := a.CLI("", "node", "rm", "node-b"); code == 0 || !strings.Contains(errOut, "VMs are recorded") {
 		t.Fatalf("node rm of a node with VMs: %d %q", code, errOut)
 	}
-	if err := a.Client.DeleteVM(ctx, "on-b"); err != nil {
+	if err := a.Client.DeleteVM(ctx, onB); err != nil {
 		t.Fatalf("delete a lost node's VM: %v", err)
 	}
-	if _, err := a.Client.GetVM(ctx, "on-b"); !errors.As(err, &ae) || ae.Status != 404 {
+	if _, err := a.Client.GetVM(ctx, onB); !errors.As(err, &ae) || ae.Status != 404 {
 		t.Fatalf("the lost node's VM after its delete: %v", err)
 	}
 	if out, errOut, code := a.CLI("", "node", "rm", "node-b"); code != 0 {
 		t.Fatalf("node rm of a lost node without VMs: %d %q %q", code, out, errOut)
 	}
-	for _, name := range []string{"on-a", "after"} {
+	for _, name := range []string{onA} {
 		if err := a.Client.DeleteVM(ctx, name); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-// clusterRouting drives node b's VM "on-b" through node a: exec (buffered
+// clusterRouting drives node b's VM onB through node a: exec (buffered
 // and upgraded), files both ways, lifecycle, a scoped token and its
 // revocation, a preview; a token cannot name another caller; the peer
 // listener refuses anyone without a node certificate.
-func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nodes []api.Node) {
+func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nodes []api.Node, onA, onB string) {
 	t.Helper()
-	if r := a.Exec(ctx, "on-b", "hostname; echo via-a"); !strings.Contains(r.Stdout, "via-a") {
+	if r := a.Exec(ctx, onB, "hostname; echo via-a"); !strings.Contains(r.Stdout, "via-a") {
 		t.Fatalf("exec in node b's VM through node a: %+v", r)
 	}
 	var out bytes.Buffer
-	st, err := a.Client.Run(ctx, "on-b", api.ExecRequest{Cmd: []string{"sh", "-c", "cat; echo done"}}, strings.NewReader("streamed\n"), &out, io.Discard)
+	st, err := a.Client.Run(ctx, onB, api.ExecRequest{Cmd: []string{"sh", "-c", "cat; echo done"}}, strings.NewReader("streamed\n"), &out, io.Discard)
 	if err != nil || st.ExitCode != 0 || out.String() != "streamed\ndone\n" {
 		t.Fatalf("upgraded exec through node a: %+v %v %q", st, err, out.String())
 	}
 	payload := bytes.Repeat([]byte("cluster-routing "), 64<<10) // 1 MiB
-	if _, err := a.Client.WriteFile(ctx, "on-b", "/root/payload", bytes.NewReader(payload), int64(len(payload)), client.WriteOptions{}); err != nil {
+	if _, err := a.Client.WriteFile(ctx, onB, "/root/payload", bytes.NewReader(payload), int64(len(payload)), client.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if r := b.Exec(ctx, "on-b", "sha256sum /root/payload | cut -c1-64"); strings.TrimSpace(r.Stdout) != fmt.Sprintf("%x", sha256.Sum256(payload)) {
+	if r := b.Exec(ctx, onB, "sha256sum /root/payload | cut -c1-64"); strings.TrimSpace(r.Stdout) != fmt.Sprintf("%x", sha256.Sum256(payload)) {
 		t.Fatalf("the file written through node a, read on node b: %+v", r)
 	}
-	rc, _, err := a.Client.ReadFile(ctx, "on-b", "/root/payload", 0, -1, client.FileOptions{})
+	rc, _, err := a.Client.ReadFile(ctx, onB, "/root/payload", 0, -1, client.FileOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,31 +211,46 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 	if err != nil || !bytes.Equal(got, payload) {
 		t.Fatalf("read back through node a: %d bytes, %v", len(got), err)
 	}
-	if v, err := a.Client.PauseVM(ctx, "on-b"); err != nil || v.State != api.StatePaused || v.Node != "node-b" {
+	if v, err := a.Client.PauseVM(ctx, onB); err != nil || v.State != api.StatePaused || v.Node != "node-b" {
 		t.Fatalf("pause through node a: %+v %v", v, err)
 	}
-	if v, err := b.Client.GetVM(ctx, "on-b"); err != nil || v.State != api.StatePaused {
+	if v, err := b.Client.GetVM(ctx, onB); err != nil || v.State != api.StatePaused {
 		t.Fatalf("node b's view after the pause: %+v %v", v, err)
 	}
-	if v, err := a.Client.ResumeVM(ctx, "on-b"); err != nil || v.State != api.StateRunning {
+	if v, err := a.Client.ResumeVM(ctx, onB); err != nil || v.State != api.StateRunning {
 		t.Fatalf("resume through node a: %+v %v", v, err)
 	}
 
+	// A snapshot of node b's VM is kept on node b: a create from it sent to
+	// node a is made there, and its delete sent to node a is done there.
+	if _, err := a.Client.Snapshot(ctx, onB, "snap-b"); err != nil {
+		t.Fatalf("snapshot through node a: %v", err)
+	}
+	if v, err := a.Client.CreateVM(ctx, api.CreateVMRequest{Name: "from-b", From: "snap-b"}); err != nil || v.Node != "node-b" {
+		t.Fatalf("create from node b's snapshot through node a: %+v %v", v, err)
+	}
+	if err := a.Client.DeleteVM(ctx, "from-b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Client.DeleteSnapshot(ctx, "snap-b"); err != nil {
+		t.Fatalf("delete node b's snapshot through node a: %v", err)
+	}
+
 	// A scoped token works through either node and stops at its revoke.
-	tok, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: "on-b", Allow: []string{api.PermExec}})
+	tok, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: onB, Allow: []string{api.PermExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	scoped := client.New(a.URL, tok.Secret)
-	if res, err := scoped.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"echo", "scoped"}}); err != nil || strings.TrimSpace(res.Stdout) != "scoped" {
+	if res, err := scoped.Exec(ctx, onB, api.ExecRequest{Cmd: []string{"echo", "scoped"}}); err != nil || strings.TrimSpace(res.Stdout) != "scoped" {
 		t.Fatalf("scoped token through node a: %+v %v", res, err)
 	}
 	var ae *client.APIError
-	if _, err := scoped.PauseVM(ctx, "on-b"); !errors.As(err, &ae) || ae.Status != 403 {
+	if _, err := scoped.PauseVM(ctx, onB); !errors.As(err, &ae) || ae.Status != 403 {
 		t.Fatalf("a scoped exec token paused a VM through node a: %v", err)
 	}
 	// A token of a VM on node a cannot pass for the admin on node b.
-	tokA, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: "on-a", Allow: []string{api.PermExec}})
+	tokA, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: onA, Allow: []string{api.PermExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,22 +265,22 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 	if err := a.Client.RevokeToken(ctx, tok.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := scoped.Exec(ctx, "on-b", api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 401 {
+	if _, err := scoped.Exec(ctx, onB, api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 401 {
 		t.Fatalf("a revoked token through node a: %v", err)
 	}
 
 	// A preview of node b's VM through node a's proxy: the caller's token
 	// is checked by node a, the app answers from node b.
-	startWebServer(t, b, "on-b")
+	startWebServer(t, b, onB)
 	h, err := a.Client.Health(ctx)
 	if err != nil || h.Proxy == "" {
 		t.Fatalf("health of node a: %+v %v", h, err)
 	}
 	pv := &previewEnv{t: t, s: a, proxy: h.Proxy, domain: h.Domain}
-	if resp, body := pv.do("GET", pv.host(8000, "on-b"), "/x", nil, map[string]string{"Authorization": "Bearer " + a.Token}); resp.StatusCode != 200 || body != "hello from HTTP/1.1 /x\n" {
+	if resp, body := pv.do("GET", pv.host(8000, onB), "/x", nil, map[string]string{"Authorization": "Bearer " + a.Token}); resp.StatusCode != 200 || body != "hello from HTTP/1.1 /x\n" {
 		t.Fatalf("preview of node b's VM through node a: %d %q", resp.StatusCode, body)
 	}
-	if resp, body := pv.do("GET", pv.host(8000, "on-b"), "/x", nil, nil); resp.StatusCode != 401 {
+	if resp, body := pv.do("GET", pv.host(8000, onB), "/x", nil, nil); resp.StatusCode != 401 {
 		t.Fatalf("private preview through node a without a token: %d %q", resp.StatusCode, body)
 	}
 

@@ -140,6 +140,7 @@ func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 type nodeSummary struct {
 	name  string
 	alive bool
+	peer  string // its peer listener's address
 }
 
 // nodeSummaries maps node ids to names and liveness (nil outside a cluster).
@@ -155,7 +156,7 @@ func (s *Server) nodeSummaries(ctx context.Context) map[string]nodeSummary {
 	}
 	out := make(map[string]nodeSummary, len(ns))
 	for _, n := range ns {
-		out[n.ID] = nodeSummary{n.Name, n.Alive}
+		out[n.ID] = nodeSummary{n.Name, n.Alive, n.PeerAddress}
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -167,12 +168,26 @@ func createOptions(req *api.CreateVMRequest, key string) vm.CreateOptions {
 
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	var req api.CreateVMRequest
+	var body []byte
+	if s.peers != nil { // keep the body: the create may go to another node (placement.go)
+		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+		if err != nil {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "invalid JSON body: "+err.Error())
+			return
+		}
+		body, r.Body = b, io.NopCloser(bytes.NewReader(b))
+	}
 	if !decodeJSON(w, r, &req) {
 		return
 	}
 	key := req.IdempotencyKey
 	if h := r.Header.Get("Idempotency-Key"); h != "" {
 		key = h
+	}
+	if req.From == "" || req.Image == "" {
+		if s.placeCreate(w, r, &req, key, body) {
+			return
+		}
 	}
 	opts := createOptions(&req, key)
 	create := s.svc.Create

@@ -53,6 +53,7 @@ type peers struct {
 type peerProxy struct {
 	addr string
 	rp   *httputil.ReverseProxy
+	tr   *http.Transport
 }
 
 // startPeers opens the node-to-node listener (serve --peer-listen) and
@@ -134,8 +135,13 @@ func (s *Server) peerAuth(next http.Handler) http.Handler {
 }
 
 // vmRef is the VM a request's path names (/v1/vms/{ref}[/...]), if any.
-func vmRef(path string) string {
-	rest, ok := strings.CutPrefix(path, "/v1/vms/")
+func vmRef(path string) string { return pathRef(path, "/v1/vms/") }
+
+// snapshotRef is the snapshot a request's path names (/v1/snapshots/{ref}).
+func snapshotRef(path string) string { return pathRef(path, "/v1/snapshots/") }
+
+func pathRef(path, prefix string) string {
+	rest, ok := strings.CutPrefix(path, prefix)
 	if !ok {
 		return ""
 	}
@@ -143,22 +149,41 @@ func vmRef(path string) string {
 	return ref
 }
 
-// ownerNode is the live node other than this one that runs v, if any.
-func (s *Server) ownerNode(ctx context.Context, v *store.VM) *store.Node {
-	if s.peers == nil || v.Node == "" || v.Node == s.member.Node().ID {
+// ownerOf is the node that runs the VM, or keeps the snapshot, r's path
+// names ("" for none, or a request about neither).
+func (s *Server) ownerOf(r *http.Request) string {
+	if ref := vmRef(r.URL.Path); ref != "" {
+		if v, err := s.store.GetVM(r.Context(), ref); err == nil {
+			return v.Node
+		}
+		return ""
+	}
+	if ref := snapshotRef(r.URL.Path); ref != "" {
+		if sn, err := s.store.GetSnapshot(r.Context(), ref); err == nil {
+			return sn.Node
+		}
+	}
+	return ""
+}
+
+// otherLiveNode is node id when it is a live node other than this one,
+// as the node cache has it (read again at most every two seconds: a
+// node lost since is tried, and its forward fails with 503).
+func (s *Server) otherLiveNode(id string) *store.Node {
+	if s.peers == nil || id == "" || id == s.member.Node().ID {
 		return nil
 	}
-	n, err := s.store.GetNode(ctx, v.Node)
-	if err != nil || !n.Alive || n.PeerAddress == "" {
+	n := s.nodes.get(s, id)
+	if !n.alive || n.peer == "" {
 		return nil
 	}
-	return n
+	return &store.Node{ID: id, Name: n.name, PeerAddress: n.peer}
 }
 
 // forwardPreview passes a preview request for another node's VM to that
 // node's preview proxy (proxy.Config.Forward).
 func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
-	n := s.ownerNode(r.Context(), v)
+	n := s.otherLiveNode(v.Node)
 	if n == nil {
 		return false
 	}
@@ -167,23 +192,15 @@ func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store
 	return true
 }
 
-// forwardToOwner forwards r to the node that runs the VM its path names,
-// when that is another live node, and reports whether it did. A VM of a
-// node that is gone, or of no node, is answered here (421 other_node, or
-// what the handler says).
+// forwardToOwner forwards r to the node that runs the VM (or keeps the
+// snapshot) its path names, when that is another live node, and reports
+// whether it did. A VM of a node that is gone, or of no node, is answered
+// here (421 other_node, or what the handler says).
 func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, p *auth.Principal) bool {
 	if s.peers == nil || forwarded(r) {
 		return false
 	}
-	ref := vmRef(r.URL.Path)
-	if ref == "" {
-		return false
-	}
-	v, err := s.store.GetVM(r.Context(), ref)
-	if err != nil {
-		return false
-	}
-	n := s.ownerNode(r.Context(), v)
+	n := s.otherLiveNode(s.ownerOf(r))
 	if n == nil {
 		return false
 	}
@@ -193,11 +210,16 @@ func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, p *auth.
 }
 
 // proxy is the reverse proxy to node n's peer listener.
-func (pp *peers) proxy(n *store.Node) *httputil.ReverseProxy {
+func (pp *peers) proxy(n *store.Node) *httputil.ReverseProxy { return pp.get(n).rp }
+
+// transport is the connection pool to node n's peer listener.
+func (pp *peers) transport(n *store.Node) *http.Transport { return pp.get(n).tr }
+
+func (pp *peers) get(n *store.Node) peerProxy {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	if p, ok := pp.proxies[n.ID]; ok && p.addr == n.PeerAddress {
-		return p.rp
+		return p
 	}
 	addr, name := n.PeerAddress, n.Name
 	tr := &http.Transport{
@@ -229,10 +251,11 @@ func (pp *peers) proxy(n *store.Node) *httputil.ReverseProxy {
 		},
 	}
 	if old, ok := pp.proxies[n.ID]; ok {
-		old.rp.Transport.(*http.Transport).CloseIdleConnections()
+		old.tr.CloseIdleConnections()
 	}
-	pp.proxies[n.ID] = peerProxy{addr: addr, rp: rp}
-	return rp
+	p := peerProxy{addr: addr, rp: rp, tr: tr}
+	pp.proxies[n.ID] = p
+	return p
 }
 
 // close stops the peer listener and its connections.
@@ -246,6 +269,6 @@ func (pp *peers) close() {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	for _, p := range pp.proxies {
-		p.rp.Transport.(*http.Transport).CloseIdleConnections()
+		p.tr.CloseIdleConnections()
 	}
 }

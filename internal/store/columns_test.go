@@ -28,7 +28,7 @@ func fullRecords() (*VM, *Snapshot, *Network, *Token, *Event, *Node) {
 	sn := &Snapshot{ID: "snap-1", Name: "base", VMID: "vm1", VMName: "web", CPUs: 3, MemoryMiB: 1536, DiskBytes: 5 << 30,
 		Env: map[string]string{"S": "t"}, Disk: "layers/frozen.qcow2", Layers: []string{"l1"}, State: "states/snap-1",
 		Bytes: 123456, PausedMs: 42, Key: "shape", Image: "code-interpreter", CreatedAt: at, Network: "net-b",
-		Egress: &Egress{Mode: "deny"}, NetworkEgress: &Egress{Mode: "public"}, HotMemoryMiB: 256, SavedBy: saved}
+		Egress: &Egress{Mode: "deny"}, NetworkEgress: &Egress{Mode: "public"}, HotMemoryMiB: 256, SavedBy: saved, Node: "node-2"}
 	n := &Network{Name: "net-a", Egress: &Egress{Mode: "allow", Allow: []string{"10.0.0.0/8"}}, CreatedAt: at}
 	tk := &Token{ID: "tok-1", Hash: "hash-1", VMID: "vm1", Allow: []string{"exec", "files"}, User: "dev", Name: "ci",
 		CreatedAt: at, ExpiresAt: at.Add(100 * 365 * 24 * time.Hour), SSHKeys: []string{"ssh-ed25519 AAAA test"}}

@@ -136,7 +136,7 @@ AND NOT EXISTS (SELECT 1 FROM vms WHERE vms.node_id = nodes.id)`, idOrName, idOr
 	return nil
 }
 
-// AdoptVMs records on node id the VMs of no node, when owner is the data
+// AdoptVMs records on node id the VMs (and snapshots) of no node, when owner is the data
 // dir recorded as the database's owner (ClaimOwner): the VMs of the daemon
 // that used the database before it became a cluster node. It returns how
 // many it adopted.
@@ -153,6 +153,10 @@ func (s *Store) AdoptVMs(ctx context.Context, owner, id string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Its snapshots' files are in the same data dir.
+	if _, err := s.exec(ctx, `UPDATE snapshots SET node_id = ? WHERE node_id = ''`, id); err != nil {
+		return 0, err
+	}
 	n := 0
 	for _, v := range vms {
 		if v.Node != "" {
@@ -165,6 +169,38 @@ func (s *Store) AdoptVMs(ctx context.Context, owner, id string) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// Room is a live node and the memory it has left for new VMs.
+type Room struct {
+	Node    string
+	FreeMiB int64
+}
+
+// Rooms lists the live nodes with at least memMiB of memory not held by
+// their VMs, the roomiest first: where a new VM may go (spread). The
+// choice is advisory; CreateVM reserves.
+func (s *Store) Rooms(ctx context.Context, memMiB int64) ([]Room, error) {
+	if err := s.needCluster(); err != nil {
+		return nil, err
+	}
+	rows, err := s.query(ctx, `SELECT n.id, n.memory_mib - COALESCE((SELECT SUM(v.memory_mib) FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`), 0) AS free
+FROM nodes n WHERE n.lease_expires > now() ORDER BY free DESC, n.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Room
+	for rows.Next() {
+		var r Room
+		if err := rows.Scan(&r.Node, &r.FreeMiB); err != nil {
+			return nil, err
+		}
+		if r.FreeMiB >= memMiB {
+			out = append(out, r)
+		}
+	}
+	return out, rows.Err()
 }
 
 // GetNode returns one node by id or name.

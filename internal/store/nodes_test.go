@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -128,4 +129,93 @@ func TestNodesNeedPostgres(t *testing.T) {
 	if _, err := s.ListNodes(context.Background()); !errors.Is(err, ErrNoCluster) {
 		t.Fatalf("list on SQLite: %v", err)
 	}
+}
+
+// Creates racing for the last room of a node: the node's memory is
+// reserved in one transaction per create, so exactly as many VMs as fit
+// are recorded, whatever the interleaving; VMs that hold no memory
+// (stopped, suspended) take none; Rooms lists live nodes, roomiest first.
+func TestPlacementReservesMemory(t *testing.T) {
+	s, err := Open(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for _, n := range []*Node{{ID: "full-id", Name: "full", MemoryMiB: 2048}, {ID: "roomy-id", Name: "roomy", MemoryMiB: 4096}} {
+		if _, err := s.JoinNode(ctx, n, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A stopped VM of 1 GiB on the node takes none of its memory.
+	if err := s.CreateVM(ctx, &VM{ID: "vm-stopped", Name: "stopped", State: StateStopped, MemoryMiB: 1024, NetIndex: 100, Node: "full-id", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	const racers = 10
+	errs := make(chan error, racers)
+	for i := range racers {
+		go func() {
+			errs <- s.CreateVM(ctx, &VM{ID: fmt.Sprintf("vm-race-%d", i), Name: fmt.Sprintf("race-%d", i), State: StateCreating,
+				MemoryMiB: 512, NetIndex: 1 + i, Node: "full-id", CreatedAt: time.Now()})
+		}()
+	}
+	ok, full := 0, 0
+	for range racers {
+		switch err := <-errs; {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrNodeFull):
+			full++
+		default:
+			t.Fatalf("a racing create: %v", err)
+		}
+	}
+	if ok != 4 || full != racers-4 {
+		t.Fatalf("%d creates of 512 MiB fit on a 2048 MiB node, %d were refused: want 4 and %d", ok, full, racers-4)
+	}
+	rooms, err := s.Rooms(ctx, 512)
+	if err != nil || len(rooms) != 1 || rooms[0].Node != "roomy-id" || rooms[0].FreeMiB != 4096 {
+		t.Fatalf("rooms for 512 MiB: %+v %v", rooms, err)
+	}
+	if rooms, _ := s.Rooms(ctx, 0); len(rooms) != 2 || rooms[0].Node != "roomy-id" || rooms[1].FreeMiB != 0 {
+		t.Fatalf("rooms, roomiest first: %+v", rooms)
+	}
+	// A VM that stops gives its memory back.
+	v, err := s.GetVM(ctx, "race-0")
+	if errors.Is(err, ErrNotFound) {
+		v, err = s.GetVM(ctx, firstRecorded(t, s, "full-id"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.State = StateStopped
+	if err := s.UpdateVM(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if rooms, _ := s.Rooms(ctx, 512); len(rooms) != 2 {
+		t.Fatalf("rooms after a VM stopped: %+v", rooms)
+	}
+	// A node whose lease ran out is no room.
+	if err := s.LeaveNode(ctx, "roomy-id", 1); err != nil {
+		t.Fatal(err)
+	}
+	if rooms, _ := s.Rooms(ctx, 512); len(rooms) != 1 || rooms[0].Node != "full-id" {
+		t.Fatalf("rooms after roomy left: %+v", rooms)
+	}
+}
+
+// firstRecorded is the name of a VM in state creating on node.
+func firstRecorded(t *testing.T, s *Store, node string) string {
+	t.Helper()
+	vms, err := s.ListVMs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vms {
+		if v.Node == node && v.State == StateCreating {
+			return v.Name
+		}
+	}
+	t.Fatal("no creating VM on " + node)
+	return ""
 }

@@ -38,6 +38,9 @@ type Snapshot struct {
 	// SavedBy is the QEMU that wrote the state (nil in snapshots taken
 	// before it was recorded).
 	SavedBy *SavedBy `json:"saved_by,omitempty"`
+	// Node is the cluster node whose data dir holds the snapshot's files
+	// ("" outside a cluster).
+	Node string `json:"node,omitempty"`
 }
 
 // SavedBy names what wrote a saved memory and device state. QEMU loads the
@@ -56,14 +59,14 @@ type SavedBy struct {
 }
 
 // snapshotCols are the snapshots table's columns, the key first.
-const snapshotCols = `id, name, vm_id, vm_name, cpus, memory_mib, disk_bytes, env, disk, layers, state_file, bytes, paused_ms, shape_key, image, created_at, network, egress, network_egress, hot_memory_mib, saved_by`
+const snapshotCols = `id, name, vm_id, vm_name, cpus, memory_mib, disk_bytes, env, disk, layers, state_file, bytes, paused_ms, shape_key, image, created_at, network, egress, network_egress, hot_memory_mib, saved_by, node_id`
 
 var snapshotQ = queriesFor("snapshots", snapshotCols)
 
 func snapshotArgs(sn *Snapshot) []any {
 	return []any{sn.ID, sn.Name, sn.VMID, sn.VMName, sn.CPUs, sn.MemoryMiB, sn.DiskBytes, jsonText(sn.Env), sn.Disk, jsonText(sn.Layers),
 		sn.State, sn.Bytes, sn.PausedMs, sn.Key, sn.Image, nanos(sn.CreatedAt), sn.Network, jsonText(sn.Egress), jsonText(sn.NetworkEgress),
-		sn.HotMemoryMiB, jsonText(sn.SavedBy)}
+		sn.HotMemoryMiB, jsonText(sn.SavedBy), sn.Node}
 }
 
 func scanSnapshot(sc scanner) (*Snapshot, error) {
@@ -72,7 +75,7 @@ func scanSnapshot(sc scanner) (*Snapshot, error) {
 	var created int64
 	err := sc.Scan(&sn.ID, &sn.Name, &sn.VMID, &sn.VMName, &sn.CPUs, &sn.MemoryMiB, &sn.DiskBytes, &env, &sn.Disk, &layers,
 		&sn.State, &sn.Bytes, &sn.PausedMs, &sn.Key, &sn.Image, &created, &sn.Network, &egress, &netEgress,
-		&sn.HotMemoryMiB, &savedBy)
+		&sn.HotMemoryMiB, &savedBy, &sn.Node)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -102,10 +103,49 @@ func scanVM(sc scanner) (*VM, error) {
 	return &v, nil
 }
 
-// CreateVM inserts a new VM; ErrConflict if its name, idempotency key or network index is taken.
+// ErrNodeFull refuses a VM its cluster node has no room for.
+var ErrNodeFull = errors.New("the node has no room for the VM")
+
+// holding lists the states in which a VM holds its memory on its node.
+const holding = `('creating', 'running', 'paused', 'pool')`
+
+// CreateVM inserts a new VM; ErrConflict if its name, idempotency key or
+// network index is taken. A VM of a cluster node is a reservation of that
+// node's memory: in one transaction, with the node's row locked so that
+// concurrent creates on it take turns, the memory of the VMs holding
+// theirs there plus this one's must fit in the node's (ErrNodeFull).
 func (s *Store) CreateVM(ctx context.Context, v *VM) error {
-	_, err := s.exec(ctx, vmQ.insert, vmArgs(v)...)
-	return mapErr(err)
+	if !s.pg || v.Node == "" {
+		_, err := s.exec(ctx, vmQ.insert, vmArgs(v)...)
+		return mapErr(err)
+	}
+	args := vmArgs(v)
+	if badText(args) {
+		return ErrBadText
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var capacity, used int64
+	err = tx.QueryRowContext(ctx, rebind(`SELECT memory_mib FROM nodes WHERE id = ? FOR UPDATE`), v.Node).Scan(&capacity)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if err == nil && capacity > 0 {
+		err := tx.QueryRowContext(ctx, rebind(`SELECT COALESCE(SUM(memory_mib), 0) FROM vms WHERE node_id = ? AND state IN `+holding), v.Node).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+v.MemoryMiB > capacity {
+			return fmt.Errorf("%w: %d MiB asked, %d of its %d MiB are held by its VMs", ErrNodeFull, v.MemoryMiB, used, capacity)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, rebind(vmQ.insert), args...); err != nil {
+		return mapErr(err)
+	}
+	return tx.Commit()
 }
 
 // UpdateVM replaces a VM's record.

@@ -218,6 +218,9 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 		if err == nil {
 			return v, nil, nil
 		}
+		if errors.Is(err, store.ErrNodeFull) {
+			return nil, nil, fmt.Errorf("%w: %v", ErrInsufficient, err)
+		}
 		if errors.Is(err, store.ErrConflict) {
 			if o.IdempotencyKey != "" {
 				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {

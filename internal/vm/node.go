@@ -33,10 +33,24 @@ func (s *Service) ours(v *store.VM) error {
 
 // nodeLost reports whether v is recorded on a node whose lease ran out.
 func (s *Service) nodeLost(ctx context.Context, v *store.VM) (bool, error) {
-	if v.Node == "" || v.Node == s.cfg.Node || s.cfg.NodeLost == nil {
+	return s.cfg.nodeLost(ctx, v.Node)
+}
+
+// nodeLost reports whether node id is another node, whose lease ran out.
+func (c *Config) nodeLost(ctx context.Context, id string) (bool, error) {
+	if id == "" || id == c.Node || c.NodeLost == nil {
 		return false, nil
 	}
-	return s.cfg.NodeLost(ctx, v.Node)
+	return c.NodeLost(ctx, id)
+}
+
+// snapshotHere refuses a snapshot whose files are in another node's data
+// dir (ErrOtherNode).
+func (s *Service) snapshotHere(sn *store.Snapshot) error {
+	if sn.Node == s.cfg.Node {
+		return nil
+	}
+	return fmt.Errorf("%w: snapshot %s is kept on node %s, not on this one (%s): send the request to that node", ErrOtherNode, sn.Name, sn.Node, s.cfg.Node)
 }
 
 // forgetLost deletes the record of a VM of a lost node: it runs nowhere

@@ -115,7 +115,7 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 	}
 	defer unlock()
 	sn := &store.Snapshot{ID: "snap-" + randHex(6), Name: name, VMID: v.ID, VMName: v.Name, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB,
-		DiskBytes: v.DiskBytes, Env: v.Env, Image: v.Image, Key: s.shapeKeyFor(layoutOf(v), v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC()}
+		DiskBytes: v.DiskBytes, Env: v.Env, Image: v.Image, Key: s.shapeKeyFor(layoutOf(v), v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC(), Node: s.cfg.Node}
 	if sn.Name == "" {
 		sn.Name = sn.ID
 	}
@@ -186,6 +186,13 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	if err != nil {
 		return err
 	}
+	if err := s.snapshotHere(sn); err != nil {
+		if lost, lerr := s.cfg.nodeLost(ctx, sn.Node); lerr != nil || !lost {
+			return err
+		}
+		// Its files went with its node: only the record is left to go.
+		return s.store.DeleteSnapshot(ctx, sn.ID)
+	}
 	l := s.snapLock(sn.ID)
 	if !l.TryLock() {
 		return fmt.Errorf("%w: snapshot %s is being restored; retry when the create is done", ErrConflict, sn.Name)
@@ -218,6 +225,9 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	}
 	sn, err := s.GetSnapshot(ctx, snap)
 	if err != nil {
+		return nil, false, err
+	}
+	if err := s.snapshotHere(sn); err != nil {
 		return nil, false, err
 	}
 	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) {

@@ -1,0 +1,121 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// Placement of new VMs in a cluster. The node a create reaches chooses
+// where the VM goes: a create from a snapshot goes to the node that keeps
+// the snapshot's files; any other goes to the live node with the most
+// memory not held by its VMs (spread), this one included. The choice is
+// advisory: the chosen node's create reserves the memory in one
+// transaction with that node's row locked (store.CreateVM), so concurrent
+// creates never put more on a node than it has; a node that turns out
+// full (507) or does not answer passes the create to the next roomiest.
+
+// placeCreate serves a create that belongs on another node and reports
+// whether it did; a create for this node (or one it cannot place) is left
+// to the local handler, which then answers for it.
+func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, req *api.CreateVMRequest, key string, body []byte) bool {
+	if s.peers == nil || forwarded(r) {
+		return false
+	}
+	ctx, self := r.Context(), s.member.Node().ID
+	if req.From != "" {
+		sn, err := s.store.GetSnapshot(ctx, req.From)
+		if err != nil {
+			return false
+		}
+		n := s.otherLiveNode(sn.Node)
+		if n == nil {
+			return false // this node's snapshot, or its node is lost (the handler says which)
+		}
+		resp, err := s.peers.send(ctx, n, r, body, principal(r))
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("snapshot %s is kept on node %s, which did not answer: %v", sn.Name, n.Name, err))
+			return true
+		}
+		relay(w, resp)
+		return true
+	}
+	if key != "" {
+		if _, err := s.store.GetVMByIdempotencyKey(ctx, key); err == nil {
+			return false // a replay: the local handler returns the VM
+		}
+	}
+	opts := createOptions(req, key)
+	if opts.Validate() != nil {
+		return false // the local handler says what is wrong
+	}
+	rooms, err := s.store.Rooms(ctx, opts.MemoryMiB)
+	if err != nil {
+		return false
+	}
+	if len(rooms) == 0 {
+		writeError(w, http.StatusInsufficientStorage, api.CodeInsufficient,
+			fmt.Sprintf("no node of the cluster has %d MiB of memory its VMs do not hold", opts.MemoryMiB))
+		return true
+	}
+	var tried []string
+	for _, room := range rooms {
+		if room.Node == self {
+			return false
+		}
+		n := s.otherLiveNode(room.Node)
+		if n == nil {
+			continue
+		}
+		resp, err := s.peers.send(ctx, n, r, body, principal(r))
+		if err != nil {
+			tried = append(tried, fmt.Sprintf("%s did not answer (%v)", n.Name, err))
+			continue
+		}
+		if resp.StatusCode == http.StatusInsufficientStorage {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			tried = append(tried, fmt.Sprintf("%s is full (%s)", n.Name, strings.TrimSpace(string(b))))
+			continue
+		}
+		relay(w, resp)
+		return true
+	}
+	writeError(w, http.StatusInsufficientStorage, api.CodeInsufficient, "no node could take the VM: "+strings.Join(tried, "; "))
+	return true
+}
+
+// send sends r (with body) to node n's peer listener as p and returns the
+// answer.
+func (pp *peers) send(ctx context.Context, n *store.Node, r *http.Request, body []byte, p *auth.Principal) (*http.Response, error) {
+	out, err := http.NewRequestWithContext(ctx, r.Method, "https://"+n.PeerAddress+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range r.Header {
+		switch http.CanonicalHeaderKey(k) {
+		case "Authorization", "Cookie", "Connection", "Upgrade", "Te", "Trailer", "Transfer-Encoding", "Keep-Alive", "Proxy-Connection":
+			continue
+		}
+		out.Header[k] = vs
+	}
+	out.Header.Set(principalHeader, p.Claim())
+	return (&http.Client{Transport: pp.transport(n)}).Do(out)
+}
+
+// relay copies a node's answer to the client.
+func relay(w http.ResponseWriter, resp *http.Response) {
+	defer resp.Body.Close()
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+}
