@@ -254,7 +254,7 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequestWithContext(ctx, "POST", a.URL+"/v1/vms/on-b/exec", strings.NewReader(`{"cmd":["true"]}`))
+	req, _ := http.NewRequestWithContext(ctx, "POST", a.URL+"/v1/vms/"+onB+"/exec", strings.NewReader(`{"cmd":["true"]}`))
 	req.Header.Set("Authorization", "Bearer "+tokA.Secret)
 	req.Header.Set("Agentvm-Principal", "admin")
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 403 {
@@ -284,6 +284,49 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 		t.Fatalf("private preview through node a without a token: %d %q", resp.StatusCode, body)
 	}
 
+	// A client cannot pass its API request off as a forwarded preview
+	// (which the owner's proxy would serve without checking a token).
+	req, _ = http.NewRequestWithContext(ctx, "GET", a.URL+"/v1/vms/"+onB, nil)
+	req.Header.Set("Authorization", "Bearer "+tokA.Secret)
+	req.Header.Set("Agentvm-Preview", "1")
+	req.Host = pv.host(8000, onB)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || strings.Contains(string(b), "hello from") {
+			t.Fatalf("a token of another VM with a preview header: %d %q", resp.StatusCode, b)
+		}
+	}
+
+	// A revoke ends a stream that runs through node a with the token.
+	tok2, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: onB, Allow: []string{api.PermExec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() {
+		_, err := client.New(a.URL, tok2.Secret).Run(ctx, onB, api.ExecRequest{Cmd: []string{"sh", "-c", "echo started > /tmp/revoke-me; sleep 600"}}, nil, io.Discard, io.Discard)
+		ran <- err
+	}()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if r := b.Exec(ctx, onB, "cat /tmp/revoke-me 2>/dev/null || true"); strings.Contains(r.Stdout, "started") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stream through node a did not start")
+		}
+	}
+	if err := a.Client.RevokeToken(ctx, tok2.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a stream through node a outlived its token's revoke")
+	}
+
 	// The peer listener: TLS that needs a node certificate of this cluster.
 	var peer string
 	for _, n := range nodes {
@@ -295,12 +338,15 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 		t.Fatalf("node-b has no peer address: %+v", nodes)
 	}
 	anon := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	if resp, err := anon.Get("https://" + peer + "/v1/vms/on-b"); err == nil {
+	if resp, err := anon.Get("https://" + peer + "/v1/vms/" + onB); err == nil {
 		resp.Body.Close()
 		t.Fatalf("the peer listener answered a client without a certificate: %s", resp.Status)
 	}
-	if resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + peer + "/v1/vms/on-b"); err == nil && resp.StatusCode < 400 {
+	if resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + peer + "/v1/vms/" + onB); err == nil {
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		t.Fatalf("the peer listener answered plain HTTP: %s", resp.Status)
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "HTTPS server") {
+			t.Fatalf("the peer listener answered plain HTTP: %s %q", resp.Status, b)
+		}
 	}
 }

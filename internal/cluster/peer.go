@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"sync"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/store"
@@ -52,8 +53,36 @@ func NodeOf(cs *tls.ConnectionState) (string, error) {
 
 // PeerTLS is a node's side of node-to-node TLS.
 type PeerTLS struct {
-	pool *x509.CertPool
-	cert tls.Certificate
+	pool   *x509.CertPool
+	ca     *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	nodeID string
+
+	mu      sync.Mutex
+	cert    tls.Certificate
+	expires time.Time
+}
+
+// certLife is how long a node certificate is valid; it is issued again
+// when less than certRenew of it is left, so a long-running node never
+// shows an expired one.
+const (
+	certLife  = 30 * 24 * time.Hour
+	certRenew = 7 * 24 * time.Hour
+)
+
+// current is this node's certificate, issued again when it nears its end.
+func (p *PeerTLS) current() (*tls.Certificate, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Until(p.expires) < certRenew {
+		cert, exp, err := issue(p.ca, p.caKey, p.nodeID)
+		if err != nil {
+			return nil, err
+		}
+		p.cert, p.expires = cert, exp
+	}
+	return &p.cert, nil
 }
 
 type caRecord struct {
@@ -81,23 +110,23 @@ func NewPeerTLS(ctx context.Context, st *store.Store, nodeID string) (*PeerTLS, 
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA: %w", err)
 	}
-	cert, err := issue(caCert, caKey, nodeID)
-	if err != nil {
-		return nil, err
-	}
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
-	return &PeerTLS{pool: pool, cert: cert}, nil
+	p := &PeerTLS{pool: pool, ca: caCert, caKey: caKey, nodeID: nodeID}
+	if _, err := p.current(); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Server is the TLS configuration of the node-to-node listener: a client
 // must show a node certificate of this cluster.
 func (p *PeerTLS) Server() *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{p.cert},
-		ClientCAs:    p.pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return p.current() },
+		ClientCAs:      p.pool,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
 	}
 }
 
@@ -105,10 +134,10 @@ func (p *PeerTLS) Server() *tls.Config {
 // that node's certificate.
 func (p *PeerTLS) Client(nodeID string) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{p.cert},
-		RootCAs:      p.pool,
-		ServerName:   PeerName(nodeID),
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return p.current() },
+		RootCAs:              p.pool,
+		ServerName:           PeerName(nodeID),
 	}
 }
 
@@ -162,11 +191,12 @@ func parseCA(rec caRecord) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	return cert, key, nil
 }
 
-// issue makes node id's certificate, for both ends of a connection.
-func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, nodeID string) (tls.Certificate, error) {
+// issue makes node id's certificate, for both ends of a connection, and
+// returns when it expires.
+func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, nodeID string) (tls.Certificate, time.Time, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return tls.Certificate{}, err
+		return tls.Certificate{}, time.Time{}, err
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
@@ -174,15 +204,15 @@ func issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey, nodeID string) (tls.Ce
 		Subject:      pkix.Name{CommonName: PeerName(nodeID)},
 		DNSNames:     []string{PeerName(nodeID)},
 		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.AddDate(1, 0, 0),
+		NotAfter:     now.Add(certLife),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return tls.Certificate{}, err
+		return tls.Certificate{}, time.Time{}, err
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, tmpl.NotAfter, nil
 }
 
 func serial() *big.Int {

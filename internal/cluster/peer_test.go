@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -101,5 +102,18 @@ func TestPeerTLS(t *testing.T) {
 	}
 	if node, err := handshake(t, c.Server(), a.Client("node-c")); err != nil || node != "node-a" {
 		t.Fatalf("a to c: node %q, %v", node, err)
+	}
+	// A certificate near its end is issued again before it is shown.
+	cur, _ := a.current()
+	oldDER := string(cur.Certificate[0])
+	a.mu.Lock()
+	a.expires = time.Now().Add(time.Hour)
+	a.mu.Unlock()
+	renewed, err := a.current()
+	if err != nil || string(renewed.Certificate[0]) == oldDER {
+		t.Fatalf("a certificate an hour from its end was not issued again: %v", err)
+	}
+	if node, err := handshake(t, b.Server(), a.Client("node-b")); err != nil || node != "node-a" {
+		t.Fatalf("a to b with the new certificate: node %q, %v", node, err)
 	}
 }

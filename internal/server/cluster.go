@@ -170,6 +170,25 @@ type nodeCache struct {
 	at    time.Time
 }
 
+// lookup returns node id as get does, and whether it is known; a node
+// the cache does not have makes it read the nodes again (a node that
+// just joined).
+func (c *nodeCache) lookup(s *Server, id string) (nodeSummary, bool) {
+	c.mu.Lock()
+	n, ok := c.nodes[id]
+	c.mu.Unlock()
+	if ok {
+		return c.get(s, id), true
+	}
+	if m := s.nodeSummaries(context.Background()); m != nil {
+		c.mu.Lock()
+		c.nodes, c.at = m, time.Now()
+		n, ok = m[id]
+		c.mu.Unlock()
+	}
+	return n, ok
+}
+
 // get returns node id's name (the id when unknown) and whether it is
 // alive (a node this one does not know of counts as alive: nothing says
 // it is gone).

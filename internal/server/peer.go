@@ -37,6 +37,10 @@ const previewHeader = "Agentvm-Preview"
 
 type forwardedKey struct{}
 
+// previewKey marks a request forwardPreview passes on: only then does the
+// forward carry previewHeader (a client's own is always dropped).
+type previewKey struct{}
+
 // forwarded reports whether r came from another node.
 func forwarded(r *http.Request) bool { return r.Context().Value(forwardedKey{}) != nil }
 
@@ -46,8 +50,9 @@ type peers struct {
 	ln  net.Listener
 	srv *http.Server
 
-	mu      sync.Mutex
-	proxies map[string]peerProxy // by node id
+	mu        sync.Mutex
+	proxies   map[string]peerProxy // by node id
+	closeOnce sync.Once
 }
 
 type peerProxy struct {
@@ -71,16 +76,24 @@ func (s *Server) startPeers(ctx context.Context, nodeID string) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("--peer-listen %s: %w", listen, err)
 	}
-	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), proxies: map[string]peerProxy{}}
-	return peerAdvertise(ln.Addr().(*net.TCPAddr), s.cfg.Advertise, s.Addr()), nil
+	addr, err := peerAdvertise(ln.Addr().(*net.TCPAddr), s.cfg.Advertise, s.Addr())
+	if err != nil {
+		ln.Close()
+		return "", err
+	}
+	// The routes are made after start-up: they are looked up per request.
+	srv := newHTTPServer(s.peerAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.authed.ServeHTTP(w, r) })))
+	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), srv: srv, proxies: map[string]peerProxy{}}
+	return addr, nil
 }
 
 // peerAdvertise is the address other nodes reach the peer listener at:
 // the listener's, or when it listens on every interface, the API's
-// advertised host with the listener's port.
-func peerAdvertise(ln *net.TCPAddr, advertise, apiAddr string) string {
+// advertised host with the listener's port; refused when that host is
+// itself every interface (no node could dial it).
+func peerAdvertise(ln *net.TCPAddr, advertise, apiAddr string) (string, error) {
 	if !ln.IP.IsUnspecified() {
-		return ln.String()
+		return ln.String(), nil
 	}
 	host := advertise
 	if host == "" {
@@ -89,12 +102,14 @@ func peerAdvertise(ln *net.TCPAddr, advertise, apiAddr string) string {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	return net.JoinHostPort(host, fmt.Sprint(ln.Port))
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("--peer-listen %s listens on every interface: give --advertise the address other nodes reach this host at", ln)
+	}
+	return net.JoinHostPort(host, fmt.Sprint(ln.Port)), nil
 }
 
 // servePeers serves forwarded requests until the listener closes.
 func (s *Server) servePeers() error {
-	s.peers.srv = newHTTPServer(s.peerAuth(s.authed))
 	err := s.peers.srv.Serve(s.peers.ln)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
@@ -107,8 +122,15 @@ func (s *Server) servePeers() error {
 // preview request to this node's preview proxy.
 func (s *Server) peerAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := cluster.NodeOf(r.TLS); err != nil {
+		id, err := cluster.NodeOf(r.TLS)
+		if err != nil {
 			writeError(w, http.StatusForbidden, api.CodeForbidden, "the peer listener serves only cluster nodes: "+err.Error())
+			return
+		}
+		// A certificate outlives its node's removal: only a node the
+		// cluster still has, with a lease that runs, is served.
+		if n, ok := s.nodes.lookup(s, id); !ok || !n.alive {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, "the peer listener serves only live nodes of this cluster")
 			return
 		}
 		if r.Header.Get(previewHeader) != "" {
@@ -187,8 +209,7 @@ func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store
 	if n == nil {
 		return false
 	}
-	r.Header.Set(previewHeader, "1")
-	s.peers.proxy(n).ServeHTTP(w, r)
+	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, true)))
 	return true
 }
 
@@ -233,15 +254,24 @@ func (pp *peers) get(n *store.Node) peerProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", addr
 			pr.SetXForwarded()
-			if pr.In.Header.Get(previewHeader) != "" {
-				pr.Out.Host = pr.In.Host // the preview host names the VM and port
+			if pr.In.Context().Value(previewKey{}) != nil {
+				// A preview this node's proxy let through: the owner's
+				// proxy serves it by its host, which names the VM and port.
+				pr.Out.Host = pr.In.Host
+				pr.Out.Header.Set(previewHeader, "1")
+				pr.Out.Header.Del(principalHeader)
 				return
 			}
-			// The owner trusts the caller this node names, not the
-			// caller's credentials.
+			// An API request: the owner trusts the caller this node
+			// names (forwardToOwner sets it), not the caller's credentials.
 			pr.Out.Host = addr
+			pr.Out.Header.Del(previewHeader)
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del("Cookie")
+			if q := pr.Out.URL.Query(); q.Has("access_token") {
+				q.Del("access_token")
+				pr.Out.URL.RawQuery = q.Encode()
+			}
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams (NDJSON exec, followed events) as they come
@@ -258,13 +288,15 @@ func (pp *peers) get(n *store.Node) peerProxy {
 	return p
 }
 
-// close stops the peer listener and its connections.
+// close stops the peer listener and its connections (once).
 func (pp *peers) close() {
-	if pp.srv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		pp.srv.Shutdown(ctx)
-		cancel()
-	}
+	pp.closeOnce.Do(pp.doClose)
+}
+
+func (pp *peers) doClose() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	pp.srv.Shutdown(ctx)
+	cancel()
 	pp.ln.Close()
 	pp.mu.Lock()
 	defer pp.mu.Unlock()

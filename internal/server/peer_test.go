@@ -32,8 +32,13 @@ func TestPeerAdvertise(t *testing.T) {
 		{&net.TCPAddr{IP: net.IPv6zero, Port: 7071}, "", "192.0.2.1:7070", "192.0.2.1:7071"},
 		{&net.TCPAddr{IP: net.IPv4zero, Port: 7071}, "node-a.example", "", "node-a.example:7071"},
 	} {
-		if got := peerAdvertise(c.ln, c.advertise, c.api); got != c.out {
-			t.Errorf("peerAdvertise(%v, %q, %q) = %q, want %q", c.ln, c.advertise, c.api, got, c.out)
+		if got, err := peerAdvertise(c.ln, c.advertise, c.api); err != nil || got != c.out {
+			t.Errorf("peerAdvertise(%v, %q, %q) = %q, %v; want %q", c.ln, c.advertise, c.api, got, err, c.out)
 		}
+	}
+	// Every interface for both, and nothing advertised: no node could
+	// dial the address.
+	if got, err := peerAdvertise(&net.TCPAddr{IP: net.IPv4zero, Port: 7071}, "", "0.0.0.0:7070"); err == nil {
+		t.Errorf("peerAdvertise on every interface without --advertise = %q, want an error", got)
 	}
 }

@@ -101,7 +101,7 @@ func (pp *peers) send(ctx context.Context, n *store.Node, r *http.Request, body 
 	}
 	for k, vs := range r.Header {
 		switch http.CanonicalHeaderKey(k) {
-		case "Authorization", "Cookie", "Connection", "Upgrade", "Te", "Trailer", "Transfer-Encoding", "Keep-Alive", "Proxy-Connection":
+		case "Authorization", "Cookie", previewHeader, "Connection", "Upgrade", "Te", "Trailer", "Transfer-Encoding", "Keep-Alive", "Proxy-Connection":
 			continue
 		}
 		out.Header[k] = vs

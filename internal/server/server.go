@@ -351,7 +351,7 @@ func (s *Server) Warm(ctx context.Context, images []string, cpus int, memMiB int
 
 // Serve serves until ctx is done, then detaches from VMs (they keep running).
 func (s *Server) Serve(ctx context.Context) error {
-	errc := make(chan error, 2)
+	errc := make(chan error, 4) // API, SSH gateway, preview proxy, peer listener
 	go func() { errc <- s.http.Serve(s.ln) }()
 	if s.ssh != nil {
 		go func() {
@@ -390,10 +390,6 @@ func (s *Server) Serve(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.http.Shutdown(sctx)
-	if s.peers != nil {
-		s.peers.close()
-		s.peers = nil
-	}
 	if s.ssh != nil {
 		s.ssh.Close()
 		s.ssh = nil
@@ -401,6 +397,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.proxy != nil {
 		s.proxy.Close()
 		s.proxy = nil
+	}
+	if s.peers != nil { // after the proxy, which forwards through it
+		s.peers.close()
 	}
 	if !s.cfg.KeepRunning {
 		actx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -3,8 +3,9 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,24 +46,18 @@ func allSet(t *testing.T, rec any, skip ...string) {
 	rv := reflect.ValueOf(rec).Elem()
 	for i := 0; i < rv.NumField(); i++ {
 		name := rv.Type().Field(i).Name
-		if rv.Field(i).IsZero() && !contains(skip, name) {
+		if rv.Field(i).IsZero() && !slices.Contains(skip, name) {
 			t.Fatalf("%T.%s is not set in fullRecords", rec, name)
 		}
 	}
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func checkRecords(t *testing.T, ctx context.Context, s *Store) {
+func checkRecords(t *testing.T, ctx context.Context, s *Store, legacy bool) {
 	t.Helper()
 	v, sn, n, tk, ev, _ := fullRecords()
+	if legacy {
+		sn.Node = "" // snapshots had no node at schema 5
+	}
 	if got, err := s.GetVM(ctx, v.ID); err != nil || !reflect.DeepEqual(got, v) {
 		t.Fatalf("VM read back:\n got %+v (%v)\nwant %+v", got, err, v)
 	}
@@ -99,7 +94,7 @@ func TestRecordColumnsRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		checkRecords(t, ctx, s)
+		checkRecords(t, ctx, s, false)
 		// An update to the zero values clears every column but the key.
 		empty := &VM{ID: v.ID, Name: "renamed", NetIndex: 9}
 		if err := s.UpdateVM(ctx, empty); err != nil {
@@ -126,12 +121,24 @@ func TestRecordColumnsRoundTrip(t *testing.T) {
 	})
 }
 
+// The records of fullRecords as a schema-5 database held them, in the JSON
+// of the agentvm that wrote them (fixed text: the types' tags may change,
+// the records already written do not). Snapshots had no node then, and
+// nodes no peer address.
+const (
+	legacyVM       = `{"id":"vm1","name":"web","state":"suspended","cpus":2,"memory_mib":1024,"disk_bytes":4294967296,"labels":{"team":"a"},"env":{"K":"v"},"net_index":7,"pid":4242,"template":"tpl-1","machine_id":"mid","error":"last error","idempotency_key":"key-1","created_at":"2026-12-02T01:02:03.456789Z","started_at":"2026-12-02T01:02:04.456789Z","create_ms":812,"image":"browser","cold_boot":true,"disk":"layers/top.qcow2","layers":["l1","l2"],"source":"snap-1","layout":"cpu-hotplug","hot_memory_mib":512,"saved_by":{"qemu":"10.0.2","machine":"pc-q35-10.0","accel":"tcg","cpu_model":"max","device_set":"v2","host_boot":"boot-1"},"next_cpus":4,"next_memory_mib":2048,"resume_on_start":true,"idle_timeout_s":600,"delete_after_s":86400,"restart":"on-failure","network":"net-a","egress":{"mode":"allow","allow":["deb.debian.org"],"allow_host":[8080]},"node":"node-1"}`
+	legacySnapshot = `{"id":"snap-1","name":"base","vm_id":"vm1","vm_name":"web","cpus":3,"memory_mib":1536,"disk_bytes":5368709120,"env":{"S":"t"},"disk":"layers/frozen.qcow2","layers":["l1"],"state":"states/snap-1","bytes":123456,"paused_ms":42,"key":"shape","image":"code-interpreter","created_at":"2026-12-02T01:02:03.456789Z","network":"net-b","egress":{"mode":"deny"},"network_egress":{"mode":"public"},"hot_memory_mib":256,"saved_by":{"qemu":"10.0.2","machine":"pc-q35-10.0","accel":"tcg","cpu_model":"max","device_set":"v2","host_boot":"boot-1"}}`
+	legacyNetwork  = `{"name":"net-a","egress":{"mode":"allow","allow":["10.0.0.0/8"]},"created_at":"2026-12-02T01:02:03.456789Z"}`
+	legacyToken    = `{"id":"tok-1","hash":"hash-1","vm_id":"vm1","allow":["exec","files"],"user":"dev","name":"ci","created_at":"2026-12-02T01:02:03.456789Z","expires_at":"2126-11-08T01:02:03.456789Z","ssh_keys":["ssh-ed25519 AAAA test"]}`
+	legacyEvent    = `{"seq":1,"vm_id":"vm1","time":"2026-12-02T01:02:03.456789Z","type":"lifecycle","actor":"admin","message":"created","data":{"ms":"812"}}`
+	legacyNode     = `{"id":"node-1","name":"a","address":"10.0.0.1:7070","cpus":16,"memory_mib":65536,"qemu_version":"10.0.2","machine_type":"pc-q35-10.0","cpu_model":"host","accel":"kvm"}`
+)
+
 // legacyRows writes the records as a schema-5 database held them: JSON in
 // each table's data column.
 func legacyRows(t *testing.T, db *sql.DB, pg bool) {
 	t.Helper()
 	v, sn, n, tk, ev, nd := fullRecords()
-	j := func(x any) string { b, _ := json.Marshal(x); return string(b) }
 	q := func(s string) string {
 		if pg {
 			return rebind(s)
@@ -143,19 +150,19 @@ func legacyRows(t *testing.T, db *sql.DB, pg bool) {
 		args []any
 	}{
 		{`INSERT INTO vms (id, name, idempotency_key, net_index, state, node_id, created_at, data) VALUES (?,?,?,?,?,?,?,?)`,
-			[]any{v.ID, v.Name, v.IdempotencyKey, v.NetIndex, string(v.State), v.Node, v.CreatedAt.UnixNano(), j(v)}},
-		{`INSERT INTO snapshots (id, name, created_at, data) VALUES (?,?,?,?)`, []any{sn.ID, sn.Name, sn.CreatedAt.UnixNano(), j(sn)}},
-		{`INSERT INTO networks (name, created_at, data) VALUES (?,?,?)`, []any{n.Name, n.CreatedAt.UnixNano(), j(n)}},
+			[]any{v.ID, v.Name, v.IdempotencyKey, v.NetIndex, string(v.State), v.Node, v.CreatedAt.UnixNano(), legacyVM}},
+		{`INSERT INTO snapshots (id, name, created_at, data) VALUES (?,?,?,?)`, []any{sn.ID, sn.Name, sn.CreatedAt.UnixNano(), legacySnapshot}},
+		{`INSERT INTO networks (name, created_at, data) VALUES (?,?,?)`, []any{n.Name, n.CreatedAt.UnixNano(), legacyNetwork}},
 		{`INSERT INTO tokens (id, hash, vm_id, expires_at, created_at, data) VALUES (?,?,?,?,?,?)`,
-			[]any{tk.ID, tk.Hash, tk.VMID, tk.ExpiresAt.UnixNano(), tk.CreatedAt.UnixNano(), j(tk)}},
-		{`INSERT INTO events (vm_id, time, data) VALUES (?,?,?)`, []any{ev.VMID, ev.Time.UnixNano(), j(ev)}},
+			[]any{tk.ID, tk.Hash, tk.VMID, tk.ExpiresAt.UnixNano(), tk.CreatedAt.UnixNano(), legacyToken}},
+		{`INSERT INTO events (vm_id, time, data) VALUES (?,?,?)`, []any{ev.VMID, ev.Time.UnixNano(), legacyEvent}},
 	}
 	if pg {
 		stmts = append(stmts, struct {
 			q    string
 			args []any
 		}{`INSERT INTO nodes (id, name, address, generation, lease_expires, joined_at, data) VALUES (?,?,?,1,now(),now(),?)`,
-			[]any{nd.ID, nd.Name, nd.Address, j(nd)}})
+			[]any{nd.ID, nd.Name, nd.Address, legacyNode}})
 	}
 	for _, st := range stmts {
 		if _, err := db.Exec(q(st.q), st.args...); err != nil {
@@ -169,7 +176,7 @@ func legacyRows(t *testing.T, db *sql.DB, pg bool) {
 func TestMigrateRecordsToColumns(t *testing.T) {
 	ctx := context.Background()
 	check := func(t *testing.T, s *Store) {
-		checkRecords(t, ctx, s)
+		checkRecords(t, ctx, s, true)
 		for _, table := range []string{"vms", "snapshots", "networks", "tokens", "events", "nodes"} {
 			if _, err := s.db.Exec(`SELECT data FROM ` + table); err == nil {
 				t.Fatalf("%s still has its data column", table)
@@ -220,6 +227,17 @@ INSERT INTO schema_version VALUES (TRUE, 5)`); err != nil {
 			t.Fatal(err)
 		}
 		legacyRows(t, db, true)
+		// A node of the cluster still runs (its lease is live): the
+		// upgrade is refused, and nothing changes.
+		if _, err := db.Exec(`UPDATE nodes SET lease_expires = now() + interval '1 hour'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(dsn); err == nil || !strings.Contains(err.Error(), "stop every node") {
+			t.Fatalf("an upgrade with a node running: %v", err)
+		}
+		if _, err := db.Exec(`UPDATE nodes SET lease_expires = now() - interval '1 second'`); err != nil {
+			t.Fatal(err)
+		}
 		db.Close()
 		s, err := Open(dsn)
 		if err != nil {

@@ -202,6 +202,17 @@ func migratePostgres(ctx context.Context, db *sql.DB) error {
 	if have == len(pgMigrations) {
 		return tx.Commit()
 	}
+	// Nodes running an older agentvm would read and write the old schema
+	// under a newer one: a cluster is upgraded stopped.
+	if have >= 5 { // the nodes table exists
+		var live int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM nodes WHERE lease_expires > now()`).Scan(&live); err != nil {
+			return fmt.Errorf("schema migration: %w", err)
+		}
+		if live > 0 {
+			return fmt.Errorf("the database is at schema version %d and this agentvm brings it to %d, but %d cluster node(s) hold a live lease: stop every node of the cluster (or wait for the lease of one that died to run out), then start the upgraded ones", have, len(pgMigrations), live)
+		}
+	}
 	for v := have; v < len(pgMigrations); v++ {
 		if _, err := tx.ExecContext(ctx, pgMigrations[v]); err != nil {
 			return fmt.Errorf("schema migration %d: %w", v+1, err)

@@ -171,6 +171,26 @@ func (s *Store) AdoptVMs(ctx context.Context, owner, id string) (int, error) {
 	return n, nil
 }
 
+// ForgetVM deletes the record of VM id of node, in one statement only
+// while that node's lease has run out (or the node is gone): a node that
+// comes back meanwhile keeps its VM (ErrConflict). SQLite has no leases:
+// there it is a delete of that node's VM.
+func (s *Store) ForgetVM(ctx context.Context, id, node string) error {
+	q, args := `DELETE FROM vms WHERE id = ? AND node_id = ?
+AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, []any{id, node, node}
+	if !s.pg { // no leases outside a cluster
+		q, args = `DELETE FROM vms WHERE id = ? AND node_id = ?`, args[:2]
+	}
+	r, err := s.exec(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return fmt.Errorf("%w: VM %s is no longer a lost node's (its node is back, or it is gone)", ErrConflict, id)
+	}
+	return nil
+}
+
 // Room is a live node and the memory it has left for new VMs.
 type Room struct {
 	Node    string

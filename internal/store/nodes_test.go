@@ -195,9 +195,22 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if rooms, _ := s.Rooms(ctx, 512); len(rooms) != 2 {
 		t.Fatalf("rooms after a VM stopped: %+v", rooms)
 	}
+	// A live node's VM is not forgotten; once its lease ran out it is.
+	if err := s.ForgetVM(ctx, "vm-stopped", "full-id"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("forget a live node's VM: %v", err)
+	}
+	if err := s.CreateVM(ctx, &VM{ID: "vm-roomy", Name: "on-roomy", State: StateRunning, MemoryMiB: 512, NetIndex: 200, Node: "roomy-id", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	// A node whose lease ran out is no room.
 	if err := s.LeaveNode(ctx, "roomy-id", 1); err != nil {
 		t.Fatal(err)
+	}
+	if err := s.ForgetVM(ctx, "vm-roomy", "roomy-id"); err != nil {
+		t.Fatalf("forget a lost node's VM: %v", err)
+	}
+	if _, err := s.GetVM(ctx, "vm-roomy"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the forgotten VM: %v", err)
 	}
 	if rooms, _ := s.Rooms(ctx, 512); len(rooms) != 1 || rooms[0].Node != "full-id" {
 		t.Fatalf("rooms after roomy left: %+v", rooms)

@@ -135,7 +135,11 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 		return err
 	}
 	if err := s.ours(v); err != nil {
-		if lost, lerr := s.nodeLost(ctx, v); lerr != nil || !lost {
+		lost, lerr := s.nodeLost(ctx, v)
+		if lerr != nil {
+			return fmt.Errorf("%w: is node %s lost? %v", ErrUnavailable, v.Node, lerr)
+		}
+		if !lost {
 			return err
 		}
 		return s.forgetLost(ctx, v)

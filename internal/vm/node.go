@@ -62,7 +62,10 @@ func (s *Service) forgetLost(ctx context.Context, v *store.VM) error {
 	if err := s.checkFenced(); err != nil {
 		return err
 	}
-	if err := s.store.DeleteVM(ctx, v.ID); err != nil {
+	if err := s.store.ForgetVM(ctx, v.ID, v.Node); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: %v", ErrConflict, err)
+		}
 		return err
 	}
 	if err := s.store.DeletePorts(ctx, v.ID); err != nil {

@@ -18,6 +18,8 @@ type Store interface {
 	GetVMByIdempotencyKey(ctx context.Context, key string) (*store.VM, error)
 	ListVMs(ctx context.Context) ([]*store.VM, error)
 	FreeNetIndex(ctx context.Context) (int, error)
+	// ForgetVM deletes the record of a VM of a node whose lease ran out.
+	ForgetVM(ctx context.Context, id, node string) error
 
 	CreateSnapshot(ctx context.Context, sn *store.Snapshot) error
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
@@ -54,6 +56,9 @@ func (d durable) UpdateVM(ctx context.Context, v *store.VM) error {
 }
 func (d durable) DeleteVM(ctx context.Context, id string) error {
 	return d.Store.DeleteVM(keep(ctx), id)
+}
+func (d durable) ForgetVM(ctx context.Context, id, node string) error {
+	return d.Store.ForgetVM(keep(ctx), id, node)
 }
 func (d durable) CreateSnapshot(ctx context.Context, sn *store.Snapshot) error {
 	return d.Store.CreateSnapshot(keep(ctx), sn)
