@@ -300,32 +300,10 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 		}
 	}
 
-	// A revoke ends a stream that runs through node a with the token.
-	tok2, err := a.Client.CreateToken(ctx, api.CreateTokenRequest{VM: onB, Allow: []string{api.PermExec}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := make(chan error, 1)
-	go func() {
-		_, err := client.New(a.URL, tok2.Secret).Run(ctx, onB, api.ExecRequest{Cmd: []string{"sh", "-c", "echo started > /tmp/revoke-me; sleep 600"}}, nil, io.Discard, io.Discard)
-		ran <- err
-	}()
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if r := b.Exec(ctx, onB, "cat /tmp/revoke-me 2>/dev/null || true"); strings.Contains(r.Stdout, "started") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the stream through node a did not start")
-		}
-	}
-	if err := a.Client.RevokeToken(ctx, tok2.ID); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-ran:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("a stream through node a outlived its token's revoke")
-	}
+	// A revoke through node a ends the token's streams through node a, and
+	// on node b itself (node b hears of it from the database).
+	revokeEndsStream(t, ctx, a, a, b, onB, "/tmp/revoke-via-a")
+	revokeEndsStream(t, ctx, a, b, b, onB, "/tmp/revoke-on-b")
 
 	// The peer listener: TLS that needs a node certificate of this cluster.
 	var peer string
@@ -348,5 +326,37 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 		if resp.StatusCode != 400 || !strings.Contains(string(b), "HTTPS server") {
 			t.Fatalf("the peer listener answered plain HTTP: %s %q", resp.Status, b)
 		}
+	}
+}
+
+// revokeEndsStream opens a stream (an exec of sleep) in VM vm of node owner
+// with a new exec token through node streamVia, waits until it runs, revokes
+// the token through node revokeVia, and fails unless the stream ends.
+func revokeEndsStream(t *testing.T, ctx context.Context, revokeVia, streamVia, owner *testenv.Server, vm, marker string) {
+	t.Helper()
+	tok, err := revokeVia.Client.CreateToken(ctx, api.CreateTokenRequest{VM: vm, Allow: []string{api.PermExec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() {
+		_, err := client.New(streamVia.URL, tok.Secret).Run(ctx, vm, api.ExecRequest{Cmd: []string{"sh", "-c", "echo started > " + marker + "; sleep 600"}}, nil, io.Discard, io.Discard)
+		ran <- err
+	}()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if r := owner.Exec(ctx, vm, "cat "+marker+" 2>/dev/null || true"); strings.Contains(r.Stdout, "started") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream through %s did not start", streamVia.URL)
+		}
+	}
+	if err := revokeVia.Client.RevokeToken(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("a stream through %s outlived its token's revoke through %s", streamVia.URL, revokeVia.URL)
 	}
 }

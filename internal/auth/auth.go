@@ -117,6 +117,8 @@ type Service struct {
 	admin string
 	now   func() time.Time
 	conns connRegistry
+	// broadcast tells the other nodes of a cluster (cluster.go).
+	broadcast func(ctx context.Context, msg string) error
 }
 
 // New returns a service with the given admin token.
@@ -326,6 +328,7 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 		return err
 	}
 	s.conns.revoke(id, s.now())
+	s.tell(ctx, "token:"+id)
 	return nil
 }
 
@@ -334,5 +337,6 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 func (s *Service) ForgetVM(ctx context.Context, vmID string) error {
 	err := s.store.DeleteTokens(ctx, vmID, s.now())
 	s.conns.forgetVM(vmID, s.now())
+	s.tell(ctx, "vm:"+vmID)
 	return err
 }

@@ -36,8 +36,8 @@ func (t *tracked) fire() { t.once.Do(t.end) }
 // token, so that revocation and expiry end them: checking a token only at
 // login would let a connection opened a minute before a revoke live on.
 //
-// It is per process: on a cluster a revoke reaches the connections of the
-// node that served it; the others still refuse the token at their next login.
+// It is per process: on a cluster the other nodes hear of a revoke through
+// the store (cluster.go).
 type connRegistry struct {
 	mu      sync.Mutex
 	byToken map[string]map[*tracked]struct{}
@@ -126,6 +126,17 @@ func (r *connRegistry) revoke(tokenID string, now time.Time) {
 	delete(r.byToken, tokenID)
 	r.mu.Unlock()
 	endAll(set)
+}
+
+// tokenIDs lists the tokens that hold tracked connections.
+func (r *connRegistry) tokenIDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.byToken))
+	for id := range r.byToken {
+		out = append(out, id)
+	}
+	return out
 }
 
 // forgetVM ends every connection opened with a token of the VM vmID, and

@@ -72,6 +72,28 @@ func (s *Server) joinCluster(ctx context.Context, n store.Node) error {
 	return nil
 }
 
+// hearNodes listens for what the other nodes tell (revokes and deletes
+// whose connections may be open here) until ctx ends; after every
+// (re)start of listening it ends what it missed meanwhile.
+func (s *Server) hearNodes(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := s.store.Listen(ctx, func() {
+			if err := s.tokens.Resync(ctx); err != nil {
+				s.log.Warn("check tracked tokens against the store", "err", err)
+			}
+		}, s.tokens.Heard)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("listening to the other nodes failed; again in 2 s", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
 // nodeLost is vm.Config.NodeLost: node id's lease ran out, or the node
 // was removed.
 func (s *Server) nodeLost(ctx context.Context, id string) (bool, error) {

@@ -226,6 +226,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.New("--keep-running cannot go with --cluster: a node that stops gives up its lease, and its VMs must not run on without one")
 	}
 	s.tokens = auth.New(s.store, s.token)
+	if cfg.Cluster { // a revoke here ends the token's connections on every node
+		s.tokens.SetBroadcast(s.store.Notify)
+	}
 	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -373,6 +376,9 @@ func (s *Server) Serve(ctx context.Context) error {
 				errc <- fmt.Errorf("peer listener: %w", err)
 			}
 		}()
+	}
+	if s.member != nil {
+		go s.hearNodes(ctx)
 	}
 	go s.svc.WakeMarked(ctx)
 	go s.svc.RunPolicies(ctx, 5*time.Second)

@@ -232,3 +232,58 @@ func firstRecorded(t *testing.T, s *Store, node string) string {
 	t.Fatal("no creating VM on " + node)
 	return ""
 }
+
+// Notifications reach every listener, the sender's own connection pool
+// included; a listener catches up (onListen) before it hears anything.
+func TestNotifyListen(t *testing.T) {
+	dsn := pgtest.Database(t)
+	s, err := Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	other, err := Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listening := make(chan struct{})
+	heard := make(chan string, 4)
+	done := make(chan error, 1)
+	go func() { done <- other.Listen(ctx, func() { close(listening) }, func(m string) { heard <- m }) }()
+	select {
+	case <-listening:
+	case err := <-done:
+		t.Fatalf("listen: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("not listening after a minute")
+	}
+	for _, m := range []string{"token:tok_1", "vm:vm-2"} {
+		if err := s.Notify(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []string{"token:tok_1", "vm:vm-2"} {
+		select {
+		case got := <-heard:
+			if got != want {
+				t.Fatalf("heard %q, want %q", got, want)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%q not heard", want)
+		}
+	}
+	if err := s.Notify(ctx, "bad\x00"); !errors.Is(err, ErrBadText) {
+		t.Fatalf("a NUL in a notification: %v", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("listen after its context ended: %v", err)
+	}
+	// The listening connection was dropped, not pooled: the store still works.
+	if _, err := other.ListVMs(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,58 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// On a cluster a revoke (or a VM's delete) reaches one node; the
+// connections of that token may be open on any node. Each node tells the
+// others (SetBroadcast: a PostgreSQL NOTIFY), and ends its own on what they
+// tell it (Heard). A node that could not hear for a while checks its
+// tracked tokens against the store (Resync).
+
+// SetBroadcast makes Revoke and ForgetVM tell the other nodes, through
+// send, what connections to end ("token:<id>", "vm:<id>").
+func (s *Service) SetBroadcast(send func(ctx context.Context, msg string) error) {
+	s.broadcast = send
+}
+
+func (s *Service) tell(ctx context.Context, msg string) {
+	if s.broadcast == nil {
+		return
+	}
+	// The store already has the change: a node that misses this ends the
+	// connections at its Resync, so a failed send is not the revoke's.
+	s.broadcast(context.WithoutCancel(ctx), msg)
+}
+
+// Heard ends the connections another node's revoke or delete names.
+func (s *Service) Heard(msg string) {
+	switch kind, id, _ := strings.Cut(msg, ":"); {
+	case id == "":
+	case kind == "token":
+		s.conns.revoke(id, s.now())
+	case kind == "vm":
+		s.conns.forgetVM(id, s.now())
+	}
+}
+
+// Resync ends the tracked connections whose token the store no longer
+// has (revoked, expired, or gone with its VM) while this node could not
+// hear the others.
+func (s *Service) Resync(ctx context.Context) error {
+	var errs []error
+	for _, id := range s.conns.tokenIDs() {
+		_, err := s.store.TokenByID(ctx, id, s.now())
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			s.conns.revoke(id, s.now())
+		case err != nil:
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,70 @@
+package store
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// Cluster nodes tell each other of changes through PostgreSQL's
+// LISTEN/NOTIFY: Notify sends on a channel, Listen hears it on every node
+// (the sender's too). A notification sent while a node is not listening
+// is lost to it: Listen's caller catches up from the tables (onListen).
+
+// NotifyChannel is the channel of agentvm's notifications.
+const NotifyChannel = "agentvm"
+
+// Notify sends msg to every node listening (at the commit of the
+// statement, at once here).
+func (s *Store) Notify(ctx context.Context, msg string) error {
+	if err := s.needCluster(); err != nil {
+		return err
+	}
+	if badText([]any{msg}) || len(msg) > 7000 {
+		return fmt.Errorf("notification: %w or longer than 7000 bytes", ErrBadText)
+	}
+	_, err := s.exec(ctx, `SELECT pg_notify(?, ?)`, NotifyChannel, msg)
+	return err
+}
+
+// Listen holds a connection of its own that listens on NotifyChannel,
+// calls onListen once it does (to catch up on what was missed before),
+// then heard with each message, until ctx ends or the connection fails
+// (its error is returned; the caller listens again).
+func (s *Store) Listen(ctx context.Context, onListen func(), heard func(msg string)) error {
+	if err := s.needCluster(); err != nil {
+		return err
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection had a session-level LISTEN: it must not go back to
+	// the pool, whatever happens (ErrBadConn makes Close discard it).
+	defer func() {
+		conn.Raw(func(any) error { return driver.ErrBadConn })
+		conn.Close()
+	}()
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("listen: not a pgx connection (%T)", dc)
+		}
+		pc := sc.Conn()
+		if _, err := pc.Exec(ctx, `LISTEN `+NotifyChannel); err != nil {
+			return err
+		}
+		if onListen != nil {
+			onListen()
+		}
+		for {
+			n, err := pc.WaitForNotification(ctx)
+			if err != nil {
+				return err
+			}
+			heard(n.Payload)
+		}
+	})
+}
