@@ -135,6 +135,10 @@ type CreateVMRequest struct {
 	// Restart: never (default), on-failure or always, applied when its QEMU
 	// process dies; repeated crashes back off.
 	Restart string `json:"restart,omitempty"`
+	// AntiAffinity, on a cluster, names one of the VM's labels: the VM goes
+	// to a node where no VM has the same value of it, when one has room
+	// (else to the roomiest, as any create).
+	AntiAffinity string `json:"anti_affinity,omitempty"`
 }
 
 // PolicyRequest is the body of POST /v1/vms/{id}/policy (absent fields

@@ -71,7 +71,7 @@ func placementThroughput(ctx context.Context, dsn string) (float64, error) {
 					errs <- nil
 					return
 				}
-				rooms, err := st.Rooms(ctx, 512)
+				rooms, err := st.Rooms(ctx, 512, store.Avoid{})
 				if err != nil || len(rooms) == 0 {
 					errs <- fmt.Errorf("rooms: %v (%d)", err, len(rooms))
 					return

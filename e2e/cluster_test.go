@@ -65,6 +65,7 @@ func TestClusterNodes(t *testing.T) {
 		va, vb = vb, va
 	}
 	onA, onB := va.Name, vb.Name
+	clusterAntiAffinity(t, ctx, a, b, onA, onB)
 	out, _, code = b.CLI("", "ls")
 	if code != 0 || !strings.Contains(out, "NODE") || !strings.Contains(out, "node-a") || !strings.Contains(out, "node-b") {
 		t.Fatalf("agentvm ls on node b:\n%s", out)
@@ -358,5 +359,42 @@ func revokeEndsStream(t *testing.T, ctx context.Context, revokeVia, streamVia, o
 	case <-ran:
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("a stream through %s outlived its token's revoke through %s", streamVia.URL, revokeVia.URL)
+	}
+}
+
+// clusterAntiAffinity makes the node that holds a VM labelled team=red the
+// roomier one, then creates another team=red VM with anti-affinity on
+// team: it goes to the other node, against the memory spread.
+func clusterAntiAffinity(t *testing.T, ctx context.Context, a, b *testenv.Server, onA, onB string) {
+	t.Helper()
+	var ae *client.APIError
+	if _, err := a.Client.CreateVM(ctx, api.CreateVMRequest{Name: "no-label", Memory: 512 << 20, AntiAffinity: "team"}); !errors.As(err, &ae) || ae.Status != 400 {
+		t.Fatalf("anti_affinity naming a label the VM does not have: %v", err)
+	}
+	red := map[string]string{"team": "red"}
+	r1 := a.CreateVM(ctx, api.CreateVMRequest{Name: "red-1", Labels: red, AntiAffinity: "team"})
+	other, base := "node-b", onA // base: the VM that shares red-1's node
+	if r1.Node == "node-b" {
+		other, base = "node-a", onB
+	}
+	// red-1's node holds two VMs, the other one: the next create goes there.
+	if f := a.CreateVM(ctx, api.CreateVMRequest{Name: "filler"}); f.Node != other {
+		t.Fatalf("a create with %s the roomier node went to %s", other, f.Node)
+	}
+	// Suspended, red-1's neighbour holds no memory: red-1's node is now the
+	// roomier one (one VM against two).
+	if _, err := a.Client.SuspendVM(ctx, base); err != nil {
+		t.Fatal(err)
+	}
+	if r2 := a.CreateVM(ctx, api.CreateVMRequest{Name: "red-2", Labels: red, AntiAffinity: "team"}); r2.Node != other {
+		t.Fatalf("red-2 with anti-affinity on team went to %s, where red-1 runs, not to %s", r2.Node, other)
+	}
+	for _, name := range []string{"red-1", "red-2", "filler"} {
+		if err := a.Client.DeleteVM(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Client.WakeVM(ctx, base); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -184,6 +184,12 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if h := r.Header.Get("Idempotency-Key"); h != "" {
 		key = h
 	}
+	if req.AntiAffinity != "" {
+		if _, ok := req.Labels[req.AntiAffinity]; !ok || req.From != "" {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("anti_affinity names one of the VM's labels (%q is not), and does not go with from (a VM made from a snapshot goes to the snapshot's node)", req.AntiAffinity))
+			return
+		}
+	}
 	if req.From == "" || req.Image == "" {
 		if s.placeCreate(w, r, &req, key, body) {
 			return

@@ -16,7 +16,8 @@ import (
 // Placement of new VMs in a cluster. The node a create reaches chooses
 // where the VM goes: a create from a snapshot goes to the node that keeps
 // the snapshot's files; any other goes to the live node with the most
-// memory not held by its VMs (spread), this one included. The choice is
+// memory not held by its VMs (spread), this one included, preferring the
+// nodes where no VM shares the value of its anti-affinity label. The choice is
 // advisory: the chosen node's create reserves the memory in one
 // transaction with that node's row locked (store.CreateVM), so concurrent
 // creates never put more on a node than it has; a node that turns out
@@ -56,7 +57,11 @@ func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, req *api.Cr
 	if opts.Validate() != nil {
 		return false // the local handler says what is wrong
 	}
-	rooms, err := s.store.Rooms(ctx, opts.MemoryMiB)
+	var avoid store.Avoid
+	if req.AntiAffinity != "" {
+		avoid = store.Avoid{Key: req.AntiAffinity, Value: req.Labels[req.AntiAffinity]}
+	}
+	rooms, err := s.store.Rooms(ctx, opts.MemoryMiB, avoid)
 	if err != nil {
 		return false
 	}

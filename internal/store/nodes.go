@@ -195,17 +195,28 @@ AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, []
 type Room struct {
 	Node    string
 	FreeMiB int64
+	// Shared: a VM holding its memory there has the label value the
+	// placement avoids (Avoid).
+	Shared bool
 }
 
+// Avoid names a label value a new VM would rather not share a node with
+// (anti-affinity); the zero value avoids nothing.
+type Avoid struct{ Key, Value string }
+
 // Rooms lists the live nodes with at least memMiB of memory not held by
-// their VMs, the roomiest first: where a new VM may go (spread). The
-// choice is advisory; CreateVM reserves.
-func (s *Store) Rooms(ctx context.Context, memMiB int64) ([]Room, error) {
+// their VMs: first those where no such VM has avoid's label value, then
+// the others, each the roomiest first. That is where a new VM may go
+// (spread); the choice is advisory, CreateVM reserves.
+func (s *Store) Rooms(ctx context.Context, memMiB int64, avoid Avoid) ([]Room, error) {
 	if err := s.needCluster(); err != nil {
 		return nil, err
 	}
-	rows, err := s.query(ctx, `SELECT n.id, n.memory_mib - COALESCE((SELECT SUM(v.memory_mib) FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`), 0) AS free
-FROM nodes n WHERE n.lease_expires > now() ORDER BY free DESC, n.id`)
+	rows, err := s.query(ctx, `SELECT n.id,
+	n.memory_mib - COALESCE((SELECT SUM(v.memory_mib) FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`), 0) AS free,
+	(?::text <> '' AND EXISTS (SELECT 1 FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`
+		AND (CASE WHEN v.labels = '' THEN NULL ELSE v.labels::jsonb ->> ?::text END) = ?::text)) AS shared
+FROM nodes n WHERE n.lease_expires > now() ORDER BY shared, free DESC, n.id`, avoid.Key, avoid.Key, avoid.Value)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +224,7 @@ FROM nodes n WHERE n.lease_expires > now() ORDER BY free DESC, n.id`)
 	var out []Room
 	for rows.Next() {
 		var r Room
-		if err := rows.Scan(&r.Node, &r.FreeMiB); err != nil {
+		if err := rows.Scan(&r.Node, &r.FreeMiB, &r.Shared); err != nil {
 			return nil, err
 		}
 		if r.FreeMiB >= memMiB {

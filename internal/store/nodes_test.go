@@ -173,11 +173,11 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if ok != 4 || full != racers-4 {
 		t.Fatalf("%d creates of 512 MiB fit on a 2048 MiB node, %d were refused: want 4 and %d", ok, full, racers-4)
 	}
-	rooms, err := s.Rooms(ctx, 512)
+	rooms, err := s.Rooms(ctx, 512, Avoid{})
 	if err != nil || len(rooms) != 1 || rooms[0].Node != "roomy-id" || rooms[0].FreeMiB != 4096 {
 		t.Fatalf("rooms for 512 MiB: %+v %v", rooms, err)
 	}
-	if rooms, _ := s.Rooms(ctx, 0); len(rooms) != 2 || rooms[0].Node != "roomy-id" || rooms[1].FreeMiB != 0 {
+	if rooms, _ := s.Rooms(ctx, 0, Avoid{}); len(rooms) != 2 || rooms[0].Node != "roomy-id" || rooms[1].FreeMiB != 0 {
 		t.Fatalf("rooms, roomiest first: %+v", rooms)
 	}
 	// A VM that stops gives its memory back.
@@ -192,7 +192,7 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if err := s.UpdateVM(ctx, v); err != nil {
 		t.Fatal(err)
 	}
-	if rooms, _ := s.Rooms(ctx, 512); len(rooms) != 2 {
+	if rooms, _ := s.Rooms(ctx, 512, Avoid{}); len(rooms) != 2 {
 		t.Fatalf("rooms after a VM stopped: %+v", rooms)
 	}
 	// A live node's VM is not forgotten; once its lease ran out it is.
@@ -212,7 +212,7 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if _, err := s.GetVM(ctx, "vm-roomy"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the forgotten VM: %v", err)
 	}
-	if rooms, _ := s.Rooms(ctx, 512); len(rooms) != 1 || rooms[0].Node != "full-id" {
+	if rooms, _ := s.Rooms(ctx, 512, Avoid{}); len(rooms) != 1 || rooms[0].Node != "full-id" {
 		t.Fatalf("rooms after roomy left: %+v", rooms)
 	}
 }
@@ -285,5 +285,55 @@ func TestNotifyListen(t *testing.T) {
 	// The listening connection was dropped, not pooled: the store still works.
 	if _, err := other.ListVMs(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Anti-affinity: a node where a VM already has the avoided label value
+// comes after every node where none has, whatever their free memory.
+func TestRoomsAvoidLabel(t *testing.T) {
+	s, err := Open(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for _, n := range []*Node{{ID: "big-id", Name: "big", MemoryMiB: 8192}, {ID: "small-id", Name: "small", MemoryMiB: 2048}} {
+		if _, err := s.JoinNode(ctx, n, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vms := []*VM{
+		{ID: "vm-a", Name: "a", State: StateRunning, MemoryMiB: 512, NetIndex: 1, Node: "big-id", Labels: map[string]string{"team": "red"}, CreatedAt: time.Now()},
+		{ID: "vm-b", Name: "b", State: StateRunning, MemoryMiB: 512, NetIndex: 2, Node: "small-id", CreatedAt: time.Now()},
+		{ID: "vm-c", Name: "c", State: StateStopped, MemoryMiB: 512, NetIndex: 3, Node: "small-id", Labels: map[string]string{"team": "blue"}, CreatedAt: time.Now()},
+	}
+	for _, v := range vms {
+		if err := s.CreateVM(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	order := func(avoid Avoid) string {
+		rooms, err := s.Rooms(ctx, 512, avoid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, r := range rooms {
+			ids = append(ids, r.Node)
+		}
+		return strings.Join(ids, ",")
+	}
+	if got := order(Avoid{}); got != "big-id,small-id" {
+		t.Fatalf("no anti-affinity: %s", got)
+	}
+	if got := order(Avoid{"team", "red"}); got != "small-id,big-id" {
+		t.Fatalf("avoiding team=red: %s", got)
+	}
+	// A stopped VM holds nothing there, and other values do not count.
+	if got := order(Avoid{"team", "blue"}); got != "big-id,small-id" {
+		t.Fatalf("avoiding team=blue (only a stopped VM has it): %s", got)
+	}
+	if got := order(Avoid{"team", "green"}); got != "big-id,small-id" {
+		t.Fatalf("avoiding team=green: %s", got)
 	}
 }

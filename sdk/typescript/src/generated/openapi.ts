@@ -2193,6 +2193,13 @@ export interface components {
             /** @description put the VM on this private network */
             network?: string;
             egress?: components["schemas"]["Egress"];
+            /**
+             * @description On a cluster: one of the VM's `labels`. The VM goes to a node on
+             *     which no VM (creating, running, paused) has the same value of that
+             *     label, when such a node has room; else to the roomiest node, as
+             *     any create. Outside a cluster it is accepted and has no effect.
+             */
+            anti_affinity?: string;
             /** @description VM name (a DNS label, used as the hostname). Defaults to the generated id. */
             name?: string;
             /** @description Number of vCPUs, 1..64; 0 or omitted means 1 (with `from`, the snapshot's). */
