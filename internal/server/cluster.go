@@ -192,6 +192,13 @@ type nodeCache struct {
 	at    time.Time
 }
 
+// invalidate makes the next reader read the nodes again.
+func (c *nodeCache) invalidate() {
+	c.mu.Lock()
+	c.at = time.Time{}
+	c.mu.Unlock()
+}
+
 // lookup returns node id as get does, and whether it is known; a node
 // the cache does not have makes it read the nodes again (a node that
 // just joined).

@@ -53,6 +53,9 @@ type peers struct {
 	mu        sync.Mutex
 	proxies   map[string]peerProxy // by node id
 	closeOnce sync.Once
+	// failed, when set, may answer a request whose forward to node id
+	// failed, and reports whether it did.
+	failed func(w http.ResponseWriter, r *http.Request, id string) bool
 }
 
 type peerProxy struct {
@@ -83,8 +86,25 @@ func (s *Server) startPeers(ctx context.Context, nodeID string) (string, error) 
 	}
 	// The routes are made after start-up: they are looked up per request.
 	srv := newHTTPServer(s.peerAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.authed.ServeHTTP(w, r) })))
-	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), srv: srv, proxies: map[string]peerProxy{}}
+	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), srv: srv, proxies: map[string]peerProxy{}, failed: s.forwardFailed}
 	return addr, nil
+}
+
+// forwardFailed answers an API request whose owner did not answer because
+// it is gone (the node cache had not seen its lease run out yet) as this
+// node answers for any lost node's VM, here; otherwise (the node lives, or
+// it was a preview) the caller gets a 503.
+func (s *Server) forwardFailed(w http.ResponseWriter, r *http.Request, id string) bool {
+	if r.Context().Value(previewKey{}) != nil || r.Context().Err() != nil {
+		return false
+	}
+	n, err := s.store.GetNode(r.Context(), id)
+	if err != nil || n.Alive {
+		return false
+	}
+	s.nodes.invalidate()
+	s.authed.ServeHTTP(w, r)
+	return true
 }
 
 // peerAdvertise is the address other nodes reach the peer listener at:
@@ -189,14 +209,15 @@ func (s *Server) ownerOf(r *http.Request) string {
 }
 
 // otherLiveNode is node id when it is a live node other than this one,
-// as the node cache has it (read again at most every two seconds: a
-// node lost since is tried, and its forward fails with 503).
+// as the node cache has it (read again at most every two seconds, and at
+// once for a node it does not know): a node lost since is tried, and when
+// the forward fails forwardFailed answers here.
 func (s *Server) otherLiveNode(id string) *store.Node {
 	if s.peers == nil || id == "" || id == s.member.Node().ID {
 		return nil
 	}
-	n := s.nodes.get(s, id)
-	if !n.alive || n.peer == "" {
+	n, ok := s.nodes.lookup(s, id)
+	if !ok || !n.alive || n.peer == "" {
 		return nil
 	}
 	return &store.Node{ID: id, Name: n.name, PeerAddress: n.peer}
@@ -242,7 +263,7 @@ func (pp *peers) get(n *store.Node) peerProxy {
 	if p, ok := pp.proxies[n.ID]; ok && p.addr == n.PeerAddress {
 		return p
 	}
-	addr, name := n.PeerAddress, n.Name
+	id, addr, name := n.ID, n.PeerAddress, n.Name
 	tr := &http.Transport{
 		TLSClientConfig:     pp.tls.Client(n.ID),
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
@@ -276,6 +297,9 @@ func (pp *peers) get(n *store.Node) peerProxy {
 		Transport:     tr,
 		FlushInterval: -1, // streams (NDJSON exec, followed events) as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if pp.failed != nil && pp.failed(w, r, id) {
+				return
+			}
 			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable,
 				fmt.Sprintf("the VM runs on node %s, which did not answer: %v", name, err))
 		},
