@@ -135,9 +135,11 @@ type CreateVMRequest struct {
 	// Restart: never (default), on-failure or always, applied when its QEMU
 	// process dies; repeated crashes back off.
 	Restart string `json:"restart,omitempty"`
-	// AntiAffinity, on a cluster, names one of the VM's labels: the VM goes
-	// to a node where no VM has the same value of it, when one has room
-	// (else to the roomiest, as any create).
+	// AntiAffinity, on a cluster, names one of the VM's labels: the VM
+	// prefers a node where no VM holding memory (creating, running, paused)
+	// has the same value of it, when one has room (else the roomiest, as
+	// any create). A preference: two such creates at the same moment may
+	// still meet on one node.
 	AntiAffinity string `json:"anti_affinity,omitempty"`
 }
 

@@ -2,17 +2,15 @@ package auth
 
 import (
 	"context"
-	"errors"
 	"strings"
-
-	"github.com/agentvm/agentvm/internal/store"
 )
 
 // On a cluster a revoke (or a VM's delete) reaches one node; the
 // connections of that token may be open on any node. Each node tells the
 // others (SetBroadcast: a PostgreSQL NOTIFY), and ends its own on what they
-// tell it (Heard). A node that could not hear for a while checks its
-// tracked tokens against the store (Resync).
+// tell it (Heard). A node checks its tracked tokens against the store
+// (Resync) when it starts listening and every half minute while it does,
+// which ends what a lost message left open.
 
 // SetBroadcast makes Revoke and ForgetVM tell the other nodes, through
 // send, what connections to end ("token:<id>", "vm:<id>").
@@ -25,7 +23,9 @@ func (s *Service) tell(ctx context.Context, msg string) {
 		return
 	}
 	// The store already has the change: a node that misses this ends the
-	// connections at its Resync, so a failed send is not the revoke's.
+	// connections at its next Resync (every node resyncs while it listens,
+	// see store.Listen), so a failed send does not fail the revoke; send
+	// bounds and logs it.
 	s.broadcast(context.WithoutCancel(ctx), msg)
 }
 
@@ -44,15 +44,18 @@ func (s *Service) Heard(msg string) {
 // has (revoked, expired, or gone with its VM) while this node could not
 // hear the others.
 func (s *Service) Resync(ctx context.Context) error {
-	var errs []error
-	for _, id := range s.conns.tokenIDs() {
-		_, err := s.store.TokenByID(ctx, id, s.now())
-		switch {
-		case errors.Is(err, store.ErrNotFound):
+	ids := s.conns.tokenIDs()
+	if len(ids) == 0 {
+		return nil
+	}
+	live, err := s.store.LiveTokens(ctx, ids, s.now())
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if !live[id] {
 			s.conns.revoke(id, s.now())
-		case err != nil:
-			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }

@@ -76,22 +76,43 @@ func (s *Server) joinCluster(ctx context.Context, n store.Node) error {
 // whose connections may be open here) until ctx ends; after every
 // (re)start of listening it ends what it missed meanwhile.
 func (s *Server) hearNodes(ctx context.Context) {
+	resync := func() {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := s.tokens.Resync(rctx); err != nil {
+			s.log.Warn("check tracked tokens against the store", "err", err)
+		}
+	}
+	wait := time.Second
 	for ctx.Err() == nil {
-		err := s.store.Listen(ctx, func() {
-			if err := s.tokens.Resync(ctx); err != nil {
-				s.log.Warn("check tracked tokens against the store", "err", err)
-			}
-		}, s.tokens.Heard)
+		start := time.Now()
+		err := s.store.Listen(ctx, resync, resync, s.tokens.Heard)
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("listening to the other nodes failed; again in 2 s", "err", err)
+		if time.Since(start) > time.Minute {
+			wait = time.Second // it listened a while: not the same outage
+		}
+		s.log.Warn("listening to the other nodes failed; again soon", "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(2 * time.Second):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, 30*time.Second)
 	}
+}
+
+// broadcast is auth's SetBroadcast: a NOTIFY to the other nodes, bounded
+// in time (the revoke it reports is already done) and logged when it fails.
+func (s *Server) broadcast(ctx context.Context, msg string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := s.store.Notify(ctx, msg)
+	if err != nil {
+		s.log.Warn("tell the other nodes; they catch up within a minute", "msg", msg, "err", err)
+	}
+	return err
 }
 
 // nodeLost is vm.Config.NodeLost: node id's lease ran out, or the node

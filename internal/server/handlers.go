@@ -185,8 +185,12 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		key = h
 	}
 	if req.AntiAffinity != "" {
-		if _, ok := req.Labels[req.AntiAffinity]; !ok || req.From != "" {
-			writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("anti_affinity names one of the VM's labels (%q is not), and does not go with from (a VM made from a snapshot goes to the snapshot's node)", req.AntiAffinity))
+		if _, ok := req.Labels[req.AntiAffinity]; !ok {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("anti_affinity names one of the VM's labels: the VM has no label %q", req.AntiAffinity))
+			return
+		}
+		if req.From != "" {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "anti_affinity does not go with from: a VM made from a snapshot goes to the node that keeps the snapshot")
 			return
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/cluster"
 	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
 // Routing between cluster nodes: any node answers a request about any VM.
@@ -91,9 +92,10 @@ func (s *Server) startPeers(ctx context.Context, nodeID string) (string, error) 
 }
 
 // forwardFailed answers an API request whose owner did not answer because
-// it is gone (the node cache had not seen its lease run out yet) as this
-// node answers for any lost node's VM, here; otherwise (the node lives, or
-// it was a preview) the caller gets a 503.
+// it is gone (the node cache had not seen its lease run out yet) as for
+// any lost node's VM: 421, the VM runs nowhere. (The request itself, its
+// body given to the failed forward, is not served again.) Otherwise (the
+// node lives, or it was a preview) the caller gets a 503.
 func (s *Server) forwardFailed(w http.ResponseWriter, r *http.Request, id string) bool {
 	if r.Context().Value(previewKey{}) != nil || r.Context().Err() != nil {
 		return false
@@ -103,7 +105,7 @@ func (s *Server) forwardFailed(w http.ResponseWriter, r *http.Request, id string
 		return false
 	}
 	s.nodes.invalidate()
-	s.authed.ServeHTTP(w, r)
+	writeErr(w, fmt.Errorf("%w: its node %s is lost (its lease ran out): it runs nowhere until that node is back; agentvm delete forgets it", vm.ErrOtherNode, n.Name))
 	return true
 }
 

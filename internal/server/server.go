@@ -227,7 +227,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.tokens = auth.New(s.store, s.token)
 	if cfg.Cluster { // a revoke here ends the token's connections on every node
-		s.tokens.SetBroadcast(s.store.Notify)
+		s.tokens.SetBroadcast(s.broadcast)
 	}
 	s.console, s.usage = newConsole(s), vmstats.New(metricsInterval)
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -233,8 +233,10 @@ func firstRecorded(t *testing.T, s *Store, node string) string {
 	return ""
 }
 
-// Notifications reach every listener, the sender's own connection pool
-// included; a listener catches up (onListen) before it hears anything.
+// Notifications reach a listener on another store; a listener catches up
+// (onListen) before it hears anything, and again (idle) when nothing came
+// for a while; a listening connection that dies ends Listen with an error,
+// and one that ends is not given back to the pool.
 func TestNotifyListen(t *testing.T) {
 	dsn := pgtest.Database(t)
 	s, err := Open(dsn)
@@ -247,19 +249,25 @@ func TestNotifyListen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
+	defer func(d time.Duration) { listenIdle = d }(listenIdle)
+	listenIdle = 300 * time.Millisecond
+	listen := func(ctx context.Context) (listening, idle chan struct{}, heard chan string, done chan error) {
+		listening, idle, heard, done = make(chan struct{}, 1), make(chan struct{}, 100), make(chan string, 4), make(chan error, 1)
+		go func() {
+			done <- other.Listen(ctx, func() { listening <- struct{}{} }, func() { idle <- struct{}{} }, func(m string) { heard <- m })
+		}()
+		select {
+		case <-listening:
+		case err := <-done:
+			t.Fatalf("listen: %v", err)
+		case <-time.After(time.Minute):
+			t.Fatal("not listening after a minute")
+		}
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	listening := make(chan struct{})
-	heard := make(chan string, 4)
-	done := make(chan error, 1)
-	go func() { done <- other.Listen(ctx, func() { close(listening) }, func(m string) { heard <- m }) }()
-	select {
-	case <-listening:
-	case err := <-done:
-		t.Fatalf("listen: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("not listening after a minute")
-	}
+	_, idle, heard, done := listen(ctx)
 	for _, m := range []string{"token:tok_1", "vm:vm-2"} {
 		if err := s.Notify(ctx, m); err != nil {
 			t.Fatal(err)
@@ -275,16 +283,46 @@ func TestNotifyListen(t *testing.T) {
 			t.Fatalf("%q not heard", want)
 		}
 	}
+	select {
+	case <-idle:
+	case <-time.After(time.Minute):
+		t.Fatal("no idle call after a quiet while")
+	}
 	if err := s.Notify(ctx, "bad\x00"); !errors.Is(err, ErrBadText) {
 		t.Fatalf("a NUL in a notification: %v", err)
+	}
+	listeners := func() int {
+		var n int
+		if err := s.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE query IN ('LISTEN agentvm', '-- ping') AND datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// The server ends the listening connection: Listen says so.
+	if _, err := s.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query IN ('LISTEN agentvm', '-- ping') AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || ctx.Err() != nil {
+			t.Fatalf("Listen after its connection died: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Listen did not notice its connection died")
+	}
+	// A Listen that ends leaves no listening connection behind.
+	_, _, _, done = listen(ctx)
+	if n := listeners(); n != 1 {
+		t.Fatalf("%d listening connections, want 1", n)
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("listen after its context ended: %v", err)
 	}
-	// The listening connection was dropped, not pooled: the store still works.
-	if _, err := other.ListVMs(context.Background()); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(time.Minute); listeners() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d listening connections after Listen ended", listeners())
+		}
 	}
 }
 

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -29,11 +31,17 @@ func (s *Store) Notify(ctx context.Context, msg string) error {
 	return err
 }
 
+// listenIdle is how long Listen waits for a message before it checks its
+// connection (a ping: a connection dropped without a word, by a firewall
+// or a failover, would otherwise wait for ever) and calls idle.
+var listenIdle = 30 * time.Second
+
 // Listen holds a connection of its own that listens on NotifyChannel,
 // calls onListen once it does (to catch up on what was missed before),
-// then heard with each message, until ctx ends or the connection fails
-// (its error is returned; the caller listens again).
-func (s *Store) Listen(ctx context.Context, onListen func(), heard func(msg string)) error {
+// then heard with each message and idle after each listenIdle without
+// one (to catch up on a message lost in sending), until ctx ends or the
+// connection fails (its error is returned; the caller listens again).
+func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(msg string)) error {
 	if err := s.needCluster(); err != nil {
 		return err
 	}
@@ -60,11 +68,24 @@ func (s *Store) Listen(ctx context.Context, onListen func(), heard func(msg stri
 			onListen()
 		}
 		for {
-			n, err := pc.WaitForNotification(ctx)
-			if err != nil {
+			wctx, cancel := context.WithTimeout(ctx, listenIdle)
+			n, err := pc.WaitForNotification(wctx)
+			cancel()
+			switch {
+			case err == nil:
+				heard(n.Payload)
+				continue
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case !errors.Is(err, context.DeadlineExceeded):
 				return err
 			}
-			heard(n.Payload)
+			if err := pc.Ping(ctx); err != nil {
+				return fmt.Errorf("listen: the connection does not answer: %w", err)
+			}
+			if idle != nil {
+				idle()
+			}
 		}
 	})
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"time"
 )
 
@@ -78,6 +79,39 @@ func (s *Store) oneToken(ctx context.Context, where string, arg any, now time.Ti
 		return nil, ErrNotFound
 	}
 	return ts[0], nil
+}
+
+// LiveTokens returns which of ids are tokens that have not expired (nor
+// been deleted).
+func (s *Store) LiveTokens(ctx context.Context, ids []string, now time.Time) (map[string]bool, error) {
+	out := map[string]bool{}
+	for len(ids) > 0 {
+		n := min(len(ids), 500)
+		chunk := ids[:n]
+		ids = ids[n:]
+		args := make([]any, 0, n+1)
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		args = append(args, now.UnixNano())
+		rows, err := s.query(ctx, `SELECT id FROM tokens WHERE id IN (?`+strings.Repeat(",?", n-1)+`) AND expires_at > ?`, args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // ListTokens returns the unexpired tokens, of one VM when vmID is set,

@@ -2194,10 +2194,12 @@ export interface components {
             network?: string;
             egress?: components["schemas"]["Egress"];
             /**
-             * @description On a cluster: one of the VM's `labels`. The VM goes to a node on
-             *     which no VM (creating, running, paused) has the same value of that
-             *     label, when such a node has room; else to the roomiest node, as
-             *     any create. Outside a cluster it is accepted and has no effect.
+             * @description On a cluster: one of the VM's `labels`. The VM prefers a node on
+             *     which no VM holding memory (creating, running, paused) has the
+             *     same value of that label, when such a node has room; else the
+             *     roomiest node, as any create. A preference, not a guarantee: two
+             *     such creates at the same moment may meet on one node. Outside a
+             *     cluster it is accepted and has no effect.
              */
             anti_affinity?: string;
             /** @description VM name (a DNS label, used as the hostname). Defaults to the generated id. */
