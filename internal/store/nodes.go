@@ -213,7 +213,7 @@ func (s *Store) Rooms(ctx context.Context, memMiB int64, avoid Avoid) ([]Room, e
 		return nil, err
 	}
 	rows, err := s.query(ctx, `SELECT n.id,
-	n.memory_mib - COALESCE((SELECT SUM(v.memory_mib) FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`), 0) AS free,
+	n.memory_mib - `+heldMiB+` AS free,
 	(?::text <> '' AND EXISTS (SELECT 1 FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`
 		AND (CASE WHEN v.labels = '' THEN NULL ELSE v.labels::jsonb ->> ?::text END) = ?::text)) AS shared
 FROM nodes n WHERE n.lease_expires > now() ORDER BY shared, free DESC, n.id`, avoid.Key, avoid.Key, avoid.Value)

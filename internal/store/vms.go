@@ -109,6 +109,10 @@ var ErrNodeFull = errors.New("the node has no room for the VM")
 // holding lists the states in which a VM holds its memory on its node.
 const holding = `('creating', 'running', 'paused', 'pool')`
 
+// heldMiB is the SQL for the memory the VMs of node n.id hold there (the
+// query names its nodes row n).
+const heldMiB = `COALESCE((SELECT SUM(v.memory_mib) FROM vms v WHERE v.node_id = n.id AND v.state IN ` + holding + `), 0)`
+
 // CreateVM inserts a new VM; ErrConflict if its name, idempotency key or
 // network index is taken. A VM of a cluster node is a reservation of that
 // node's memory: in one transaction, with the node's row locked so that
@@ -134,8 +138,10 @@ func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 		return err
 	}
 	if err == nil && capacity > 0 {
-		err := tx.QueryRowContext(ctx, rebind(`SELECT COALESCE(SUM(memory_mib), 0) FROM vms WHERE node_id = ? AND state IN `+holding), v.Node).Scan(&used)
-		if err != nil {
+		// A statement of its own, after the lock: one that took the lock
+		// and summed too would sum what it saw before it waited for the
+		// lock, and miss the create that held it.
+		if err := tx.QueryRowContext(ctx, rebind(`SELECT `+heldMiB+` FROM nodes n WHERE n.id = ?`), v.Node).Scan(&used); err != nil {
 			return err
 		}
 		if used+v.MemoryMiB > capacity {

@@ -135,7 +135,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 		return err
 	}
 	if err := s.ours(v); err != nil {
-		lost, lerr := s.nodeLost(ctx, v)
+		lost, lerr := s.cfg.nodeLost(ctx, v.Node)
 		if lerr != nil {
 			return fmt.Errorf("%w: is node %s lost? %v", ErrUnavailable, v.Node, lerr)
 		}

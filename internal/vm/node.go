@@ -31,11 +31,6 @@ func (s *Service) ours(v *store.VM) error {
 		ErrOtherNode, v.Name, v.Node, s.cfg.Node)
 }
 
-// nodeLost reports whether v is recorded on a node whose lease ran out.
-func (s *Service) nodeLost(ctx context.Context, v *store.VM) (bool, error) {
-	return s.cfg.nodeLost(ctx, v.Node)
-}
-
 // nodeLost reports whether node id is another node, whose lease ran out.
 func (c *Config) nodeLost(ctx context.Context, id string) (bool, error) {
 	if id == "" || id == c.Node || c.NodeLost == nil {
