@@ -194,6 +194,14 @@ type Snapshot struct {
 	PausedMs  int64     `json:"paused_ms"`
 	CreatedAt time.Time `json:"created_at"`
 	Image     string    `json:"image"`
+	// Node and NodeID name the cluster node that keeps the snapshot's
+	// files (absent outside a cluster).
+	Node   string `json:"node,omitempty"`
+	NodeID string `json:"node_id,omitempty"`
+	// StoredAt is when the snapshot was all in the object store (serve
+	// --objects), from where any compatible node restores it; absent
+	// until then.
+	StoredAt *time.Time `json:"stored_at,omitempty"`
 }
 
 // ListSnapshotsResponse is returned by GET /v1/snapshots.

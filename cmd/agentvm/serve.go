@@ -104,6 +104,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.NodeName, "node-name", os.Getenv("AGENTVM_NODE_NAME"), "this node's name in the cluster (default: the host name)")
 	f.StringVar(&cfg.Advertise, "advertise", os.Getenv("AGENTVM_ADVERTISE"), "the address clients reach this node's API at (default: --listen's)")
 	f.StringVar(&cfg.PeerListen, "peer-listen", os.Getenv("AGENTVM_PEER_LISTEN"), "with --cluster: the node-to-node listener other nodes forward requests to, TLS with the cluster CA's certificates both ways (default 127.0.0.1:0; listen on an address the other nodes reach, e.g. 0.0.0.0:7071, whose host part is then --advertise's)")
+	f.StringVar(&cfg.Objects, "objects", os.Getenv("AGENTVM_OBJECTS"), "keep snapshots in an S3-compatible object store too, s3://BUCKET[/PREFIX][?endpoint=http://HOST:PORT&region=R] (keys from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; endpoint default AWS_ENDPOINT_URL or AWS): any node of a cluster with the same QEMU and accelerator then restores them, also after their node is lost")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 0, "the node's lease in the cluster (default 15s): renewed every third of it; the node kills its VMs a quarter of it before a lease it could not renew may run out")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the templates of --warm-images at start-up")
 	return c

@@ -146,9 +146,27 @@ func snapshotsCmd() *cobra.Command {
 				return printJSON(ss)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tVM\tMEMORY\tSTATE\tPAUSED\tCREATED")
+			// A cluster's snapshots say where they are kept: on a node, and
+			// in the object store once stored.
+			where := false
 			for _, s := range ss {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%dM\t%dM\t%dms\t%s\n", s.ID, s.Name, s.VMName, s.MemoryMiB, s.Bytes>>20, s.PausedMs, s.CreatedAt.Format("2006-01-02 15:04:05"))
+				where = where || s.Node != "" || s.StoredAt != nil
+			}
+			head := "ID\tNAME\tVM\tMEMORY\tSTATE\tPAUSED\tCREATED"
+			if where {
+				head += "\tNODE\tSTORED"
+			}
+			fmt.Fprintln(tw, head)
+			for _, s := range ss {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%dM\t%dM\t%dms\t%s", s.ID, s.Name, s.VMName, s.MemoryMiB, s.Bytes>>20, s.PausedMs, s.CreatedAt.Format("2006-01-02 15:04:05"))
+				if where {
+					stored := "-"
+					if s.StoredAt != nil {
+						stored = s.StoredAt.Format("2006-01-02 15:04:05")
+					}
+					fmt.Fprintf(tw, "\t%s\t%s", s.Node, stored)
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},

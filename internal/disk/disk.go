@@ -96,3 +96,36 @@ func (l Layers) Collect(used func(path string) bool, minAge time.Duration) []str
 	}
 	return removed
 }
+
+// Chain returns the files of the image at top's backing chain, top first
+// and its base last.
+func Chain(ctx context.Context, top string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "qemu-img", "info", "-U", "--backing-chain", "--output=json", top).Output()
+	if err != nil {
+		return nil, fmt.Errorf("qemu-img info %s: %w", top, err)
+	}
+	var infos []struct {
+		Filename string `json:"filename"`
+	}
+	if err := json.Unmarshal(out, &infos); err != nil {
+		return nil, fmt.Errorf("qemu-img info %s: %w", top, err)
+	}
+	chain := make([]string, 0, len(infos))
+	for _, in := range infos {
+		chain = append(chain, in.Filename)
+	}
+	if len(chain) == 0 {
+		return nil, fmt.Errorf("qemu-img info %s: no image", top)
+	}
+	return chain, nil
+}
+
+// Rebase points the image at path at a new backing file of the same
+// content (an unsafe rebase: nothing is copied), or makes it a base with
+// backing "".
+func Rebase(ctx context.Context, path, backing string) error {
+	if backing == "" {
+		return qemuImg(ctx, "rebase", "rebase", "-q", "-u", "-b", "", path)
+	}
+	return qemuImg(ctx, "rebase", "rebase", "-q", "-u", "-F", "qcow2", "-b", backing, path)
+}

@@ -32,12 +32,20 @@ func (s *Server) snapshotVM(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapToAPI(sn))
+	writeJSON(w, http.StatusCreated, s.snapToAPI(sn))
 }
 
-func snapToAPI(sn *store.Snapshot) api.Snapshot {
-	return api.Snapshot{ID: sn.ID, Name: sn.Name, VMID: sn.VMID, VMName: sn.VMName, CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB,
+func (s *Server) snapToAPI(sn *store.Snapshot) api.Snapshot {
+	out := api.Snapshot{ID: sn.ID, Name: sn.Name, VMID: sn.VMID, VMName: sn.VMName, CPUs: sn.CPUs, MemoryMiB: sn.MemoryMiB,
 		DiskBytes: sn.DiskBytes, Bytes: sn.Bytes, PausedMs: sn.PausedMs, CreatedAt: sn.CreatedAt, Image: imageName(sn.Image)}
+	if sn.Node != "" {
+		out.NodeID, out.Node = sn.Node, s.nodes.get(s, sn.Node).name
+	}
+	if !sn.StoredAt.IsZero() {
+		at := sn.StoredAt
+		out.StoredAt = &at
+	}
+	return out
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +56,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	}
 	out := api.ListSnapshotsResponse{Snapshots: []api.Snapshot{}}
 	for _, sn := range sns {
-		out.Snapshots = append(out.Snapshots, snapToAPI(sn))
+		out.Snapshots = append(out.Snapshots, s.snapToAPI(sn))
 	}
 	writeJSON(w, 200, out)
 }
@@ -59,7 +67,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, snapToAPI(sn))
+	writeJSON(w, 200, s.snapToAPI(sn))
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {

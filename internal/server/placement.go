@@ -15,7 +15,8 @@ import (
 
 // Placement of new VMs in a cluster. The node a create reaches chooses
 // where the VM goes: a create from a snapshot goes to the node that keeps
-// the snapshot's files; any other goes to the live node with the most
+// the snapshot's files (or, for a snapshot in the object store whose node
+// is lost, full or silent, to a compatible node: placeFrom); any other goes to the live node with the most
 // memory not held by its VMs (spread), this one included, preferring the
 // nodes where no VM shares the value of its anti-affinity label. The choice is
 // advisory: the chosen node's create reserves the memory in one
@@ -30,23 +31,9 @@ func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, req *api.Cr
 	if s.peers == nil || forwarded(r) {
 		return false
 	}
-	ctx, self := r.Context(), s.member.Node().ID
+	ctx := r.Context()
 	if req.From != "" {
-		sn, err := s.store.GetSnapshot(ctx, req.From)
-		if err != nil {
-			return false
-		}
-		n := s.otherLiveNode(sn.Node)
-		if n == nil {
-			return false // this node's snapshot, or its node is lost (the handler says which)
-		}
-		resp, err := s.peers.send(ctx, n, r, body, principal(r))
-		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("snapshot %s is kept on node %s, which did not answer: %v", sn.Name, n.Name, err))
-			return true
-		}
-		relay(w, resp)
-		return true
+		return s.placeFrom(w, r, req, body)
 	}
 	if key != "" {
 		if _, err := s.store.GetVMByIdempotencyKey(ctx, key); err == nil {
@@ -70,8 +57,65 @@ func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, req *api.Cr
 			fmt.Sprintf("no node of the cluster has %d MiB of memory its VMs do not hold", opts.MemoryMiB))
 		return true
 	}
+	return s.placeIn(w, r, body, rooms, nil)
+}
+
+// placeFrom places a create from a snapshot: on the node that keeps its
+// files; or, once it is in the object store, when that node is lost, full
+// or does not answer, on the roomiest node that runs the QEMU, machine,
+// CPU model and accelerator it was saved with (the node fetches it).
+func (s *Server) placeFrom(w http.ResponseWriter, r *http.Request, req *api.CreateVMRequest, body []byte) bool {
+	ctx, self := r.Context(), s.member.Node().ID
+	sn, err := s.store.GetSnapshot(ctx, req.From)
+	if err != nil {
+		return false // the local handler says what is wrong
+	}
+	stored := !sn.StoredAt.IsZero() && sn.SavedBy != nil
 	var tried []string
+	if n := s.otherLiveNode(sn.Node); n != nil {
+		resp, err := s.peers.send(ctx, n, r, body, principal(r))
+		switch {
+		case err == nil && (resp.StatusCode != http.StatusInsufficientStorage || !stored):
+			relay(w, resp)
+			return true
+		case err == nil:
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			tried = append(tried, fmt.Sprintf("%s, which keeps it, is full (%s)", n.Name, strings.TrimSpace(string(b))))
+		case !stored:
+			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("snapshot %s is kept on node %s, which did not answer: %v", sn.Name, n.Name, err))
+			return true
+		default:
+			tried = append(tried, fmt.Sprintf("%s, which keeps it, did not answer (%v)", n.Name, err))
+		}
+	} else if sn.Node == self || !stored {
+		return false // this node's snapshot, or its node is lost (the handler says which)
+	}
+	nodes, err := s.store.ListNodes(ctx)
+	if err != nil {
+		return false
+	}
+	can := map[string]bool{}
+	for _, n := range nodes {
+		sb := sn.SavedBy
+		can[n.ID] = n.ID != sn.Node && n.QEMUVersion == sb.QEMU && n.MachineType == sb.Machine && n.CPUModel == sb.CPUModel && n.Accel == sb.Accel
+	}
+	rooms, err := s.store.Rooms(ctx, sn.MemoryMiB, store.Avoid{})
+	if err != nil {
+		return false
+	}
+	return s.placeIn(w, r, body, rooms, func(id string) bool { return can[id] }, tried...)
+}
+
+// placeIn sends the create to the first of rooms (those ok allows, when
+// ok is not nil) that takes it, or leaves it to this node when it comes
+// first; tried says why earlier nodes did not take it.
+func (s *Server) placeIn(w http.ResponseWriter, r *http.Request, body []byte, rooms []store.Room, ok func(node string) bool, tried ...string) bool {
+	ctx, self := r.Context(), s.member.Node().ID
 	for _, room := range rooms {
+		if ok != nil && !ok(room.Node) {
+			continue
+		}
 		if room.Node == self {
 			return false
 		}

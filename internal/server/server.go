@@ -30,6 +30,7 @@ import (
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
@@ -70,6 +71,9 @@ type Config struct {
 	Advertise  string
 	LeaseTTL   time.Duration
 	PeerListen string
+	// Objects is the object store snapshots are kept in (serve --objects
+	// s3://BUCKET/PREFIX; "": none), see objects.OpenS3.
+	Objects string
 	// StateFormat is vm.Config.StateFormat (serve --state-format).
 	StateFormat string
 	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
@@ -240,6 +244,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	policy := network.Policy{AllowPrivate: cfg.AllowPrivateEgress, Listeners: apiAddr}
+	var objs *objects.Store
+	if cfg.Objects != "" {
+		b, err := objects.OpenS3(ctx, cfg.Objects)
+		if err != nil {
+			return nil, fmt.Errorf("--objects: %w", err)
+		}
+		objs = objects.New(b)
+	}
 	s.svc, err = vm.New(vm.Config{
 		DataDir: cfg.DataDir, RunDir: cfg.RunDir, CacheDir: cfg.CacheDir, TemplateDir: cfg.TemplateDir,
 		QEMU: cfg.QEMU, QEMUVersion: qv, Accel: accel, AgentPath: cfg.AgentPath, Policy: policy, Log: cfg.Log,
@@ -249,6 +261,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		StateCat:      cfg.StateCat,
 		Node:          nodeID,
 		NodeLost:      s.nodeLost,
+		Objects:       objs,
 	}, s.store)
 	if err != nil {
 		return nil, err

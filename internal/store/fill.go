@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // fills run inside a migration's transaction after the step of their
@@ -15,7 +16,8 @@ var fills = map[int]func(ctx context.Context, tx *sql.Tx, pg bool) error{
 
 // fillColumns copies every record's JSON (the data column up to schema 6)
 // into the columns migration 6 added, through the same writers the store
-// uses, so a record reads the same before and after.
+// uses, so a record reads the same before and after. A table that later
+// migrations give more columns is written with its schema-6 columns only.
 func fillColumns(ctx context.Context, tx *sql.Tx, pg bool) error {
 	bind := func(q string) string {
 		if pg {
@@ -29,7 +31,9 @@ func fillColumns(ctx context.Context, tx *sql.Tx, pg bool) error {
 		args      func([]byte) ([]any, error)
 	}{
 		{"vms", "id", vmQ, fillRecord(vmArgs)},
-		{"snapshots", "id", snapshotQ, fillRecord(snapshotArgs)},
+		{"snapshots", "id", queriesFor("snapshots", snapshotCols6), fillRecord(func(sn *Snapshot) []any {
+			return snapshotArgs(sn)[:strings.Count(snapshotCols6, ",")+1]
+		})},
 		{"networks", "name", networkQ, fillRecord(networkArgs)},
 		{"tokens", "id", tokenQ, fillRecord(tokenArgs)},
 	}

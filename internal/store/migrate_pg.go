@@ -166,6 +166,8 @@ ALTER TABLE networks DROP COLUMN data;
 ALTER TABLE tokens DROP COLUMN data;
 ALTER TABLE events DROP COLUMN data;
 ALTER TABLE nodes DROP COLUMN data;`,
+	// 8: snapshots kept in the object store.
+	`ALTER TABLE snapshots ADD COLUMN stored_at BIGINT NOT NULL DEFAULT 0;`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

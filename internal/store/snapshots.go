@@ -41,6 +41,9 @@ type Snapshot struct {
 	// Node is the cluster node whose data dir holds the snapshot's files
 	// ("" outside a cluster).
 	Node string `json:"node,omitempty"`
+	// StoredAt is when its files were all in the object store, from where
+	// any compatible node can restore it (zero: only its node has them).
+	StoredAt time.Time `json:"stored_at,omitempty"`
 }
 
 // SavedBy names what wrote a saved memory and device state. QEMU loads the
@@ -59,27 +62,31 @@ type SavedBy struct {
 }
 
 // snapshotCols are the snapshots table's columns, the key first.
-const snapshotCols = `id, name, vm_id, vm_name, cpus, memory_mib, disk_bytes, env, disk, layers, state_file, bytes, paused_ms, shape_key, image, created_at, network, egress, network_egress, hot_memory_mib, saved_by, node_id`
+const snapshotCols = snapshotCols6 + `, stored_at`
+
+// snapshotCols6 are the columns of snapshots at schema 6, when the records
+// were copied into columns (fillColumns).
+const snapshotCols6 = `id, name, vm_id, vm_name, cpus, memory_mib, disk_bytes, env, disk, layers, state_file, bytes, paused_ms, shape_key, image, created_at, network, egress, network_egress, hot_memory_mib, saved_by, node_id`
 
 var snapshotQ = queriesFor("snapshots", snapshotCols)
 
 func snapshotArgs(sn *Snapshot) []any {
 	return []any{sn.ID, sn.Name, sn.VMID, sn.VMName, sn.CPUs, sn.MemoryMiB, sn.DiskBytes, jsonText(sn.Env), sn.Disk, jsonText(sn.Layers),
 		sn.State, sn.Bytes, sn.PausedMs, sn.Key, sn.Image, nanos(sn.CreatedAt), sn.Network, jsonText(sn.Egress), jsonText(sn.NetworkEgress),
-		sn.HotMemoryMiB, jsonText(sn.SavedBy), sn.Node}
+		sn.HotMemoryMiB, jsonText(sn.SavedBy), sn.Node, nanos(sn.StoredAt)}
 }
 
 func scanSnapshot(sc scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var env, layers, egress, netEgress, savedBy string
-	var created int64
+	var created, stored int64
 	err := sc.Scan(&sn.ID, &sn.Name, &sn.VMID, &sn.VMName, &sn.CPUs, &sn.MemoryMiB, &sn.DiskBytes, &env, &sn.Disk, &layers,
 		&sn.State, &sn.Bytes, &sn.PausedMs, &sn.Key, &sn.Image, &created, &sn.Network, &egress, &netEgress,
-		&sn.HotMemoryMiB, &savedBy, &sn.Node)
+		&sn.HotMemoryMiB, &savedBy, &sn.Node, &stored)
 	if err != nil {
 		return nil, err
 	}
-	sn.CreatedAt = fromNanos(created)
+	sn.CreatedAt, sn.StoredAt = fromNanos(created), fromNanos(stored)
 	if err := jsonCols("snapshot "+sn.ID, env, &sn.Env, layers, &sn.Layers, egress, &sn.Egress, netEgress, &sn.NetworkEgress, savedBy, &sn.SavedBy); err != nil {
 		return nil, err
 	}
@@ -117,6 +124,19 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 		out = append(out, sn)
 	}
 	return out, rows.Err()
+}
+
+// SetSnapshotStored records that snapshot id's files are all in the object
+// store; ErrNotFound if the snapshot is gone.
+func (s *Store) SetSnapshotStored(ctx context.Context, id string, at time.Time) error {
+	res, err := s.exec(ctx, `UPDATE snapshots SET stored_at=? WHERE id=?`, nanos(at), id)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return ErrNotFound
+	}
+	return nil
 }
 
 // DeleteSnapshot removes a snapshot record.

@@ -37,7 +37,17 @@ func TestSnapshotsTokensSandboxes(t *testing.T) {
 		if _, err := s.GetSnapshot(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("missing snapshot: %v", err)
 		}
+		at := now.Add(time.Minute).UTC().Round(time.Microsecond)
+		if err := s.SetSnapshotStored(ctx, "snap-0", at); err != nil {
+			t.Fatal(err)
+		}
+		if sn, err := s.GetSnapshot(ctx, "snap-0"); err != nil || !sn.StoredAt.Equal(at) {
+			t.Fatalf("stored snapshot: %+v %v", sn, err)
+		}
 		s.DeleteSnapshot(ctx, "snap-1")
+		if err := s.SetSnapshotStored(ctx, "snap-1", at); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("storing a deleted snapshot: %v", err)
+		}
 		if sns, err := s.ListSnapshots(ctx); err != nil || len(sns) != 2 || sns[0].ID != "snap-0" || sns[1].ID != "snap-2" {
 			t.Fatalf("snapshots after a delete: %v %v", sns, err)
 		}

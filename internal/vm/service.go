@@ -19,6 +19,7 @@ import (
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/network"
+	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -72,6 +73,9 @@ type Config struct {
 	// NodeLost, in a cluster, says whether node id's lease has run out (or
 	// the node is gone): its VMs run nowhere, and a delete forgets them.
 	NodeLost func(ctx context.Context, id string) (bool, error)
+	// Objects, if not nil, is the object store snapshots are kept in, from
+	// where any compatible node restores them (objects.go).
+	Objects *objects.Store
 	// EnsureImage builds or finds an image (nil: image.Ensure, which
 	// builds Debian images with debootstrap).
 	EnsureImage func(ctx context.Context, o image.Options) (*image.Image, error)
@@ -132,6 +136,13 @@ type Service struct {
 
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
 
+	// Background work that stops with the daemon: uploads to the object
+	// store (objects.go). fetchMu serialises fetches from it.
+	bg      context.Context
+	stopBg  context.CancelFunc
+	uploads sync.WaitGroup
+	fetchMu sync.Mutex
+
 	// Fencing (node.go): why the node is fenced ("": it is not), how many
 	// fences there have been, and the VMs they killed since the last
 	// Unfence. unfenceMu serialises Unfence.
@@ -169,6 +180,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, fencedVMs: map[string]bool{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
+	s.bg, s.stopBg = context.WithCancel(context.Background())
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
 		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig,
 		newNetwork: func() (*network.Network, error) {
@@ -345,6 +357,8 @@ func (s *Service) Close() {
 	// the disk before the daemon exits: a host rebooting next would find it
 	// unsynced and count its memory lost.
 	s.syncs.Wait()
+	s.stopBg()
+	s.uploads.Wait()
 }
 
 // takeInstances empties the instance map and returns what it held.

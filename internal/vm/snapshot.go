@@ -144,6 +144,7 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 		return nil, err
 	}
 	s.syncSaved(v.ID, sn.State)
+	s.storeSnapshotLater(sn)
 	s.log.Info("state saved", "vm", v.ID, "op", "snapshot", "format", res.Format, "stream_bytes", res.Bytes, "disk_bytes", qemu.DiskUsage(sn.State), "paused_ms", sn.PausedMs)
 	s.logEvent(v.ID, "snapshot %s: %d MiB of state (%s format, %d MiB on disk), guest paused %d ms", sn.Name, res.Bytes>>20, res.Format,
 		qemu.DiskUsage(sn.State)>>20, sn.PausedMs)
@@ -190,17 +191,23 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 		if lost, lerr := s.cfg.nodeLost(ctx, sn.Node); lerr != nil || !lost {
 			return err
 		}
-		// Its files went with its node: only the record is left to go.
-		return s.store.DeleteSnapshot(ctx, sn.ID)
+		// Its files went with its node: the record and its stored copy
+		// are left to go.
+		if err := s.store.DeleteSnapshot(ctx, sn.ID); err != nil {
+			return err
+		}
+		s.unstoreSnapshot(ctx, sn)
+		return nil
 	}
 	l := s.snapLock(sn.ID)
 	if !l.TryLock() {
-		return fmt.Errorf("%w: snapshot %s is being restored; retry when the create is done", ErrConflict, sn.Name)
+		return fmt.Errorf("%w: snapshot %s is being restored or sent to the object store; retry when that is done", ErrConflict, sn.Name)
 	}
 	defer l.Unlock()
 	if err := s.store.DeleteSnapshot(ctx, sn.ID); err != nil {
 		return err
 	}
+	s.unstoreSnapshot(ctx, sn)
 	os.RemoveAll(filepath.Dir(sn.State))
 	s.gcLayers(ctx)
 	return nil
@@ -227,8 +234,9 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	if err != nil {
 		return nil, false, err
 	}
-	if err := s.snapshotHere(sn); err != nil {
-		return nil, false, err
+	local := s.snapshotHere(sn) == nil
+	if !local && (s.cfg.Objects == nil || sn.StoredAt.IsZero()) {
+		return nil, false, s.snapshotHere(sn)
 	}
 	if (o.CPUs != 0 && o.CPUs != sn.CPUs) || (o.MemoryMiB != 0 && o.MemoryMiB != sn.MemoryMiB) {
 		return nil, false, fmt.Errorf("%w: snapshot %s was taken with %d vCPUs and %d MiB; a restore keeps that shape (resize after create)",
@@ -238,7 +246,7 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	if err != nil {
 		return nil, false, err
 	}
-	if mayBeTorn(sn.SavedBy, qemu.BootID(), qemu.StateSynced(sn.State)) {
+	if local && mayBeTorn(sn.SavedBy, qemu.BootID(), qemu.StateSynced(sn.State)) {
 		return nil, false, fmt.Errorf("%w: snapshot %s: %v; its memory cannot be trusted: delete it and take a new one", ErrConflict, sn.Name, errStateTorn)
 	}
 	// A VM made from a snapshot is never more open than the VM it copies:
@@ -287,7 +295,14 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	defer s.ops.lock(v.ID, "create")()
 	start := time.Now()
 	v.Source, v.Layout, v.HotMemoryMiB = "snapshot "+sn.Name, layout, sn.HotMemoryMiB
-	if err := s.restoreState(ctx, v, sn.Disk, sn.Layers, sn.State, sn.DiskBytes); err != nil {
+	frozen, layers, state := sn.Disk, sn.Layers, sn.State
+	if !local {
+		if frozen, layers, state, err = s.fetchSnapshot(ctx, sn); err != nil {
+			s.destroy(context.Background(), v)
+			return nil, false, err
+		}
+	}
+	if err := s.restoreState(ctx, v, frozen, layers, state, sn.DiskBytes); err != nil {
 		s.destroy(context.Background(), v)
 		return nil, false, err
 	}

@@ -2299,6 +2299,15 @@ export interface components {
             paused_ms: number;
             /** Format: date-time */
             created_at: string;
+            /** @description In a cluster, the name of the node that keeps the snapshot's files. */
+            node?: string;
+            /** @description In a cluster, the id of that node. */
+            node_id?: string;
+            /**
+             * Format: date-time
+             * @description When the snapshot was all in the object store (serve --objects), from where any node with the same QEMU, machine, CPU model and accelerator restores it; absent until then.
+             */
+            stored_at?: string;
         };
         ListSnapshotsResponse: {
             snapshots: components["schemas"]["Snapshot"][];

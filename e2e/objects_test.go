@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+	"github.com/agentvm/agentvm/internal/pgtest"
+	"github.com/agentvm/agentvm/pkg/client"
+)
+
+// Two cluster nodes keep snapshots in a real S3 server (Versity's
+// gateway). A snapshot taken on one node is stored (its manifest and
+// chunks are in the bucket); the node is killed with its VMs, as when its
+// host dies; through the other node, the snapshot's create comes back
+// there from the object store with its running counter and a checksummed
+// file intact. A damaged chunk makes the create fail with a clear error and
+// leaves nothing behind, and the create works once the chunk is whole again.
+func TestClusterObjects(t *testing.T) {
+	testenv.Require(t)
+	s3 := testenv.StartS3(t)
+	pg := pgtest.StartT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	dsn, err := pg.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := s3.URL("cluster")
+	a := testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-a", "--lease", "6s", "--objects", objs)
+	b := testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-b", "--lease", "6s", "--objects", objs)
+
+	v := a.CreateVM(ctx, api.CreateVMRequest{Name: "origin"})
+	origin, other := a, b
+	if v.Node == "node-b" {
+		origin, other = b, a
+	}
+	r := a.Exec(ctx, v.ID, `head -c 12M /dev/urandom > /root/data.bin && sha256sum /root/data.bin | cut -d' ' -f1 &&
+nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &
+for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/counter`)
+	lines := strings.Fields(r.Stdout)
+	if r.ExitCode != 0 || len(lines) != 2 {
+		t.Fatalf("setup: %+v", r)
+	}
+	sum := lines[0]
+	sn, err := a.Client.Snapshot(ctx, v.ID, "stored")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sn.Node != v.Node {
+		t.Fatalf("snapshot's node %q, VM's %q", sn.Node, v.Node)
+	}
+	// Its node stores it in the background; stored_at says when it is all there.
+	storing := time.Now()
+	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(time.Second) {
+		got, err := b.Client.GetSnapshot(ctx, sn.ID)
+		if err == nil && got.StoredAt != nil {
+			t.Logf("snapshot stored %.1f s after it was taken", time.Since(storing).Seconds())
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot not stored: %+v %v\n%s", got, err, origin.Logs())
+		}
+	}
+	manifest := filepath.Join(s3.Root, s3.Bucket, "cluster", "manifests", "snapshots", sn.ID+".json")
+	var m struct {
+		State struct{ Chunks []string } `json:"state"`
+		Chain []struct{ Chunks []string }
+	}
+	if raw, err := os.ReadFile(manifest); err != nil || json.Unmarshal(raw, &m) != nil || len(m.Chain) < 2 {
+		t.Fatalf("manifest in the bucket: %v %+v", err, m)
+	}
+
+	// The snapshot's node dies with its VMs.
+	origin.Kill9()
+	for _, pid := range testenv.QEMUProcesses(v.ID) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		nodes, err := other.Client.ListNodes(ctx)
+		alive := 0
+		for _, n := range nodes {
+			if n.Alive {
+				alive++
+			}
+		}
+		if err == nil && alive == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed node is still alive: %+v %v", nodes, err)
+		}
+	}
+
+	// A chunk only the memory state has is truncated in the bucket: the
+	// create fails and says so, and leaves no VM.
+	var chunk string
+	for _, c := range m.State.Chunks {
+		inChain := false
+		for _, f := range m.Chain {
+			inChain = inChain || slices.Contains(f.Chunks, c)
+		}
+		if c != "" && !inChain {
+			chunk = filepath.Join(s3.Root, s3.Bucket, "cluster", "chunks", c[:2], c)
+			break
+		}
+	}
+	good, err := os.ReadFile(chunk)
+	if err != nil {
+		t.Fatalf("a chunk of the state: %v", err)
+	}
+	if err := os.WriteFile(chunk, good[:len(good)/3], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := other.Client.ListVMs(ctx)
+	var ae *client.APIError
+	_, err = other.Client.CreateVM(ctx, api.CreateVMRequest{Name: "from-damaged", From: sn.ID})
+	if !errors.As(err, &ae) || ae.Status != 503 || !strings.Contains(ae.Message, "damaged") {
+		t.Fatalf("create from a snapshot with a damaged chunk: %v", err)
+	}
+	if after, _ := other.Client.ListVMs(ctx); len(after) != len(before) {
+		t.Fatalf("a failed create left a VM: %d VMs before, %d after", len(before), len(after))
+	}
+	if err := os.WriteFile(chunk, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// Whole again, the snapshot comes back on the living node, its counter
+	// still counting and its file intact.
+	fetching := time.Now()
+	c := other.CreateVM(ctx, api.CreateVMRequest{Name: "restored", From: sn.ID})
+	t.Logf("create from the stored snapshot on the other node (fetch and restore): %.1f s", time.Since(fetching).Seconds())
+	if c.Node == v.Node {
+		t.Fatalf("restored on the dead node %q", c.Node)
+	}
+	r = other.Exec(ctx, c.ID, `sha256sum /root/data.bin | cut -d' ' -f1; a=$(cat /tmp/counter); sleep 1; echo $a $(cat /tmp/counter)`)
+	f := strings.Fields(r.Stdout)
+	if r.ExitCode != 0 || len(f) != 3 || f[0] != sum {
+		t.Fatalf("restored VM: %+v (file's sum was %s)", r, sum)
+	}
+	n1, _ := strconv.Atoi(f[1])
+	n2, _ := strconv.Atoi(f[2])
+	at, _ := strconv.Atoi(lines[1])
+	if n1 < at || n2 <= n1 {
+		t.Fatalf("counter: %d at the snapshot, then %d and %d a second later: not counting on", at, n1, n2)
+	}
+	// A second create from it uses what the node fetched.
+	again := time.Now()
+	d := other.CreateVM(ctx, api.CreateVMRequest{Name: "restored-2", From: sn.ID})
+	t.Logf("a second create from it (fetched files cached): %.1f s", time.Since(again).Seconds())
+	if r := other.Exec(ctx, d.ID, "sha256sum /root/data.bin | cut -d' ' -f1"); strings.TrimSpace(r.Stdout) != sum {
+		t.Fatalf("second restore: %+v", r)
+	}
+	if !strings.Contains(other.Logs(), "snapshot fetched") {
+		t.Fatal("the living node did not log a fetch from the object store")
+	}
+	// Deleting the snapshot (its node is lost) removes its manifest.
+	if err := other.Client.DeleteSnapshot(ctx, sn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(manifest); !os.IsNotExist(err) {
+		t.Fatalf("the manifest of a deleted snapshot: %v", err)
+	}
+}

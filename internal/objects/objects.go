@@ -1,0 +1,312 @@
+// Package objects keeps files in an object store (an S3 bucket, see OpenS3)
+// as content-addressed chunks, so that a saved VM state (memory and disk
+// layers) taken on one node can be restored on another. A file is cut into
+// ChunkSize pieces, each stored once under the SHA-256 of its bytes (a chunk
+// that is already there, such as a template's unchanged disk, is never sent
+// again; an all-zero chunk is not stored at all); a manifest, written last,
+// names a state's files and their chunks. A download checks every chunk and
+// every whole file against its hash, so a truncated or altered object is an
+// error, never a state.
+package objects
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sync"
+)
+
+// ChunkSize is the size of every chunk but a file's last.
+const ChunkSize = 4 << 20
+
+// ErrNotFound is returned for an object the bucket does not have.
+var ErrNotFound = errors.New("no such object")
+
+// Bucket is where objects live: an S3 bucket under a prefix (OpenS3), or a
+// fake in tests. Keys are relative to the prefix.
+type Bucket interface {
+	Put(ctx context.Context, key string, data []byte) error
+	Get(ctx context.Context, key string) ([]byte, error) // ErrNotFound
+	Exists(ctx context.Context, key string) (bool, error)
+	Delete(ctx context.Context, key string) error // no error for a missing key
+	String() string                               // for messages, e.g. "s3://bucket/prefix"
+}
+
+// File is one stored file: its size, the SHA-256 of its bytes and of each
+// chunk ("" for a chunk of zeros).
+type File struct {
+	Size   int64    `json:"size"`
+	SHA256 string   `json:"sha256"`
+	Chunks []string `json:"chunks"`
+}
+
+// Store stores files and manifests in a bucket.
+type Store struct {
+	b Bucket
+	// Parallel is how many chunks move at once (4 when 0).
+	Parallel int
+
+	mu   sync.Mutex
+	have map[string]bool // chunks known to be in the bucket
+}
+
+// New returns a Store on b.
+func New(b Bucket) *Store { return &Store{b: b, have: map[string]bool{}} }
+
+// String names the store's bucket.
+func (s *Store) String() string { return s.b.String() }
+
+func chunkKey(sum string) string { return "chunks/" + sum[:2] + "/" + sum }
+
+func (s *Store) parallel() int {
+	if s.Parallel > 0 {
+		return s.Parallel
+	}
+	return 4
+}
+
+// PutFile stores the file at p and returns its description; chunks the
+// bucket already has are not sent.
+func (s *Store) PutFile(ctx context.Context, p string) (File, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return File{}, err
+	}
+	defer f.Close()
+	var (
+		out   File
+		whole = sha256.New()
+		sem   = make(chan struct{}, s.parallel())
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	fail := func(err error) { once.Do(func() { first = err }) }
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for {
+		buf := make([]byte, ChunkSize)
+		n, err := io.ReadFull(f, buf)
+		if n > 0 {
+			buf = buf[:n]
+			whole.Write(buf)
+			out.Size += int64(n)
+			if isZero(buf) {
+				out.Chunks = append(out.Chunks, "")
+			} else {
+				sum := sha256.Sum256(buf)
+				h := hex.EncodeToString(sum[:])
+				out.Chunks = append(out.Chunks, h)
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+				}
+				if ctx.Err() != nil {
+					break
+				}
+				wg.Add(1)
+				go func() {
+					defer func() { <-sem; wg.Done() }()
+					if err := s.putChunk(ctx, h, buf); err != nil {
+						fail(fmt.Errorf("store %s: %w", p, err))
+						cancel()
+					}
+				}()
+			}
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			fail(fmt.Errorf("read %s: %w", p, err))
+			break
+		}
+	}
+	wg.Wait()
+	if first != nil {
+		return File{}, first
+	}
+	if err := ctx.Err(); err != nil {
+		return File{}, err
+	}
+	out.SHA256 = hex.EncodeToString(whole.Sum(nil))
+	return out, nil
+}
+
+func (s *Store) putChunk(ctx context.Context, h string, data []byte) error {
+	s.mu.Lock()
+	known := s.have[h]
+	s.mu.Unlock()
+	if known {
+		return nil
+	}
+	key := chunkKey(h)
+	ok, err := s.b.Exists(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if err := s.b.Put(ctx, key, data); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	s.have[h] = true
+	s.mu.Unlock()
+	return nil
+}
+
+// GetFile writes the stored file f to dst (through a temporary file that
+// is renamed into place once every byte checked out). Chunks of zeros are
+// left as holes.
+func (s *Store) GetFile(ctx context.Context, f File, dst string) error {
+	if int64(len(f.Chunks)) != (f.Size+ChunkSize-1)/ChunkSize {
+		return fmt.Errorf("object store %s: a file of %d bytes cannot have %d chunks: the manifest is damaged", s.b, f.Size, len(f.Chunks))
+	}
+	tmp := dst + ".part"
+	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			out.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := out.Truncate(f.Size); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		sem   = make(chan struct{}, s.parallel())
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for i, h := range f.Chunks {
+		if h == "" {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		want := int64(ChunkSize)
+		if rest := f.Size - int64(i)*ChunkSize; rest < want {
+			want = rest
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := s.getChunk(ctx, h, want, out, int64(i)*ChunkSize)
+			if err != nil {
+				once.Do(func() { first = err })
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The whole file is hashed once more: the manifest's list of chunks
+	// is checked, not only each chunk.
+	in, err := os.Open(tmp)
+	if err != nil {
+		return err
+	}
+	whole := sha256.New()
+	_, err = io.Copy(whole, in)
+	in.Close()
+	if err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(whole.Sum(nil)); got != f.SHA256 {
+		return fmt.Errorf("object store %s: the file put together from its chunks has SHA-256 %s, its manifest says %s", s.b, got, f.SHA256)
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	ok = true
+	return os.Rename(tmp, dst)
+}
+
+func (s *Store) getChunk(ctx context.Context, h string, want int64, out *os.File, off int64) error {
+	data, err := s.b.Get(ctx, chunkKey(h))
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("object store %s: chunk %s is missing", s.b, h)
+	}
+	if err != nil {
+		return fmt.Errorf("object store %s: chunk %s: %w", s.b, h, err)
+	}
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); got != h || int64(len(data)) != want {
+		return fmt.Errorf("object store %s: chunk %s is damaged (%d bytes with SHA-256 %s, want %d bytes)", s.b, h, len(data), got, want)
+	}
+	_, err = out.WriteAt(data, off)
+	return err
+}
+
+func isZero(b []byte) bool {
+	var zero [4096]byte
+	for len(b) > 0 {
+		n := min(len(b), len(zero))
+		if !bytes.Equal(b[:n], zero[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+func manifestKey(name string) string { return path.Join("manifests", name+".json") }
+
+// PutManifest stores v (JSON) as the manifest called name. Put it after
+// the files it names: a manifest is the mark of a complete state.
+func (s *Store) PutManifest(ctx context.Context, name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.b.Put(ctx, manifestKey(name), b)
+}
+
+// GetManifest reads the manifest called name into v.
+func (s *Store) GetManifest(ctx context.Context, name string, v any) error {
+	b, err := s.b.Get(ctx, manifestKey(name))
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("object store %s has no manifest %s: %w", s.b, name, err)
+	}
+	if err != nil {
+		return fmt.Errorf("object store %s: manifest %s: %w", s.b, name, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("object store %s: manifest %s is damaged: %v", s.b, name, err)
+	}
+	return nil
+}
+
+// DeleteManifest removes the manifest called name. The chunks stay: others
+// may share them.
+func (s *Store) DeleteManifest(ctx context.Context, name string) error {
+	return s.b.Delete(ctx, manifestKey(name))
+}
