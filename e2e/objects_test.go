@@ -24,8 +24,9 @@ import (
 // chunks are in the bucket); the node is killed with its VMs, as when its
 // host dies; through the other node, the snapshot's create comes back
 // there from the object store with its running counter and a checksummed
-// file intact. A damaged chunk makes the create fail with a clear error and
-// leaves nothing behind, and the create works once the chunk is whole again.
+// file intact. A damaged chunk, or a manifest changed in the bucket, makes
+// the create fail with a clear error and leaves nothing behind; the create
+// works once they are whole again, and a second one uses what was fetched.
 func TestClusterObjects(t *testing.T) {
 	testenv.Require(t)
 	s3 := testenv.StartS3(t)
@@ -131,7 +132,23 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	if after, _ := other.Client.ListVMs(ctx); len(after) != len(before) {
 		t.Fatalf("a failed create left a VM: %d VMs before, %d after", len(before), len(after))
 	}
+	if parts, _ := filepath.Glob(filepath.Join(other.DataDir, "objects", "*.fetch*")); len(parts) > 0 {
+		t.Fatalf("a failed fetch left %v", parts)
+	}
 	if err := os.WriteFile(chunk, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A manifest changed in the bucket (one byte more) is refused: the
+	// database holds the hash of the one that was stored.
+	raw, _ := os.ReadFile(manifest)
+	if err := os.WriteFile(manifest, append(raw, ' '), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = other.Client.CreateVM(ctx, api.CreateVMRequest{Name: "from-altered", From: sn.ID})
+	if !errors.As(err, &ae) || ae.Status != 503 || !strings.Contains(ae.Message, "altered or replaced") {
+		t.Fatalf("create from a snapshot whose manifest was altered: %v", err)
+	}
+	if err := os.WriteFile(manifest, raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -161,8 +178,8 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	if r := other.Exec(ctx, d.ID, "sha256sum /root/data.bin | cut -d' ' -f1"); strings.TrimSpace(r.Stdout) != sum {
 		t.Fatalf("second restore: %+v", r)
 	}
-	if !strings.Contains(other.Logs(), "snapshot fetched") {
-		t.Fatal("the living node did not log a fetch from the object store")
+	if logs := other.Logs(); strings.Count(logs, "snapshot fetched") != 1 || !strings.Contains(logs, "snapshot found fetched before") {
+		t.Fatalf("want one fetch, then a create from what it fetched:\n%s", logs)
 	}
 	// Deleting the snapshot (its node is lost) removes its manifest.
 	if err := other.Client.DeleteSnapshot(ctx, sn.ID); err != nil {

@@ -20,7 +20,9 @@ import (
 	"io"
 	"os"
 	"path"
+	"strings"
 	"sync"
+	"time"
 )
 
 // ChunkSize is the size of every chunk but a file's last.
@@ -33,8 +35,11 @@ var ErrNotFound = errors.New("no such object")
 // fake in tests. Keys are relative to the prefix.
 type Bucket interface {
 	Put(ctx context.Context, key string, data []byte) error
-	Get(ctx context.Context, key string) ([]byte, error) // ErrNotFound
-	Exists(ctx context.Context, key string) (bool, error)
+	// Get reads an object of at most max bytes (a larger one is an
+	// error); ErrNotFound if there is none.
+	Get(ctx context.Context, key string, max int64) ([]byte, error)
+	// Size is the size of an object; ErrNotFound if there is none.
+	Size(ctx context.Context, key string) (int64, error)
 	Delete(ctx context.Context, key string) error // no error for a missing key
 	String() string                               // for messages, e.g. "s3://bucket/prefix"
 }
@@ -148,11 +153,15 @@ func (s *Store) putChunk(ctx context.Context, h string, data []byte) error {
 		return nil
 	}
 	key := chunkKey(h)
-	ok, err := s.b.Exists(ctx, key)
-	if err != nil {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	// A chunk of another size than its bytes' (truncated in the bucket)
+	// is sent again; its content is checked by every fetch.
+	size, err := s.b.Size(ctx, key)
+	if err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	if !ok {
+	if err != nil || size != int64(len(data)) {
 		if err := s.b.Put(ctx, key, data); err != nil {
 			return err
 		}
@@ -163,12 +172,42 @@ func (s *Store) putChunk(ctx context.Context, h string, data []byte) error {
 	return nil
 }
 
-// GetFile writes the stored file f to dst (through a temporary file that
-// is renamed into place once every byte checked out). Chunks of zeros are
-// left as holes.
-func (s *Store) GetFile(ctx context.Context, f File, dst string) error {
+// Check says what is wrong with f as a manifest describes it, if anything:
+// hashes that are not SHA-256 in hex, a size over max, or a list of chunks
+// that does not fit the size. A manifest comes from outside (whoever can
+// write the bucket): it is checked before any of it names a key or a file.
+func (f File) Check(max int64) error {
+	if !isSHA256(f.SHA256) {
+		return fmt.Errorf("file hash %.80q is not a SHA-256", f.SHA256)
+	}
+	if f.Size < 0 || f.Size > max {
+		return fmt.Errorf("a file of %d bytes (at most %d expected)", f.Size, max)
+	}
 	if int64(len(f.Chunks)) != (f.Size+ChunkSize-1)/ChunkSize {
-		return fmt.Errorf("object store %s: a file of %d bytes cannot have %d chunks: the manifest is damaged", s.b, f.Size, len(f.Chunks))
+		return fmt.Errorf("a file of %d bytes cannot have %d chunks", f.Size, len(f.Chunks))
+	}
+	for _, c := range f.Chunks {
+		if c != "" && !isSHA256(c) {
+			return fmt.Errorf("chunk hash %.80q is not a SHA-256", c)
+		}
+	}
+	return nil
+}
+
+func isSHA256(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil && strings.ToLower(h) == h
+}
+
+// GetFile writes the stored file f to dst (through a temporary file that
+// is renamed into place once every byte checked out); f must be no larger
+// than max. Chunks of zeros are left as holes.
+func (s *Store) GetFile(ctx context.Context, f File, dst string, max int64) error {
+	if err := f.Check(max); err != nil {
+		return fmt.Errorf("object store %s: the manifest is damaged: %v", s.b, err)
 	}
 	tmp := dst + ".part"
 	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
@@ -250,8 +289,14 @@ func (s *Store) GetFile(ctx context.Context, f File, dst string) error {
 	return os.Rename(tmp, dst)
 }
 
+// opTimeout bounds one object's transfer: a stalled connection fails the
+// operation (which is retried) instead of holding it forever.
+const opTimeout = 5 * time.Minute
+
 func (s *Store) getChunk(ctx context.Context, h string, want int64, out *os.File, off int64) error {
-	data, err := s.b.Get(ctx, chunkKey(h))
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	data, err := s.b.Get(ctx, chunkKey(h), ChunkSize)
 	if errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("object store %s: chunk %s is missing", s.b, h)
 	}
@@ -278,26 +323,40 @@ func isZero(b []byte) bool {
 	return true
 }
 
+// maxManifest bounds a manifest: one of a 1 TiB state names 256 Ki chunks.
+const maxManifest = 64 << 20
+
 func manifestKey(name string) string { return path.Join("manifests", name+".json") }
 
-// PutManifest stores v (JSON) as the manifest called name. Put it after
-// the files it names: a manifest is the mark of a complete state.
-func (s *Store) PutManifest(ctx context.Context, name string, v any) error {
+// PutManifest stores v (JSON) as the manifest called name and returns its
+// SHA-256, which GetManifest checks: keep it where the bucket's writers
+// cannot change it. Put a manifest after the files it names: it is the
+// mark of a complete state.
+func (s *Store) PutManifest(ctx context.Context, name string, v any) (string, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return s.b.Put(ctx, manifestKey(name), b)
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), s.b.Put(ctx, manifestKey(name), b)
 }
 
-// GetManifest reads the manifest called name into v.
-func (s *Store) GetManifest(ctx context.Context, name string, v any) error {
-	b, err := s.b.Get(ctx, manifestKey(name))
+// GetManifest reads the manifest called name, whose SHA-256 must be want,
+// into v.
+func (s *Store) GetManifest(ctx context.Context, name, want string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	b, err := s.b.Get(ctx, manifestKey(name), maxManifest)
 	if errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("object store %s has no manifest %s: %w", s.b, name, err)
 	}
 	if err != nil {
 		return fmt.Errorf("object store %s: manifest %s: %w", s.b, name, err)
+	}
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != want {
+		return fmt.Errorf("object store %s: manifest %s is not the one that was stored (SHA-256 %x, want %s): it was altered or replaced", s.b, name, sum, want)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("object store %s: manifest %s is damaged: %v", s.b, name, err)

@@ -94,10 +94,7 @@ func (b *s3Bucket) Put(ctx context.Context, key string, data []byte) error {
 	return nil
 }
 
-// maxObject bounds what Get reads: chunks and manifests are far smaller.
-const maxObject = 256 << 20
-
-func (b *s3Bucket) Get(ctx context.Context, key string) ([]byte, error) {
+func (b *s3Bucket) Get(ctx context.Context, key string, max int64) ([]byte, error) {
 	o, err := b.c.GetObject(ctx, b.bucket, b.prefix+key, minio.GetObjectOptions{})
 	if err != nil {
 		if notFound(err) {
@@ -106,28 +103,28 @@ func (b *s3Bucket) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
 	defer o.Close()
-	data, err := io.ReadAll(io.LimitReader(o, maxObject+1))
+	data, err := io.ReadAll(io.LimitReader(o, max+1))
 	if err != nil {
 		if notFound(err) {
 			return nil, ErrNotFound
 		}
 		return nil, fmt.Errorf("get %s: %w", key, err)
 	}
-	if len(data) > maxObject {
-		return nil, fmt.Errorf("get %s: larger than %d MiB", key, maxObject>>20)
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("get %s: larger than the %d bytes expected", key, max)
 	}
 	return data, nil
 }
 
-func (b *s3Bucket) Exists(ctx context.Context, key string) (bool, error) {
-	_, err := b.c.StatObject(ctx, b.bucket, b.prefix+key, minio.StatObjectOptions{})
+func (b *s3Bucket) Size(ctx context.Context, key string) (int64, error) {
+	info, err := b.c.StatObject(ctx, b.bucket, b.prefix+key, minio.StatObjectOptions{})
 	if err == nil {
-		return true, nil
+		return info.Size, nil
 	}
 	if notFound(err) {
-		return false, nil
+		return 0, ErrNotFound
 	}
-	return false, fmt.Errorf("stat %s: %w", key, err)
+	return 0, fmt.Errorf("stat %s: %w", key, err)
 }
 
 func (b *s3Bucket) Delete(ctx context.Context, key string) error {

@@ -3,8 +3,10 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 
@@ -82,11 +84,12 @@ func (s *Server) placeFrom(w http.ResponseWriter, r *http.Request, req *api.Crea
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
 			tried = append(tried, fmt.Sprintf("%s, which keeps it, is full (%s)", n.Name, strings.TrimSpace(string(b))))
-		case !stored:
+		case !stored || !notSent(err):
+			// Not stored, or the node may have made the VM: no other may.
 			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("snapshot %s is kept on node %s, which did not answer: %v", sn.Name, n.Name, err))
 			return true
 		default:
-			tried = append(tried, fmt.Sprintf("%s, which keeps it, did not answer (%v)", n.Name, err))
+			tried = append(tried, fmt.Sprintf("%s, which keeps it, could not be reached (%v)", n.Name, err))
 		}
 	} else if sn.Node == self || !stored {
 		return false // this node's snapshot, or its node is lost (the handler says which)
@@ -124,14 +127,21 @@ func (s *Server) placeIn(w http.ResponseWriter, r *http.Request, body []byte, ro
 			continue
 		}
 		resp, err := s.peers.send(ctx, n, r, body, principal(r))
+		if err != nil && !notSent(err) {
+			// The node may have made the VM: another node must not.
+			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("node %s took the create but did not answer: %v; list the VMs before you retry, or retry with an idempotency key", n.Name, err))
+			return true
+		}
 		if err != nil {
-			tried = append(tried, fmt.Sprintf("%s did not answer (%v)", n.Name, err))
+			tried = append(tried, fmt.Sprintf("%s could not be reached (%v)", n.Name, err))
 			continue
 		}
-		if resp.StatusCode == http.StatusInsufficientStorage {
+		// A node that cannot restore a stored snapshot after all (it has
+		// no object store, or another) says so with 421: the next may.
+		if resp.StatusCode == http.StatusInsufficientStorage || (ok != nil && resp.StatusCode == http.StatusMisdirectedRequest) {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
-			tried = append(tried, fmt.Sprintf("%s is full (%s)", n.Name, strings.TrimSpace(string(b))))
+			tried = append(tried, fmt.Sprintf("%s did not take it (%d: %s)", n.Name, resp.StatusCode, strings.TrimSpace(string(b))))
 			continue
 		}
 		relay(w, resp)
@@ -139,6 +149,13 @@ func (s *Server) placeIn(w http.ResponseWriter, r *http.Request, body []byte, ro
 	}
 	writeError(w, http.StatusInsufficientStorage, api.CodeInsufficient, "no node could take the VM: "+strings.Join(tried, "; "))
 	return true
+}
+
+// notSent reports whether a forward failed before its request could reach
+// the node (the connection was not made), so the node did nothing.
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // send sends r (with body) to node n's peer listener as p and returns the

@@ -30,7 +30,7 @@ func fullRecords() (*VM, *Snapshot, *Network, *Token, *Event, *Node) {
 		Env: map[string]string{"S": "t"}, Disk: "layers/frozen.qcow2", Layers: []string{"l1"}, State: "states/snap-1",
 		Bytes: 123456, PausedMs: 42, Key: "shape", Image: "code-interpreter", CreatedAt: at, Network: "net-b",
 		Egress: &Egress{Mode: "deny"}, NetworkEgress: &Egress{Mode: "public"}, HotMemoryMiB: 256, SavedBy: saved, Node: "node-2",
-		StoredAt: at.Add(time.Minute)}
+		StoredAt: at.Add(time.Minute), StoredManifest: "abc"}
 	n := &Network{Name: "net-a", Egress: &Egress{Mode: "allow", Allow: []string{"10.0.0.0/8"}}, CreatedAt: at}
 	tk := &Token{ID: "tok-1", Hash: "hash-1", VMID: "vm1", Allow: []string{"exec", "files"}, User: "dev", Name: "ci",
 		CreatedAt: at, ExpiresAt: at.Add(100 * 365 * 24 * time.Hour), SSHKeys: []string{"ssh-ed25519 AAAA test"}}
@@ -57,7 +57,7 @@ func checkRecords(t *testing.T, ctx context.Context, s *Store, legacy bool) {
 	t.Helper()
 	v, sn, n, tk, ev, _ := fullRecords()
 	if legacy {
-		sn.Node, sn.StoredAt = "", time.Time{} // neither existed at schema 5
+		sn.Node, sn.StoredAt, sn.StoredManifest = "", time.Time{}, "" // none existed at schema 5
 	}
 	if got, err := s.GetVM(ctx, v.ID); err != nil || !reflect.DeepEqual(got, v) {
 		t.Fatalf("VM read back:\n got %+v (%v)\nwant %+v", got, err, v)

@@ -169,7 +169,8 @@ ALTER TABLE tokens DROP COLUMN data;
 ALTER TABLE events DROP COLUMN data;
 ALTER TABLE nodes DROP COLUMN data;`,
 	// 8: snapshots kept in the object store.
-	`ALTER TABLE snapshots ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;`,
+	`ALTER TABLE snapshots ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -44,6 +44,9 @@ type Snapshot struct {
 	// StoredAt is when its files were all in the object store, from where
 	// any compatible node can restore it (zero: only its node has them).
 	StoredAt time.Time `json:"stored_at,omitempty"`
+	// StoredManifest is the SHA-256 of its manifest in the object store:
+	// a fetch trusts the bucket's contents only through it.
+	StoredManifest string `json:"stored_manifest,omitempty"`
 }
 
 // SavedBy names what wrote a saved memory and device state. QEMU loads the
@@ -62,7 +65,7 @@ type SavedBy struct {
 }
 
 // snapshotCols are the snapshots table's columns, the key first.
-const snapshotCols = snapshotCols6 + `, stored_at`
+const snapshotCols = snapshotCols6 + `, stored_at, stored_manifest`
 
 // snapshotCols6 are the columns of snapshots at schema 6, when the records
 // were copied into columns (fillColumns).
@@ -73,7 +76,7 @@ var snapshotQ = queriesFor("snapshots", snapshotCols)
 func snapshotArgs(sn *Snapshot) []any {
 	return []any{sn.ID, sn.Name, sn.VMID, sn.VMName, sn.CPUs, sn.MemoryMiB, sn.DiskBytes, jsonText(sn.Env), sn.Disk, jsonText(sn.Layers),
 		sn.State, sn.Bytes, sn.PausedMs, sn.Key, sn.Image, nanos(sn.CreatedAt), sn.Network, jsonText(sn.Egress), jsonText(sn.NetworkEgress),
-		sn.HotMemoryMiB, jsonText(sn.SavedBy), sn.Node, nanos(sn.StoredAt)}
+		sn.HotMemoryMiB, jsonText(sn.SavedBy), sn.Node, nanos(sn.StoredAt), sn.StoredManifest}
 }
 
 func scanSnapshot(sc scanner) (*Snapshot, error) {
@@ -82,7 +85,7 @@ func scanSnapshot(sc scanner) (*Snapshot, error) {
 	var created, stored int64
 	err := sc.Scan(&sn.ID, &sn.Name, &sn.VMID, &sn.VMName, &sn.CPUs, &sn.MemoryMiB, &sn.DiskBytes, &env, &sn.Disk, &layers,
 		&sn.State, &sn.Bytes, &sn.PausedMs, &sn.Key, &sn.Image, &created, &sn.Network, &egress, &netEgress,
-		&sn.HotMemoryMiB, &savedBy, &sn.Node, &stored)
+		&sn.HotMemoryMiB, &savedBy, &sn.Node, &stored, &sn.StoredManifest)
 	if err != nil {
 		return nil, err
 	}
@@ -127,13 +130,18 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 }
 
 // SetSnapshotStored records that snapshot id's files are all in the object
-// store; ErrNotFound if the snapshot is gone.
-func (s *Store) SetSnapshotStored(ctx context.Context, id string, at time.Time) error {
-	res, err := s.exec(ctx, `UPDATE snapshots SET stored_at=? WHERE id=?`, nanos(at), id)
+// store, under the manifest whose SHA-256 is manifest; ErrNotFound if the
+// snapshot is gone.
+func (s *Store) SetSnapshotStored(ctx context.Context, id string, at time.Time, manifest string) error {
+	res, err := s.exec(ctx, `UPDATE snapshots SET stored_at=?, stored_manifest=? WHERE id=?`, nanos(at), manifest, id)
 	if err != nil {
 		return err
 	}
-	if n, err := res.RowsAffected(); err != nil || n == 0 {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
 		return ErrNotFound
 	}
 	return nil

@@ -38,14 +38,14 @@ func TestSnapshotsTokensSandboxes(t *testing.T) {
 			t.Fatalf("missing snapshot: %v", err)
 		}
 		at := now.Add(time.Minute).UTC().Round(time.Microsecond)
-		if err := s.SetSnapshotStored(ctx, "snap-0", at); err != nil {
+		if err := s.SetSnapshotStored(ctx, "snap-0", at, "m1"); err != nil {
 			t.Fatal(err)
 		}
-		if sn, err := s.GetSnapshot(ctx, "snap-0"); err != nil || !sn.StoredAt.Equal(at) {
+		if sn, err := s.GetSnapshot(ctx, "snap-0"); err != nil || !sn.StoredAt.Equal(at) || sn.StoredManifest != "m1" {
 			t.Fatalf("stored snapshot: %+v %v", sn, err)
 		}
 		s.DeleteSnapshot(ctx, "snap-1")
-		if err := s.SetSnapshotStored(ctx, "snap-1", at); !errors.Is(err, ErrNotFound) {
+		if err := s.SetSnapshotStored(ctx, "snap-1", at, "m1"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("storing a deleted snapshot: %v", err)
 		}
 		if sns, err := s.ListSnapshots(ctx); err != nil || len(sns) != 2 || sns[0].ID != "snap-0" || sns[1].ID != "snap-2" {

@@ -310,6 +310,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	}
 	s.removeOrphanSnapshots(ctx)
 	s.gcLayers(ctx)
+	s.removePartialFetches()
 	s.storeUnstored(ctx)
 	return nil
 }

@@ -43,36 +43,80 @@ func (s *Service) storeSnapshotLater(sn *store.Snapshot) {
 	if s.cfg.Objects == nil {
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bg.Err() != nil || s.storing[sn.ID] != nil {
+		return // closing, or already being stored
+	}
+	ctx, cancel := context.WithCancel(s.bg)
+	done := make(chan struct{})
+	s.storing[sn.ID] = &upload{cancel: cancel, done: done}
 	s.uploads.Add(1)
 	go func() {
-		defer s.uploads.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.storing, sn.ID)
+			s.mu.Unlock()
+			close(done)
+			s.uploads.Done()
+		}()
 		for try := 0; ; try++ {
-			err := s.storeSnapshot(s.bg, sn)
-			if err == nil || errors.Is(err, ErrNotFound) || s.bg.Err() != nil {
+			err := s.storeSnapshot(ctx, sn)
+			if err == nil || errors.Is(err, errNotStorable) || ctx.Err() != nil {
+				if err != nil && ctx.Err() == nil {
+					s.log.Warn("snapshot not stored in the object store", "snapshot", sn.ID, "err", err)
+				}
 				return
 			}
 			wait := min(time.Duration(1<<min(try, 6))*time.Second, time.Minute)
 			s.log.Warn("snapshot not stored in the object store; retrying", "snapshot", sn.ID, "store", s.cfg.Objects, "err", err, "retry_in", wait)
 			select {
 			case <-time.After(wait):
-			case <-s.bg.Done():
+			case <-ctx.Done():
 				return
 			}
 		}
 	}()
 }
 
+// upload is a snapshot being stored: cancel stops it, done closes when it
+// has.
+type upload struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stopStoring stops the store of snapshot id, if one runs, and waits for it
+// to let go of the snapshot's files.
+func (s *Service) stopStoring(id string) {
+	s.mu.Lock()
+	u := s.storing[id]
+	s.mu.Unlock()
+	if u != nil {
+		u.cancel()
+		<-u.done
+	}
+}
+
+// errNotStorable: a snapshot that no retry will store (it is gone, its
+// files are, or its memory may be torn).
+var errNotStorable = errors.New("snapshot cannot be stored")
+
 // storeSnapshot sends sn's files, then its manifest, and marks it stored.
 func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
 	l := s.snapLock(sn.ID)
 	l.RLock()
 	defer l.RUnlock()
-	if _, err := s.store.GetSnapshot(ctx, sn.ID); err != nil {
-		return ErrNotFound // deleted meanwhile
+	if _, err := s.store.GetSnapshot(ctx, sn.ID); errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: it was deleted", errNotStorable)
+	} else if err != nil {
+		return err
 	}
 	if mayBeTorn(sn.SavedBy, qemu.BootID(), qemu.StateSynced(sn.State)) {
-		s.log.Warn("snapshot not stored: its memory may have been lost in a host crash", "snapshot", sn.ID)
-		return ErrNotFound
+		return fmt.Errorf("%w: its memory may have been lost in a host crash", errNotStorable)
+	}
+	if _, err := os.Stat(sn.State); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: its state file is gone: %v", errNotStorable, err)
 	}
 	start := time.Now()
 	o := s.cfg.Objects
@@ -88,9 +132,12 @@ func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
 			return err
 		}
 		m.Chain = append(m.Chain, f)
-		if slices.Contains(sn.Layers, p) || p == sn.Disk {
+		if slices.Contains(sn.Layers, p) {
 			m.Layers++
 		}
+	}
+	if m.Layers != len(sn.Layers) || chain[len(chain)-1] != sn.Disk {
+		return fmt.Errorf("%w: its disk chain %v does not end in its %d layers %v", errNotStorable, chain, len(sn.Layers), sn.Layers)
 	}
 	if m.State, err = o.PutFile(ctx, sn.State); err != nil {
 		return err
@@ -102,16 +149,22 @@ func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
 		}
 		m.RAM = &ram
 	}
-	if err := o.PutManifest(ctx, snapshotManifest(sn.ID), &m); err != nil {
+	sum, err := o.PutManifest(ctx, snapshotManifest(sn.ID), &m)
+	if err != nil {
 		return err
 	}
-	if err := s.store.SetSnapshotStored(ctx, sn.ID, time.Now().UTC()); err != nil {
+	if err := s.store.SetSnapshotStored(ctx, sn.ID, time.Now().UTC(), sum); errors.Is(err, store.ErrNotFound) {
 		o.DeleteManifest(context.WithoutCancel(ctx), snapshotManifest(sn.ID))
-		return ErrNotFound
+		return fmt.Errorf("%w: it was deleted", errNotStorable)
+	} else if err != nil {
+		return err
 	}
 	var bytes int64
 	for _, f := range append(m.Chain, m.State) {
 		bytes += f.Size
+	}
+	if m.RAM != nil {
+		bytes += m.RAM.Size
 	}
 	s.log.Info("snapshot stored", "snapshot", sn.ID, "store", o, "bytes", bytes, "ms", time.Since(start).Milliseconds())
 	return nil
@@ -142,23 +195,30 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 	if o == nil || sn.StoredAt.IsZero() {
 		return "", nil, "", s.snapshotHere(sn)
 	}
-	s.fetchMu.Lock()
-	defer s.fetchMu.Unlock()
+	// One fetch at a time: two of the same snapshot would write the same
+	// files. A create that waits too long gives up.
+	select {
+	case s.fetching <- struct{}{}:
+		defer func() { <-s.fetching }()
+	case <-ctx.Done():
+		return "", nil, "", fmt.Errorf("%w: snapshot %s: waiting for another fetch from the object store: %v", ErrUnavailable, sn.Name, ctx.Err())
+	}
 	var m storedState
-	if err := o.GetManifest(ctx, snapshotManifest(sn.ID), &m); err != nil {
+	if err := o.GetManifest(ctx, snapshotManifest(sn.ID), sn.StoredManifest, &m); err != nil {
 		if errors.Is(err, objects.ErrNotFound) {
 			return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrNotFound, sn.Name, err)
 		}
 		return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
 	}
-	if len(m.Chain) == 0 || m.Layers < 1 || m.Layers > len(m.Chain) {
-		return "", nil, "", fmt.Errorf("%w: snapshot %s: its manifest in %s is damaged (%d disk files, %d layers)", ErrUnavailable, sn.Name, o, len(m.Chain), m.Layers)
+	if err := m.check(sn); err != nil {
+		return "", nil, "", fmt.Errorf("%w: snapshot %s: its manifest in %s is damaged: %v", ErrUnavailable, sn.Name, o, err)
 	}
+	maxDisk, maxMem := diskFileMax(sn), memFileMax(sn)
 	dir := filepath.Join(s.cfg.DataDir, "objects")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", nil, "", err
 	}
-	start := time.Now()
+	start, fetched := time.Now(), int64(0)
 	// A local copy is named by its content and everything below it (the
 	// same layer over another base is another file).
 	parent, key := "", ""
@@ -166,12 +226,10 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 		key = hashStrings(key, f.SHA256)
 		p := filepath.Join(dir, key+".qcow2")
 		if _, err := os.Stat(p); err != nil {
-			var fix func(string) error
-			if parent != "" {
-				below := parent
-				fix = func(tmp string) error { return disk.Rebase(ctx, tmp, below) }
-			}
-			if err := s.fetchFile(ctx, f, p, fix); err != nil {
+			below := parent
+			fix := func(tmp string) error { return disk.Rebase(ctx, tmp, below) }
+			fetched += f.Size
+			if err := s.fetchFile(ctx, f, p, maxDisk, fix); err != nil {
 				return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
 			}
 		}
@@ -180,44 +238,107 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 		}
 		parent = p
 	}
-	state = filepath.Join(dir, "state-"+m.State.SHA256[:32])
+	ramSum := ""
+	if m.RAM != nil {
+		ramSum = m.RAM.SHA256
+	}
+	state = filepath.Join(dir, "state-"+hashStrings(m.State.SHA256, ramSum))
 	if !qemu.StateSynced(state) {
 		qemu.RemoveState(state)
+		fetched += m.State.Size
 		if m.RAM != nil {
-			if err := s.fetchFile(ctx, *m.RAM, state+qemu.RAMSuffix, nil); err != nil {
+			fetched += m.RAM.Size
+			if err := s.fetchFile(ctx, *m.RAM, state+qemu.RAMSuffix, maxMem, nil); err != nil {
 				return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
 			}
 		}
-		if err := s.fetchFile(ctx, m.State, state, nil); err != nil {
+		if err := s.fetchFile(ctx, m.State, state, maxMem, nil); err != nil {
 			qemu.RemoveState(state)
 			return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
 		}
 		if err := qemu.SyncState(state); err != nil {
-			return "", nil, "", err
+			return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
 		}
 	}
-	s.log.Info("snapshot fetched", "snapshot", sn.ID, "store", o, "ms", time.Since(start).Milliseconds())
+	if fetched > 0 {
+		s.log.Info("snapshot fetched", "snapshot", sn.ID, "store", o, "bytes", fetched, "ms", time.Since(start).Milliseconds())
+	} else {
+		s.log.Info("snapshot found fetched before", "snapshot", sn.ID)
+	}
 	return parent, layers, state, nil
 }
 
-// fetchFile downloads f to p; fix, if not nil, adjusts the checked
-// download before it takes p's name.
-func (s *Service) fetchFile(ctx context.Context, f objects.File, p string, fix func(tmp string) error) error {
+// The largest files a snapshot's manifest may name: a disk chain's qcow2
+// files hold at most the disk and their metadata, a state at most the
+// memory and the devices' state.
+func diskFileMax(sn *store.Snapshot) int64 { return sn.DiskBytes + sn.DiskBytes/8 + 256<<20 }
+func memFileMax(sn *store.Snapshot) int64  { return sn.MemoryMiB<<20 + 256<<20 }
+
+// maxChain bounds a stored disk chain: a VM's frozen layers are flattened
+// at disk.MaxLayers, and a template and an image lie below them.
+const maxChain = 4 * disk.MaxLayers
+
+// check says what is wrong with a manifest read from the object store, if
+// anything, before any of it names a file or a key.
+func (m *storedState) check(sn *store.Snapshot) error {
+	if len(m.Chain) == 0 || len(m.Chain) > maxChain || m.Layers < 1 || m.Layers > len(m.Chain) {
+		return fmt.Errorf("%d disk files, %d of them layers", len(m.Chain), m.Layers)
+	}
+	for _, f := range m.Chain {
+		if err := f.Check(diskFileMax(sn)); err != nil {
+			return err
+		}
+	}
+	if m.RAM != nil {
+		if err := m.RAM.Check(memFileMax(sn)); err != nil {
+			return err
+		}
+	}
+	return m.State.Check(memFileMax(sn))
+}
+
+// fetchFile downloads f (at most max bytes) to p; fix, if not nil, adjusts
+// the checked download before it takes p's name.
+func (s *Service) fetchFile(ctx context.Context, f objects.File, p string, max int64, fix func(tmp string) error) error {
 	tmp := p + ".fetch"
 	defer os.Remove(tmp)
-	if err := s.cfg.Objects.GetFile(ctx, f, tmp); err != nil {
+	if err := s.cfg.Objects.GetFile(ctx, f, tmp, max); err != nil {
 		return err
 	}
 	if fix != nil {
 		if err := fix(tmp); err != nil {
 			return err
 		}
+		if err := syncFile(tmp); err != nil {
+			return err
+		}
 	}
-	return os.Rename(tmp, p)
+	if err := os.Rename(tmp, p); err != nil {
+		return err
+	}
+	return syncFile(filepath.Dir(p))
 }
 
-// unstoreSnapshot removes sn's manifest (its chunks stay: other snapshots
-// may share them).
+// syncFile flushes a file (or a directory's entries) to the disk.
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// removePartialFetches removes what fetches a stopped daemon did not finish.
+func (s *Service) removePartialFetches() {
+	parts, _ := filepath.Glob(filepath.Join(s.cfg.DataDir, "objects", "*.fetch*"))
+	for _, p := range parts {
+		os.Remove(p)
+	}
+}
+
+// unstoreSnapshot removes sn's manifest, if it has one (its chunks stay:
+// other snapshots may share them).
 func (s *Service) unstoreSnapshot(ctx context.Context, sn *store.Snapshot) {
 	if s.cfg.Objects == nil {
 		return

@@ -136,12 +136,14 @@ type Service struct {
 
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
 
-	// Background work that stops with the daemon: uploads to the object
-	// store (objects.go). fetchMu serialises fetches from it.
-	bg      context.Context
-	stopBg  context.CancelFunc
-	uploads sync.WaitGroup
-	fetchMu sync.Mutex
+	// Background work that stops with the daemon: snapshots being stored
+	// in the object store (objects.go), by id. fetching holds one token:
+	// fetches from the object store go one at a time.
+	bg       context.Context
+	stopBg   context.CancelFunc
+	uploads  sync.WaitGroup
+	storing  map[string]*upload
+	fetching chan struct{}
 
 	// Fencing (node.go): why the node is fenced ("": it is not), how many
 	// fences there have been, and the VMs they killed since the last
@@ -181,6 +183,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, fencedVMs: map[string]bool{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
 	s.bg, s.stopBg = context.WithCancel(context.Background())
+	s.storing, s.fetching = map[string]*upload{}, make(chan struct{}, 1)
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
 		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig,
 		newNetwork: func() (*network.Network, error) {
@@ -357,7 +360,9 @@ func (s *Service) Close() {
 	// the disk before the daemon exits: a host rebooting next would find it
 	// unsynced and count its memory lost.
 	s.syncs.Wait()
-	s.stopBg()
+	s.mu.Lock()
+	s.stopBg() // under s.mu: no store starts after this
+	s.mu.Unlock()
 	s.uploads.Wait()
 }
 

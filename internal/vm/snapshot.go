@@ -199,9 +199,10 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 		s.unstoreSnapshot(ctx, sn)
 		return nil
 	}
+	s.stopStoring(sn.ID) // a delete does not wait for an upload
 	l := s.snapLock(sn.ID)
 	if !l.TryLock() {
-		return fmt.Errorf("%w: snapshot %s is being restored or sent to the object store; retry when that is done", ErrConflict, sn.Name)
+		return fmt.Errorf("%w: snapshot %s is being restored; retry when the create is done", ErrConflict, sn.Name)
 	}
 	defer l.Unlock()
 	if err := s.store.DeleteSnapshot(ctx, sn.ID); err != nil {

@@ -26,7 +26,7 @@ type Store interface {
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
 	ListSnapshots(ctx context.Context) ([]*store.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, id string) error
-	SetSnapshotStored(ctx context.Context, id string, at time.Time) error
+	SetSnapshotStored(ctx context.Context, id string, at time.Time, manifest string) error
 
 	CreateNetwork(ctx context.Context, n *store.Network) error
 	UpdateNetwork(ctx context.Context, n *store.Network) error
@@ -65,8 +65,8 @@ func (d durable) ForgetVM(ctx context.Context, id, node string) error {
 func (d durable) CreateSnapshot(ctx context.Context, sn *store.Snapshot) error {
 	return d.Store.CreateSnapshot(keep(ctx), sn)
 }
-func (d durable) SetSnapshotStored(ctx context.Context, id string, at time.Time) error {
-	return d.Store.SetSnapshotStored(keep(ctx), id, at)
+func (d durable) SetSnapshotStored(ctx context.Context, id string, at time.Time, manifest string) error {
+	return d.Store.SetSnapshotStored(keep(ctx), id, at, manifest)
 }
 func (d durable) DeleteSnapshot(ctx context.Context, id string) error {
 	return d.Store.DeleteSnapshot(keep(ctx), id)
