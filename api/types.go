@@ -76,6 +76,10 @@ type VM struct {
 	// NodeLost says the VM's node is gone (its lease ran out): the VM is
 	// not running anywhere, whatever its recorded state.
 	NodeLost bool `json:"node_lost,omitempty"`
+	// StoredAt is when the state of this suspended VM was all in the
+	// object store (serve --objects): if its node is lost, any node asked
+	// to act on it takes it over and wakes it from that state.
+	StoredAt *time.Time `json:"stored_at,omitempty"`
 }
 
 // Node is a cluster node (GET /v1/nodes).

@@ -82,6 +82,22 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 		t.Fatalf("manifest in the bucket: %v %+v", err, m)
 	}
 
+	// The VM is suspended; its node stores that state too.
+	storing = time.Now()
+	if _, err := a.Client.SuspendVM(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(time.Second) {
+		got, err := b.Client.GetVM(ctx, v.ID)
+		if err == nil && got.StoredAt != nil && got.State == api.StateSuspended {
+			t.Logf("suspended VM stored %.1f s after the suspend", time.Since(storing).Seconds())
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("suspended VM not stored: %+v %v\n%s", got, err, origin.Logs())
+		}
+	}
+
 	// The snapshot's node dies with its VMs.
 	origin.Kill9()
 	for _, pid := range testenv.QEMUProcesses(v.ID) {
@@ -181,6 +197,38 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	if logs := other.Logs(); strings.Count(logs, "snapshot fetched") != 1 || !strings.Contains(logs, "snapshot found fetched before") {
 		t.Fatalf("want one fetch, then a create from what it fetched:\n%s", logs)
 	}
+	// The lost node's suspended VM is listed with its stored state; an
+	// exec through the living node takes it over and wakes it there, its
+	// counter counting on from where it was and its file intact.
+	if out, _, _ := other.CLI("", "ls"); !strings.Contains(out, "lost (was suspended, stored") {
+		t.Fatalf("agentvm ls with a lost node's stored VM:\n%s", out)
+	}
+	moving := time.Now()
+	r = other.Exec(ctx, v.ID, `sha256sum /root/data.bin | cut -d' ' -f1; a=$(cat /tmp/counter); sleep 1; echo $a $(cat /tmp/counter)`)
+	t.Logf("exec that took the lost node's suspended VM over (fetch and wake): %.1f s", time.Since(moving).Seconds())
+	f = strings.Fields(r.Stdout)
+	if r.ExitCode != 0 || len(f) != 3 || f[0] != sum {
+		t.Fatalf("moved VM: %+v (file's sum was %s)", r, sum)
+	}
+	n1, _ = strconv.Atoi(f[1])
+	n2, _ = strconv.Atoi(f[2])
+	if n1 < at || n2 <= n1 {
+		t.Fatalf("moved VM's counter: %d at the snapshot, then %d and %d a second later", at, n1, n2)
+	}
+	if got, err := other.Client.GetVM(ctx, v.ID); err != nil || got.Node == v.Node || got.NodeLost || got.State != api.StateRunning || got.StoredAt != nil {
+		t.Fatalf("the moved VM: %+v %v", got, err)
+	}
+	// Its stored state, consumed by the wake, is gone from the bucket.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		left, _ := filepath.Glob(filepath.Join(s3.Root, s3.Bucket, "cluster", "manifests", "vms", v.ID, "*"))
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a woken VM's stored state is still in the bucket: %v", left)
+		}
+	}
+
 	// Deleting the snapshot (its node is lost) removes its manifest.
 	if err := other.Client.DeleteSnapshot(ctx, sn.ID); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$PATH:/usr/local/go/bin"
+# While the unit tests run, the guest images the end-to-end tests use are
+# built (or found in ~/.cache/agentvm) in the background with the same
+# guest agent the tests build (go build -trimpath, as setup.sh does), and
+# the S3 server the cluster tests use is built from its Go module.
+prep_log=$(mktemp)
+prep_pid=
+if [ "$(id -u)" = 0 ]; then
+	echo "==> building the guest images and the test S3 server in the background (log: $prep_log)"
+	(
+		for img in default code-interpreter browser; do
+			bin/agentvm image build --force=false --name "$img" --guest-agent bin/agentvm-guest
+		done
+		vgw_dir="$HOME/.cache/agentvm/tools/versitygw-v1.8.0"
+		if [ ! -x "$vgw_dir/versitygw" ]; then
+			mkdir -p "$vgw_dir" && GOBIN="$vgw_dir" GOFLAGS= go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+		fi
+	) >"$prep_log" 2>&1 &
+	prep_pid=$!
+fi
 echo "==> go vet"
 go vet ./...
 echo "==> unit tests (-race; the store's suite on SQLite and on a PostgreSQL it starts)"
@@ -17,6 +36,14 @@ FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 # packages unpacked beside the distribution's QEMU 7.2, which stays installed),
 # and a smoke subset (create, exec, suspend/wake, snapshot, fork) on the
 # distribution's QEMU. AGENTVM_QEMU, when set, names the QEMU for the suite.
+if [ -n "$prep_pid" ]; then
+	echo "==> waiting for the background image builds"
+	if ! wait "$prep_pid"; then
+		cat "$prep_log"
+		echo "scripts/test.sh: building the guest images or the test S3 server failed (above)" >&2
+		exit 1
+	fi
+fi
 smoke='^(TestCreateAndExec|TestPauseSuspendWake|TestSnapshotAndFork)$'
 qemu_major=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p')
 e2e_qemu=${AGENTVM_QEMU:-}

@@ -132,6 +132,9 @@ func lsCmd() *cobra.Command {
 				state := string(v.State)
 				if v.NodeLost {
 					state = "lost (was " + state + ")"
+					if v.StoredAt != nil {
+						state = fmt.Sprintf("lost (was %s, stored %s ago: wakes on another node)", v.State, time.Since(*v.StoredAt).Round(time.Second))
+					}
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s", v.ID, v.Name, state, v.CPUs, v.MemoryMiB,
 					api.Size(v.DiskBytes), v.IP, time.Since(v.CreatedAt).Round(time.Second))

@@ -52,7 +52,10 @@ func Binaries(t testing.TB) string {
 			{"agentvm-guest", "./cmd/agentvm-guest", false},
 			{"agentvm", "./cmd/agentvm", true},
 		} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+			// -trimpath, as scripts/setup.sh builds bin/: the same guest
+			// agent, so the images test.sh builds beforehand are the ones
+			// the tests find (an image's key covers its agent's bytes).
+			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(binDir, b.out), b.pkg)
 			cmd.Dir = root
 			cmd.Env = os.Environ()
 			if !b.cgo {

@@ -328,6 +328,17 @@ const maxManifest = 64 << 20
 
 func manifestKey(name string) string { return path.Join("manifests", name+".json") }
 
+// ManifestSum is the SHA-256 PutManifest gives v, for a caller that names
+// the manifest by it.
+func ManifestSum(v any) (string, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
 // PutManifest stores v (JSON) as the manifest called name and returns its
 // SHA-256, which GetManifest checks: keep it where the bucket's writers
 // cannot change it. Put a manifest after the files it names: it is the

@@ -141,6 +141,10 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 		n := s.nodes.get(s, v.Node)
 		out.NodeID, out.Node, out.NodeLost = v.Node, n.name, !n.alive
 	}
+	if !v.StoredAt.IsZero() {
+		at := v.StoredAt
+		out.StoredAt = &at
+	}
 	return out
 }
 

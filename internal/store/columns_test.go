@@ -25,7 +25,8 @@ func fullRecords() (*VM, *Snapshot, *Network, *Token, *Event, *Node) {
 		CreateMs: 812, Image: "browser", ColdBoot: true, Disk: "layers/top.qcow2", Layers: []string{"l1", "l2"}, Source: "snap-1",
 		Layout: "cpu-hotplug", HotMemoryMiB: 512, SavedBy: saved, NextCPUs: 4, NextMemoryMiB: 2048, ResumeOnStart: true,
 		IdleTimeoutSec: 600, DeleteAfterSec: 86400, Restart: "on-failure", Network: "net-a",
-		Egress: &Egress{Mode: "allow", Allow: []string{"deb.debian.org"}, AllowHost: []int{8080}}, Node: "node-1"}
+		Egress: &Egress{Mode: "allow", Allow: []string{"deb.debian.org"}, AllowHost: []int{8080}}, Node: "node-1",
+		StoredAt: at.Add(2 * time.Minute), StoredManifest: "def"}
 	sn := &Snapshot{ID: "snap-1", Name: "base", VMID: "vm1", VMName: "web", CPUs: 3, MemoryMiB: 1536, DiskBytes: 5 << 30,
 		Env: map[string]string{"S": "t"}, Disk: "layers/frozen.qcow2", Layers: []string{"l1"}, State: "states/snap-1",
 		Bytes: 123456, PausedMs: 42, Key: "shape", Image: "code-interpreter", CreatedAt: at, Network: "net-b",
@@ -58,6 +59,7 @@ func checkRecords(t *testing.T, ctx context.Context, s *Store, legacy bool) {
 	v, sn, n, tk, ev, _ := fullRecords()
 	if legacy {
 		sn.Node, sn.StoredAt, sn.StoredManifest = "", time.Time{}, "" // none existed at schema 5
+		v.StoredAt, v.StoredManifest = time.Time{}, ""
 	}
 	if got, err := s.GetVM(ctx, v.ID); err != nil || !reflect.DeepEqual(got, v) {
 		t.Fatalf("VM read back:\n got %+v (%v)\nwant %+v", got, err, v)

@@ -30,7 +30,9 @@ func fillColumns(ctx context.Context, tx *sql.Tx, pg bool) error {
 		q         columnQueries
 		args      func([]byte) ([]any, error)
 	}{
-		{"vms", "id", vmQ, fillRecord(vmArgs)},
+		{"vms", "id", queriesFor("vms", vmCols6), fillRecord(func(v *VM) []any {
+			return vmArgs(v)[:strings.Count(vmCols6, ",")+1]
+		})},
 		{"snapshots", "id", queriesFor("snapshots", snapshotCols6), fillRecord(func(sn *Snapshot) []any {
 			return snapshotArgs(sn)[:strings.Count(snapshotCols6, ",")+1]
 		})},

@@ -168,9 +168,11 @@ ALTER TABLE networks DROP COLUMN data;
 ALTER TABLE tokens DROP COLUMN data;
 ALTER TABLE events DROP COLUMN data;
 ALTER TABLE nodes DROP COLUMN data;`,
-	// 8: snapshots kept in the object store.
+	// 8: snapshots and suspended VMs kept in the object store.
 	`ALTER TABLE snapshots ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE snapshots ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';`,
+ALTER TABLE snapshots ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
+ALTER TABLE vms ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE vms ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -191,6 +191,45 @@ AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, []
 	return nil
 }
 
+// SetVMStored records that suspended VM id of node has its state in the
+// object store under manifest; ErrConflict if the VM is no longer that
+// node's suspended VM (it woke, or moved, meanwhile).
+func (s *Store) SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error {
+	r, err := s.exec(ctx, `UPDATE vms SET stored_at = ?, stored_manifest = ? WHERE id = ? AND node_id = ? AND state = 'suspended'`,
+		nanos(at), manifest, id, node)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w: VM %s is no longer suspended on node %s", ErrConflict, id, node)
+	}
+	return nil
+}
+
+// AdoptVM moves suspended VM id from node from, whose lease has run out, to
+// node to, in one statement only while its stored state is still manifest
+// and from is still lost: of nodes that try at once, one wins, and a node
+// that came back keeps its VM (ErrConflict).
+func (s *Store) AdoptVM(ctx context.Context, id, from, to, manifest string) error {
+	if !s.pg {
+		return fmt.Errorf("%w: VMs move between nodes only in a cluster", ErrConflict)
+	}
+	r, err := s.exec(ctx, `UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
+AND stored_manifest = ? AND stored_manifest <> ''
+AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, manifest, from)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w: VM %s is no longer a lost node's suspended VM with that stored state (its node is back, another node took it, or it changed)", ErrConflict, id)
+	}
+	return nil
+}
+
 // Room is a live node and the memory it has left for new VMs.
 type Room struct {
 	Node    string

@@ -202,12 +202,46 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if err := s.CreateVM(ctx, &VM{ID: "vm-roomy", Name: "on-roomy", State: StateRunning, MemoryMiB: 512, NetIndex: 200, Node: "roomy-id", CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
+	// A suspended VM's stored state: recorded only while it is that
+	// node's suspended VM; adopted by another node only once its node is
+	// lost, only with that state, and only once.
+	if err := s.CreateVM(ctx, &VM{ID: "vm-susp", Name: "susp", State: StateSuspended, MemoryMiB: 512, NetIndex: 201, Node: "roomy-id", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetVMStored(ctx, "vm-roomy", "roomy-id", "m0", time.Now()); !errors.Is(err, ErrConflict) {
+		t.Fatalf("store a running VM's state: %v", err)
+	}
+	if err := s.SetVMStored(ctx, "vm-susp", "full-id", "m1", time.Now()); !errors.Is(err, ErrConflict) {
+		t.Fatalf("store another node's VM's state: %v", err)
+	}
+	if err := s.SetVMStored(ctx, "vm-susp", "roomy-id", "m1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AdoptVM(ctx, "vm-susp", "roomy-id", "full-id", "m1"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("adopt a live node's VM: %v", err)
+	}
 	// A node whose lease ran out is no room.
 	if err := s.LeaveNode(ctx, "roomy-id", 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.ForgetVM(ctx, "vm-roomy", "roomy-id"); err != nil {
 		t.Fatalf("forget a lost node's VM: %v", err)
+	}
+	if err := s.AdoptVM(ctx, "vm-susp", "roomy-id", "full-id", "m0"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("adopt with a stale stored state: %v", err)
+	}
+	adopted := make(chan error, 2)
+	for range 2 {
+		go func() { adopted <- s.AdoptVM(ctx, "vm-susp", "roomy-id", "full-id", "m1") }()
+	}
+	if e1, e2 := <-adopted, <-adopted; (e1 == nil) == (e2 == nil) {
+		t.Fatalf("two adoptions at once: %v and %v, want one to win", e1, e2)
+	}
+	if v, err := s.GetVM(ctx, "vm-susp"); err != nil || v.Node != "full-id" || v.StoredManifest != "m1" {
+		t.Fatalf("the adopted VM: %+v %v", v, err)
+	}
+	if err := s.DeleteVM(ctx, "vm-susp"); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := s.GetVM(ctx, "vm-roomy"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the forgotten VM: %v", err)

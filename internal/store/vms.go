@@ -66,12 +66,21 @@ type VM struct {
 	Egress *Egress `json:"egress,omitempty"`
 	// Node is the id of the cluster node the VM runs on ("" outside a cluster).
 	Node string `json:"node,omitempty"`
+	// StoredAt and StoredManifest: a suspended VM whose state (memory and
+	// whole disk chain) is in the object store under the manifest of that
+	// SHA-256, from where another node can wake it once its node is lost.
+	// Any change of state makes them stale; the VM service clears them.
+	StoredAt       time.Time `json:"stored_at,omitempty"`
+	StoredManifest string    `json:"stored_manifest,omitempty"`
 }
 
 // vmCols are the vms table's columns, the key first; vmArgs and scanVM
 // follow their order. The JSON tags of VM are the form of the records
 // before migration 6 (fillColumns reads them).
-const vmCols = `id, name, state, cpus, memory_mib, disk_bytes, labels, env, net_index, pid, template, machine_id, error, idempotency_key, created_at, started_at, create_ms, image, cold_boot, disk, layers, source, layout, hot_memory_mib, saved_by, next_cpus, next_memory_mib, resume_on_start, idle_timeout_s, delete_after_s, restart, network, egress, node_id`
+const vmCols = vmCols6 + `, stored_at, stored_manifest`
+
+// vmCols6 are the columns of vms at schema 6 (see snapshotCols6).
+const vmCols6 = `id, name, state, cpus, memory_mib, disk_bytes, labels, env, net_index, pid, template, machine_id, error, idempotency_key, created_at, started_at, create_ms, image, cold_boot, disk, layers, source, layout, hot_memory_mib, saved_by, next_cpus, next_memory_mib, resume_on_start, idle_timeout_s, delete_after_s, restart, network, egress, node_id`
 
 var vmQ = queriesFor("vms", vmCols)
 
@@ -79,24 +88,26 @@ func vmArgs(v *VM) []any {
 	return []any{v.ID, v.Name, string(v.State), v.CPUs, v.MemoryMiB, v.DiskBytes, jsonText(v.Labels), jsonText(v.Env),
 		v.NetIndex, v.PID, v.Template, v.MachineID, v.Error, nullable(v.IdempotencyKey), nanos(v.CreatedAt), nullNanos(v.StartedAt),
 		v.CreateMs, v.Image, v.ColdBoot, v.Disk, jsonText(v.Layers), v.Source, v.Layout, v.HotMemoryMiB, jsonText(v.SavedBy),
-		v.NextCPUs, v.NextMemoryMiB, v.ResumeOnStart, v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart, v.Network, jsonText(v.Egress), v.Node}
+		v.NextCPUs, v.NextMemoryMiB, v.ResumeOnStart, v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart, v.Network, jsonText(v.Egress), v.Node,
+		nanos(v.StoredAt), v.StoredManifest}
 }
 
 func scanVM(sc scanner) (*VM, error) {
 	var v VM
 	var state, labels, env, layers, savedBy, egress string
 	var key sql.NullString
-	var created int64
+	var created, stored int64
 	var started sql.NullInt64
 	err := sc.Scan(&v.ID, &v.Name, &state, &v.CPUs, &v.MemoryMiB, &v.DiskBytes, &labels, &env,
 		&v.NetIndex, &v.PID, &v.Template, &v.MachineID, &v.Error, &key, &created, &started,
 		&v.CreateMs, &v.Image, &v.ColdBoot, &v.Disk, &layers, &v.Source, &v.Layout, &v.HotMemoryMiB, &savedBy,
-		&v.NextCPUs, &v.NextMemoryMiB, &v.ResumeOnStart, &v.IdleTimeoutSec, &v.DeleteAfterSec, &v.Restart, &v.Network, &egress, &v.Node)
+		&v.NextCPUs, &v.NextMemoryMiB, &v.ResumeOnStart, &v.IdleTimeoutSec, &v.DeleteAfterSec, &v.Restart, &v.Network, &egress, &v.Node,
+		&stored, &v.StoredManifest)
 	if err != nil {
 		return nil, err
 	}
 	v.State, v.IdempotencyKey = State(state), key.String
-	v.CreatedAt, v.StartedAt = fromNanos(created), fromNullNanos(started)
+	v.CreatedAt, v.StartedAt, v.StoredAt = fromNanos(created), fromNullNanos(started), fromNanos(stored)
 	if err := jsonCols("vm "+v.ID, labels, &v.Labels, env, &v.Env, layers, &v.Layers, savedBy, &v.SavedBy, egress, &v.Egress); err != nil {
 		return nil, err
 	}

@@ -126,6 +126,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if err != nil {
 		return err
 	}
+	s.stopStoring(uploadKey(v.ID)) // a delete does not wait for an upload
 	unlock, err := s.ops.wait(ctx, v.ID, "delete")
 	if err != nil {
 		return err

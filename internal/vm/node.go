@@ -66,6 +66,7 @@ func (s *Service) forgetLost(ctx context.Context, v *store.VM) error {
 	if err := s.store.DeletePorts(ctx, v.ID); err != nil {
 		s.log.Warn("delete exposures of a lost node's VM", "vm", v.ID, "err", err)
 	}
+	s.unstoreVM(v.ID, v.StoredManifest)
 	s.deleted(v.ID)
 	s.log.Info("forgot a VM of a lost node", "vm", v.ID, "node", v.Node)
 	return nil
@@ -85,7 +86,17 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	if err != nil {
 		return nil, err
 	}
+	// A lost node's suspended VM whose state is stored becomes this
+	// node's (vmstore.go), and its state is fetched before it is used.
+	if s.adoptable(ctx, v) {
+		if err := s.adopt(ctx, v); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.ours(v); err != nil {
+		return nil, err
+	}
+	if err := s.fetchSuspended(ctx, v); err != nil {
 		return nil, err
 	}
 	return v, nil

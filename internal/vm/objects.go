@@ -43,33 +43,41 @@ func (s *Service) storeSnapshotLater(sn *store.Snapshot) {
 	if s.cfg.Objects == nil {
 		return
 	}
+	s.startUpload(sn.ID, func(ctx context.Context) error { return s.storeSnapshot(ctx, sn) })
+}
+
+// startUpload runs put in the background under key (a snapshot's id, or
+// uploadKey of a VM's), retrying with backoff until it succeeds, fails
+// with errNotStorable, or is stopped (stopStoring, Close). One runs per key.
+func (s *Service) startUpload(key string, put func(ctx context.Context) error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.bg.Err() != nil || s.storing[sn.ID] != nil {
+	if s.bg.Err() != nil || s.storing[key] != nil {
 		return // closing, or already being stored
 	}
 	ctx, cancel := context.WithCancel(s.bg)
 	done := make(chan struct{})
-	s.storing[sn.ID] = &upload{cancel: cancel, done: done}
+	s.storing[key] = &upload{cancel: cancel, done: done}
 	s.uploads.Add(1)
 	go func() {
 		defer func() {
 			s.mu.Lock()
-			delete(s.storing, sn.ID)
+			delete(s.storing, key)
 			s.mu.Unlock()
+			cancel()
 			close(done)
 			s.uploads.Done()
 		}()
 		for try := 0; ; try++ {
-			err := s.storeSnapshot(ctx, sn)
+			err := put(ctx)
 			if err == nil || errors.Is(err, errNotStorable) || ctx.Err() != nil {
 				if err != nil && ctx.Err() == nil {
-					s.log.Warn("snapshot not stored in the object store", "snapshot", sn.ID, "err", err)
+					s.log.Warn("not stored in the object store", "what", key, "err", err)
 				}
 				return
 			}
 			wait := min(time.Duration(1<<min(try, 6))*time.Second, time.Minute)
-			s.log.Warn("snapshot not stored in the object store; retrying", "snapshot", sn.ID, "store", s.cfg.Objects, "err", err, "retry_in", wait)
+			s.log.Warn("not stored in the object store; retrying", "what", key, "store", s.cfg.Objects, "err", err, "retry_in", wait)
 			select {
 			case <-time.After(wait):
 			case <-ctx.Done():
@@ -86,11 +94,11 @@ type upload struct {
 	done   chan struct{}
 }
 
-// stopStoring stops the store of snapshot id, if one runs, and waits for it
-// to let go of the snapshot's files.
-func (s *Service) stopStoring(id string) {
+// stopStoring stops the upload under key, if one runs, and waits for it to
+// let go of the files.
+func (s *Service) stopStoring(key string) {
 	s.mu.Lock()
-	u := s.storing[id]
+	u := s.storing[key]
 	s.mu.Unlock()
 	if u != nil {
 		u.cancel()
@@ -118,38 +126,12 @@ func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
 	if _, err := os.Stat(sn.State); errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("%w: its state file is gone: %v", errNotStorable, err)
 	}
-	start := time.Now()
-	o := s.cfg.Objects
-	var m storedState
-	chain, err := disk.Chain(ctx, sn.Disk)
+	start, o := time.Now(), s.cfg.Objects
+	m, err := s.putState(ctx, sn.Disk, sn.Layers, sn.State)
 	if err != nil {
 		return err
 	}
-	slices.Reverse(chain)
-	for _, p := range chain {
-		f, err := o.PutFile(ctx, p)
-		if err != nil {
-			return err
-		}
-		m.Chain = append(m.Chain, f)
-		if slices.Contains(sn.Layers, p) {
-			m.Layers++
-		}
-	}
-	if m.Layers != len(sn.Layers) || chain[len(chain)-1] != sn.Disk {
-		return fmt.Errorf("%w: its disk chain %v does not end in its %d layers %v", errNotStorable, chain, len(sn.Layers), sn.Layers)
-	}
-	if m.State, err = o.PutFile(ctx, sn.State); err != nil {
-		return err
-	}
-	if _, err := os.Stat(sn.State + qemu.RAMSuffix); err == nil {
-		ram, err := o.PutFile(ctx, sn.State+qemu.RAMSuffix)
-		if err != nil {
-			return err
-		}
-		m.RAM = &ram
-	}
-	sum, err := o.PutManifest(ctx, snapshotManifest(sn.ID), &m)
+	sum, err := o.PutManifest(ctx, snapshotManifest(sn.ID), m)
 	if err != nil {
 		return err
 	}
@@ -159,15 +141,57 @@ func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
 	} else if err != nil {
 		return err
 	}
-	var bytes int64
-	for _, f := range append(m.Chain, m.State) {
-		bytes += f.Size
+	s.log.Info("snapshot stored", "snapshot", sn.ID, "store", o, "bytes", m.bytes(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// putState stores the disk chain whose top is top (with own, the files of
+// it that are the VM's own, top last) and the state at state, and returns
+// their manifest.
+func (s *Service) putState(ctx context.Context, top string, own []string, state string) (*storedState, error) {
+	o := s.cfg.Objects
+	var m storedState
+	chain, err := disk.Chain(ctx, top)
+	if err != nil {
+		return nil, err
+	}
+	slices.Reverse(chain)
+	for _, p := range chain {
+		f, err := o.PutFile(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		m.Chain = append(m.Chain, f)
+		if slices.Contains(own, p) {
+			m.Layers++
+		}
+	}
+	if m.Layers != len(own) || chain[len(chain)-1] != top {
+		return nil, fmt.Errorf("%w: its disk chain %v does not end in its %d layers %v", errNotStorable, chain, len(own), own)
+	}
+	if m.State, err = o.PutFile(ctx, state); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(state + qemu.RAMSuffix); err == nil {
+		ram, err := o.PutFile(ctx, state+qemu.RAMSuffix)
+		if err != nil {
+			return nil, err
+		}
+		m.RAM = &ram
+	}
+	return &m, nil
+}
+
+// bytes is the size of the files m names.
+func (m *storedState) bytes() int64 {
+	n := m.State.Size
+	for _, f := range m.Chain {
+		n += f.Size
 	}
 	if m.RAM != nil {
-		bytes += m.RAM.Size
+		n += m.RAM.Size
 	}
-	s.log.Info("snapshot stored", "snapshot", sn.ID, "store", o, "bytes", bytes, "ms", time.Since(start).Milliseconds())
-	return nil
+	return n
 }
 
 // storeUnstored stores this node's snapshots that a stopped daemon left
@@ -203,76 +227,112 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 	case <-ctx.Done():
 		return "", nil, "", fmt.Errorf("%w: snapshot %s: waiting for another fetch from the object store: %v", ErrUnavailable, sn.Name, ctx.Err())
 	}
-	var m storedState
-	if err := o.GetManifest(ctx, snapshotManifest(sn.ID), sn.StoredManifest, &m); err != nil {
-		if errors.Is(err, objects.ErrNotFound) {
-			return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrNotFound, sn.Name, err)
-		}
+	start := time.Now()
+	m, err := s.getManifest(ctx, snapshotManifest(sn.ID), sn.StoredManifest, sn.DiskBytes, sn.MemoryMiB)
+	if err != nil {
+		return "", nil, "", fmt.Errorf("snapshot %s: %w", sn.Name, err)
+	}
+	frozen, layers, fetched, err := s.fetchChain(ctx, m, sn.DiskBytes, "")
+	if err != nil {
 		return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
-	}
-	if err := m.check(sn); err != nil {
-		return "", nil, "", fmt.Errorf("%w: snapshot %s: its manifest in %s is damaged: %v", ErrUnavailable, sn.Name, o, err)
-	}
-	maxDisk, maxMem := diskFileMax(sn), memFileMax(sn)
-	dir := filepath.Join(s.cfg.DataDir, "objects")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", nil, "", err
-	}
-	start, fetched := time.Now(), int64(0)
-	// A local copy is named by its content and everything below it (the
-	// same layer over another base is another file).
-	parent, key := "", ""
-	for i, f := range m.Chain {
-		key = hashStrings(key, f.SHA256)
-		p := filepath.Join(dir, key+".qcow2")
-		if _, err := os.Stat(p); err != nil {
-			below := parent
-			fix := func(tmp string) error { return disk.Rebase(ctx, tmp, below) }
-			fetched += f.Size
-			if err := s.fetchFile(ctx, f, p, maxDisk, fix); err != nil {
-				return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
-			}
-		}
-		if i >= len(m.Chain)-m.Layers {
-			layers = append(layers, p)
-		}
-		parent = p
 	}
 	ramSum := ""
 	if m.RAM != nil {
 		ramSum = m.RAM.SHA256
 	}
-	state = filepath.Join(dir, "state-"+hashStrings(m.State.SHA256, ramSum))
+	state = filepath.Join(s.cfg.DataDir, "objects", "state-"+hashStrings(m.State.SHA256, ramSum))
 	if !qemu.StateSynced(state) {
-		qemu.RemoveState(state)
-		fetched += m.State.Size
-		if m.RAM != nil {
-			fetched += m.RAM.Size
-			if err := s.fetchFile(ctx, *m.RAM, state+qemu.RAMSuffix, maxMem, nil); err != nil {
-				return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
-			}
-		}
-		if err := s.fetchFile(ctx, m.State, state, maxMem, nil); err != nil {
-			qemu.RemoveState(state)
+		n, err := s.fetchState(ctx, m, state, sn.MemoryMiB)
+		if err != nil {
 			return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
 		}
-		if err := qemu.SyncState(state); err != nil {
-			return "", nil, "", fmt.Errorf("%w: snapshot %s: %v", ErrUnavailable, sn.Name, err)
-		}
+		fetched += n
 	}
 	if fetched > 0 {
-		s.log.Info("snapshot fetched", "snapshot", sn.ID, "store", o, "bytes", fetched, "ms", time.Since(start).Milliseconds())
+		s.log.Info("snapshot fetched", "snapshot", sn.ID, "store", s.cfg.Objects, "bytes", fetched, "ms", time.Since(start).Milliseconds())
 	} else {
 		s.log.Info("snapshot found fetched before", "snapshot", sn.ID)
 	}
-	return parent, layers, state, nil
+	return frozen, layers, state, nil
 }
 
-// The largest files a snapshot's manifest may name: a disk chain's qcow2
-// files hold at most the disk and their metadata, a state at most the
-// memory and the devices' state.
-func diskFileMax(sn *store.Snapshot) int64 { return sn.DiskBytes + sn.DiskBytes/8 + 256<<20 }
-func memFileMax(sn *store.Snapshot) int64  { return sn.MemoryMiB<<20 + 256<<20 }
+// getManifest reads and checks the stored state called name, whose
+// manifest's SHA-256 is sum, of a VM of that disk and memory.
+func (s *Service) getManifest(ctx context.Context, name, sum string, diskBytes, memMiB int64) (*storedState, error) {
+	o := s.cfg.Objects
+	var m storedState
+	if err := o.GetManifest(ctx, name, sum, &m); err != nil {
+		if errors.Is(err, objects.ErrNotFound) {
+			return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if err := m.check(diskBytes, memMiB); err != nil {
+		return nil, fmt.Errorf("%w: its manifest in %s is damaged: %v", ErrUnavailable, o, err)
+	}
+	return &m, nil
+}
+
+// fetchChain makes m's disk chain local: the files below the last into
+// <data dir>/objects (shared, named by their content and all below
+// them), the last there too, or to privateTop when that is set (a VM's
+// writable top). It returns the top, the layers (m's own files, without
+// a private top) and how many bytes it downloaded.
+func (s *Service) fetchChain(ctx context.Context, m *storedState, diskBytes int64, privateTop string) (top string, layers []string, fetched int64, err error) {
+	dir := filepath.Join(s.cfg.DataDir, "objects")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", nil, 0, err
+	}
+	parent, key := "", ""
+	for i, f := range m.Chain {
+		key = hashStrings(key, f.SHA256)
+		p := filepath.Join(dir, key+".qcow2")
+		last := i == len(m.Chain)-1
+		if last && privateTop != "" {
+			p = privateTop
+		}
+		if _, err := os.Stat(p); err != nil {
+			below := parent
+			fix := func(tmp string) error { return disk.Rebase(ctx, tmp, below) }
+			fetched += f.Size
+			if err := s.fetchFile(ctx, f, p, diskFileMax(diskBytes), fix); err != nil {
+				return "", nil, 0, err
+			}
+		}
+		if i >= len(m.Chain)-m.Layers && !(last && privateTop != "") {
+			layers = append(layers, p)
+		}
+		parent = p
+	}
+	return parent, layers, fetched, nil
+}
+
+// fetchState downloads m's state (and RAM file) to dst, synced, the state
+// file last: one found at dst is whole.
+func (s *Service) fetchState(ctx context.Context, m *storedState, dst string, memMiB int64) (int64, error) {
+	qemu.RemoveState(dst)
+	fetched := m.State.Size
+	if m.RAM != nil {
+		fetched += m.RAM.Size
+		if err := s.fetchFile(ctx, *m.RAM, dst+qemu.RAMSuffix, memFileMax(memMiB), nil); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.fetchFile(ctx, m.State, dst, memFileMax(memMiB), nil); err != nil {
+		qemu.RemoveState(dst)
+		return 0, err
+	}
+	if err := qemu.SyncState(dst); err != nil {
+		return 0, err
+	}
+	return fetched, nil
+}
+
+// The largest files a manifest may name: a disk chain's qcow2 files hold
+// at most the disk and their metadata, a state at most the memory and the
+// devices' state.
+func diskFileMax(diskBytes int64) int64 { return diskBytes + diskBytes/8 + 256<<20 }
+func memFileMax(memMiB int64) int64     { return memMiB<<20 + 256<<20 }
 
 // maxChain bounds a stored disk chain: a VM's frozen layers are flattened
 // at disk.MaxLayers, and a template and an image lie below them.
@@ -280,21 +340,21 @@ const maxChain = 4 * disk.MaxLayers
 
 // check says what is wrong with a manifest read from the object store, if
 // anything, before any of it names a file or a key.
-func (m *storedState) check(sn *store.Snapshot) error {
+func (m *storedState) check(diskBytes, memMiB int64) error {
 	if len(m.Chain) == 0 || len(m.Chain) > maxChain || m.Layers < 1 || m.Layers > len(m.Chain) {
 		return fmt.Errorf("%d disk files, %d of them layers", len(m.Chain), m.Layers)
 	}
 	for _, f := range m.Chain {
-		if err := f.Check(diskFileMax(sn)); err != nil {
+		if err := f.Check(diskFileMax(diskBytes)); err != nil {
 			return err
 		}
 	}
 	if m.RAM != nil {
-		if err := m.RAM.Check(memFileMax(sn)); err != nil {
+		if err := m.RAM.Check(memFileMax(memMiB)); err != nil {
 			return err
 		}
 	}
-	return m.State.Check(memFileMax(sn))
+	return m.State.Check(memFileMax(memMiB))
 }
 
 // fetchFile downloads f (at most max bytes) to p; fix, if not nil, adjusts

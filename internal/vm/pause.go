@@ -30,6 +30,7 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 	if err != nil {
 		return nil, nil, err
 	}
+	s.stopStoring(uploadKey(v.ID)) // nor does any user operation
 	unlock, err := s.ops.try(v.ID, v.Name, op)
 	if err != nil && (!s.ops.isBusy(v.ID) || s.ops.busyWith(v.ID) == opExitHandling) {
 		// The record of an unexpected exit is being written (the VM may
@@ -174,6 +175,9 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	// write outlives the request: a client hanging up here once left a VM
 	// listed running without a QEMU until the next daemon start).
 	err = s.enter(ctx, v, table[opSuspend].to)
+	if err == nil {
+		s.storeSuspendedLater(v)
+	}
 	return &OpResult{VM: v, PausedMs: res.Paused.Milliseconds(), Bytes: res.Bytes, TookMs: time.Since(start).Milliseconds()}, err
 }
 
@@ -280,6 +284,11 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		return err
 	}
 	s.killStrays(v, 0) // a QEMU of an interrupted wake would hold the disk
+	// It is about to run here: its stored copy must never wake elsewhere,
+	// even if this daemon dies before it records the VM running.
+	if err := s.dropStored(ctx, v); err != nil {
+		return err
+	}
 	mc := s.machineConfig(v, p, img)
 	mc.Incoming = s.suspendPath(v.ID)
 	mc.EagerRAM = true // its own memory: the VM's later saves stay cheap
@@ -292,6 +301,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		s.killStrays(v, 0)
 		v.PID, v.Error = 0, "wake failed: "+err.Error() // still suspended
 		s.store.UpdateVM(context.Background(), v)
+		s.storeSuspendedLater(v)
 		return err
 	}
 	// The state file goes only once the VM is recorded running: a daemon
@@ -325,7 +335,9 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 	if err != nil || (v.State != store.StatePaused && v.State != store.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
 	}
-	// Paused, suspended, or an operation (say a suspend) is under way: queue behind it.
+	// Paused, suspended, or an operation (say a suspend) is under way: queue
+	// behind it; an upload of its suspended state stops.
+	s.stopStoring(uploadKey(v.ID))
 	defer s.ops.lock(v.ID, "wake")()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err

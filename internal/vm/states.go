@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -135,9 +136,17 @@ func (s *Service) enter(ctx context.Context, v *store.VM, to store.State) error 
 		return fmt.Errorf("VM %s: no transition from %s to %s", v.Name, from, to)
 	}
 	v.State = to
+	// A stored suspended state is stale once the VM leaves that state.
+	stored, storedAt := v.StoredManifest, v.StoredAt
+	if to != store.StateSuspended {
+		v.StoredManifest, v.StoredAt = "", time.Time{}
+	}
 	if err := s.store.UpdateVM(ctx, v); err != nil { // durable: outlives the caller
-		v.State = from
+		v.State, v.StoredManifest, v.StoredAt = from, stored, storedAt
 		return err
+	}
+	if v.StoredManifest != stored {
+		s.unstoreVM(v.ID, stored)
 	}
 	return nil
 }

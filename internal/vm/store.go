@@ -21,6 +21,10 @@ type Store interface {
 	FreeNetIndex(ctx context.Context) (int, error)
 	// ForgetVM deletes the record of a VM of a node whose lease ran out.
 	ForgetVM(ctx context.Context, id, node string) error
+	// SetVMStored and AdoptVM record a suspended VM's state in the object
+	// store, and move such a VM of a lost node to this one.
+	SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error
+	AdoptVM(ctx context.Context, id, from, to, manifest string) error
 
 	CreateSnapshot(ctx context.Context, sn *store.Snapshot) error
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
@@ -55,6 +59,12 @@ func (d durable) CreateVM(ctx context.Context, v *store.VM) error {
 }
 func (d durable) UpdateVM(ctx context.Context, v *store.VM) error {
 	return d.Store.UpdateVM(keep(ctx), v)
+}
+func (d durable) SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error {
+	return d.Store.SetVMStored(keep(ctx), id, node, manifest, at)
+}
+func (d durable) AdoptVM(ctx context.Context, id, from, to, manifest string) error {
+	return d.Store.AdoptVM(keep(ctx), id, from, to, manifest)
 }
 func (d durable) DeleteVM(ctx context.Context, id string) error {
 	return d.Store.DeleteVM(keep(ctx), id)

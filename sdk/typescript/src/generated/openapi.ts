@@ -2068,6 +2068,11 @@ export interface components {
             /** @description the VM's node is gone (its lease ran out): the VM runs nowhere, whatever its state */
             node_lost?: boolean;
             /**
+             * Format: date-time
+             * @description when the state of this suspended VM was all in the object store (serve --objects); if its node is lost, any node asked to act on it takes it over and wakes it from that state
+             */
+            stored_at?: string;
+            /**
              * @description the image the VM was made from
              * @enum {string}
              */

@@ -1,0 +1,179 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/agentvm/agentvm/internal/objects"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// Suspended VMs in the object store (Config.Objects). After a suspend the
+// node stores the VM's state and its whole disk chain in the background,
+// holding the VM (a user operation stops the store and goes first), then
+// records the manifest's SHA-256 on the VM (store.SetVMStored). Any later
+// change of state makes that copy stale: enter clears it and deletes its
+// manifest. When the VM's node is lost, the first node asked to act on
+// the VM adopts it (store.AdoptVM: one statement, only while its node is
+// lost and its stored state unchanged), fetches the state into its own
+// data dir (the chain below the VM's writable top shared in
+// <data dir>/objects, the top a private layer) and from then on runs it
+// as its own: a wake restores it there with its processes and files.
+
+// vmManifest names the manifest of VM id's suspended state of that hash.
+func vmManifest(id, sum string) string { return "vms/" + id + "/" + sum[:16] }
+
+// uploadKey is a VM's key in Service.storing (snapshots use their ids).
+func uploadKey(vmID string) string { return "vm:" + vmID }
+
+// storeSuspendedLater stores suspended VM v in the background, if there
+// is an object store and a cluster to wake it elsewhere.
+func (s *Service) storeSuspendedLater(v *store.VM) {
+	if s.cfg.Objects == nil || s.cfg.Node == "" {
+		return
+	}
+	s.startUpload(uploadKey(v.ID), func(ctx context.Context) error { return s.storeSuspended(ctx, v.ID) })
+}
+
+// storeSuspended stores VM id's suspended state, holding the VM.
+func (s *Service) storeSuspended(ctx context.Context, id string) error {
+	unlock, err := s.ops.wait(ctx, id, "store")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := s.store.GetVM(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: the VM was deleted", errNotStorable)
+	} else if err != nil {
+		return err
+	}
+	if v.State != store.StateSuspended || v.Node != s.cfg.Node || v.StoredManifest != "" {
+		return nil // it woke, moved or is stored: nothing to do
+	}
+	state := s.suspendPath(v.ID)
+	if _, err := os.Stat(state); err != nil {
+		return fmt.Errorf("%w: its state file: %v", errNotStorable, err)
+	}
+	start, top := time.Now(), s.diskPath(v)
+	m, err := s.putState(ctx, top, append(append([]string{}, v.Layers...), top), state)
+	if err != nil {
+		return err
+	}
+	name, err := objects.ManifestSum(m)
+	if err != nil {
+		return err
+	}
+	sum, err := s.cfg.Objects.PutManifest(ctx, vmManifest(v.ID, name), m)
+	if err != nil {
+		return err
+	}
+	if err := s.store.SetVMStored(ctx, v.ID, s.cfg.Node, sum, time.Now().UTC()); err != nil {
+		s.cfg.Objects.DeleteManifest(context.WithoutCancel(ctx), vmManifest(v.ID, sum))
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: %v", errNotStorable, err)
+		}
+		return err
+	}
+	s.log.Info("suspended VM stored", "vm", v.ID, "store", s.cfg.Objects, "bytes", m.bytes(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// unstoreVM deletes the manifest of a stored state that no longer is the
+// VM's (it woke, stopped or was deleted).
+func (s *Service) unstoreVM(id, sum string) {
+	if s.cfg.Objects == nil || sum == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := s.cfg.Objects.DeleteManifest(ctx, vmManifest(id, sum)); err != nil {
+			s.log.Warn("stale stored state not deleted from the object store", "vm", id, "err", err)
+		}
+	}()
+}
+
+// dropStored forgets v's stored state before v runs again.
+func (s *Service) dropStored(ctx context.Context, v *store.VM) error {
+	if v.StoredManifest == "" {
+		return nil
+	}
+	stored, at := v.StoredManifest, v.StoredAt
+	v.StoredManifest, v.StoredAt = "", time.Time{}
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		v.StoredManifest, v.StoredAt = stored, at
+		return err
+	}
+	s.unstoreVM(v.ID, stored)
+	return nil
+}
+
+// adoptable reports whether v, another node's VM, can be taken over here:
+// it is suspended with its state stored, and its node is lost.
+func (s *Service) adoptable(ctx context.Context, v *store.VM) bool {
+	if s.cfg.Objects == nil || v.Node == "" || v.Node == s.cfg.Node || v.State != store.StateSuspended || v.StoredManifest == "" {
+		return false
+	}
+	lost, err := s.cfg.nodeLost(ctx, v.Node)
+	return err == nil && lost
+}
+
+// adopt makes v, a lost node's stored suspended VM, this node's.
+func (s *Service) adopt(ctx context.Context, v *store.VM) error {
+	if err := s.store.AdoptVM(ctx, v.ID, v.Node, s.cfg.Node, v.StoredManifest); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return err
+	}
+	s.log.Info("adopted a lost node's suspended VM", "vm", v.ID, "from", v.Node, "stored_at", v.StoredAt)
+	s.logEvent(v.ID, "moved from lost node %s to node %s; its state stored %s ago comes from the object store", v.Node, s.cfg.Node,
+		time.Since(v.StoredAt).Round(time.Second))
+	v.Node = s.cfg.Node
+	return nil
+}
+
+// fetchSuspended makes an adopted VM's stored state local, if it is not:
+// its disk chain and its state file (written last: one found is whole).
+func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
+	if v.State != store.StateSuspended || v.StoredManifest == "" {
+		return nil
+	}
+	if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
+		return nil
+	}
+	select {
+	case s.fetching <- struct{}{}:
+		defer func() { <-s.fetching }()
+	case <-ctx.Done():
+		return fmt.Errorf("%w: VM %s: waiting for another fetch from the object store: %v", ErrUnavailable, v.Name, ctx.Err())
+	}
+	start := time.Now()
+	m, err := s.getManifest(ctx, vmManifest(v.ID, v.StoredManifest), v.StoredManifest, v.DiskBytes, v.MemoryMiB)
+	if err != nil {
+		return fmt.Errorf("VM %s's stored state: %w", v.Name, err)
+	}
+	if err := os.MkdirAll(s.paths(v.ID).Dir, 0o700); err != nil {
+		return err
+	}
+	top := s.newLayerPath(v.ID)
+	top, layers, fetched, err := s.fetchChain(ctx, m, v.DiskBytes, top)
+	if err != nil {
+		os.Remove(top)
+		return fmt.Errorf("%w: VM %s's stored state: %v", ErrUnavailable, v.Name, err)
+	}
+	v.Disk, v.Layers = top, layers
+	if err := s.store.UpdateVM(ctx, v); err != nil {
+		return err
+	}
+	n, err := s.fetchState(ctx, m, s.suspendPath(v.ID), v.MemoryMiB)
+	if err != nil {
+		return fmt.Errorf("%w: VM %s's stored state: %v", ErrUnavailable, v.Name, err)
+	}
+	s.log.Info("suspended VM fetched", "vm", v.ID, "store", s.cfg.Objects, "bytes", fetched+n, "ms", time.Since(start).Milliseconds())
+	return nil
+}
