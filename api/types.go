@@ -105,6 +105,26 @@ type Node struct {
 	MachineType string `json:"machine_type"`
 	CPUModel    string `json:"cpu_model"`
 	Accel       string `json:"accel"`
+	// Draining: the node takes no new VMs (agentvm node drain), until it
+	// joins again.
+	Draining bool `json:"draining,omitempty"`
+}
+
+// DrainResponse is returned by POST /v1/nodes/{node}/drain: what became
+// of each VM of the node.
+type DrainResponse struct {
+	Node string      `json:"node"`
+	VMs  []DrainedVM `json:"vms"`
+}
+
+// DrainedVM is one VM of a drain: moved To a node (and woken there when it
+// was running), or left on the drained node with the Error that kept it.
+type DrainedVM struct {
+	ID    string `json:"id"`
+	Name  string `json:"name"`
+	To    string `json:"to,omitempty"`
+	State State  `json:"state"`
+	Error string `json:"error,omitempty"`
 }
 
 // ListNodesResponse is returned by GET /v1/nodes.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/pgtest"
+	"github.com/agentvm/agentvm/internal/s3test"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/pkg/client"
 )
@@ -38,6 +39,13 @@ type ClusterReport struct {
 	// store.CreateVM), from placementWorkers goroutines onto 3 nodes.
 	PlacementPerSec float64 `json:"placement_creates_per_s"`
 	Placements      int     `json:"placements"`
+	// A 1 GiB VM with 512 MiB of its memory written: suspend and wake on
+	// its node, then moved by a drain (suspend, store in the S3 server,
+	// fetch and wake on another node), in ms.
+	SameNodeSuspendMs float64 `json:"same_node_suspend_ms"`
+	SameNodeWakeMs    float64 `json:"same_node_wake_ms"`
+	MoveMs            float64 `json:"move_to_other_node_ms"`
+	MoveBytes         int64   `json:"move_state_bytes"`
 }
 
 const (
@@ -115,6 +123,14 @@ func (b *bench) runCluster(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s3, err := s3test.Start(ctx, b.tmp)
+	if err != nil {
+		return fmt.Errorf("S3 server: %w", err)
+	}
+	defer s3.Stop()
+	for k, v := range s3.Env() {
+		os.Setenv(k, v)
+	}
 	bin := filepath.Dir(b.srv.cmd.Path)
 	var nodes []*server
 	defer func() {
@@ -134,7 +150,7 @@ func (b *bench) runCluster(ctx context.Context) error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		n, err := startServer(ctx, bin, dir, true, 0, "--store", dsn, "--cluster", "--node-name", fmt.Sprintf("node-%d", i))
+		n, err := startServer(ctx, bin, dir, true, 0, "--store", dsn, "--cluster", "--node-name", fmt.Sprintf("node-%d", i), "--objects", s3.URL("bench"))
 		if err != nil {
 			return fmt.Errorf("node %d: %w", i, err)
 		}
@@ -190,6 +206,9 @@ func (b *bench) runCluster(ctx context.Context) error {
 	}
 	rep.ExecOwn, rep.ExecVia = summarize(own), summarize(via)
 	rep.ExecAddedMs = rep.ExecVia.P50 - rep.ExecOwn.P50
+	if err := moveBench(ctx, rep, nodes[0].client); err != nil {
+		return fmt.Errorf("suspend on one node, wake on another: %w", err)
+	}
 
 	pdsn, err := pg.NewDatabase(ctx)
 	if err != nil {
@@ -199,6 +218,51 @@ func (b *bench) runCluster(ctx context.Context) error {
 		return fmt.Errorf("placement throughput: %w", err)
 	}
 	rep.Placements = placements
+	return nil
+}
+
+// moveBench times a 1 GiB VM's suspend and wake on its node, then its
+// move to another node by a drain of its node (the last measurement: the
+// drained node takes no more VMs).
+func moveBench(ctx context.Context, rep *ClusterReport, c *client.Client) error {
+	v, err := c.CreateVM(ctx, api.CreateVMRequest{Memory: 1024, Disk: vmDisk})
+	if err != nil {
+		return err
+	}
+	if res, err := c.Exec(ctx, v.ID, api.ExecRequest{Cmd: []string{"sh", "-c", "head -c 512M /dev/urandom > /dev/shm/fill"}}); err != nil || res.ExitCode != 0 {
+		return fmt.Errorf("fill memory: %v %+v", err, res)
+	}
+	t0 := time.Now()
+	if _, err := c.SuspendVM(ctx, v.ID); err != nil {
+		return err
+	}
+	rep.SameNodeSuspendMs = float64(time.Since(t0).Microseconds()) / 1000
+	t0 = time.Now()
+	if _, err := c.WakeVM(ctx, v.ID); err != nil {
+		return err
+	}
+	rep.SameNodeWakeMs = float64(time.Since(t0).Microseconds()) / 1000
+	t0 = time.Now()
+	res, err := c.DrainNode(ctx, v.Node)
+	if err != nil {
+		return err
+	}
+	rep.MoveMs = float64(time.Since(t0).Microseconds()) / 1000
+	for _, d := range res.VMs {
+		if d.ID == v.ID && (d.Error != "" || d.State != api.StateRunning) {
+			return fmt.Errorf("the drain left the VM: %+v", d)
+		}
+	}
+	got, err := c.GetVM(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	if got.Node == v.Node {
+		return fmt.Errorf("the VM is still on %s after the drain", v.Node)
+	}
+	rep.MoveBytes = got.StateBytes
+	logf("1 GiB VM: suspend %.0f ms + wake %.0f ms on its node; moved by a drain to %s in %.0f ms",
+		rep.SameNodeSuspendMs, rep.SameNodeWakeMs, got.Node, rep.MoveMs)
 	return nil
 }
 
@@ -248,5 +312,7 @@ func (r *Report) PrintCluster(w io.Writer) {
 	statsLine(w, "exec true, sent to another node", c.ExecVia)
 	fmt.Fprintf(w, "  added by forwarding, p50             %8.1f ms   (target <= 2 ms)\n", c.ExecAddedMs)
 	fmt.Fprintf(w, "  placement by the database alone      %8.0f creates/s   (%d creates, %d clients, 3 nodes)\n", c.PlacementPerSec, c.Placements, placementWorkers)
-	fmt.Fprintln(w, "  not measured: suspend on one node and wake on another (no object storage yet)")
+	fmt.Fprintf(w, "  1 GiB VM (512 MiB written), its node:  suspend %8.0f ms + wake %8.0f ms = %8.0f ms\n", c.SameNodeSuspendMs, c.SameNodeWakeMs, c.SameNodeSuspendMs+c.SameNodeWakeMs)
+	fmt.Fprintf(w, "  same VM moved by a drain (suspend, store in S3, fetch, wake on another node): %8.0f ms (%.1fx its node's suspend + wake)\n",
+		c.MoveMs, c.MoveMs/(c.SameNodeSuspendMs+c.SameNodeWakeMs))
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/e2e/testenv"
 	"github.com/agentvm/agentvm/internal/pgtest"
+	"github.com/agentvm/agentvm/internal/s3test"
 	"github.com/agentvm/agentvm/pkg/client"
 )
 
@@ -29,7 +30,7 @@ import (
 // works once they are whole again, and a second one uses what was fetched.
 func TestClusterObjects(t *testing.T) {
 	testenv.Require(t)
-	s3 := testenv.StartS3(t)
+	s3 := s3test.StartT(t)
 	pg := pgtest.StartT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -235,5 +236,45 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	}
 	if _, err := os.Stat(manifest); !os.IsNotExist(err) {
 		t.Fatalf("the manifest of a deleted snapshot: %v", err)
+	}
+
+	// A third node joins; the living node is drained: its VMs (two made
+	// from the snapshot, and the one it took over, all running) move to
+	// the new node and run there, the taken-over VM's counter counting on;
+	// new VMs go to the new node.
+	c3 := testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-c", "--lease", "6s", "--objects", objs)
+	otherName := "node-a"
+	if v.Node == "node-a" {
+		otherName = "node-b"
+	}
+	before = nil
+	draining := time.Now()
+	out, errOut, code := c3.CLI("", "node", "drain", otherName)
+	t.Logf("drain of 3 running VMs: %.1f s", time.Since(draining).Seconds())
+	if code != 0 || strings.Count(out, "moved to node-c (running)") != 3 {
+		t.Fatalf("agentvm node drain %s: %d\n%s\n%s\n%s", otherName, code, out, errOut, other.Logs())
+	}
+	for _, id := range []string{c.ID, d.ID, v.ID} {
+		got, err := c3.Client.GetVM(ctx, id)
+		if err != nil || got.Node != "node-c" || got.State != api.StateRunning {
+			t.Fatalf("a drained VM: %+v %v", got, err)
+		}
+	}
+	r = c3.Exec(ctx, v.ID, `sha256sum /root/data.bin | cut -d' ' -f1; cat /tmp/counter; sleep 1; cat /tmp/counter`)
+	g := strings.Fields(r.Stdout)
+	if r.ExitCode != 0 || len(g) != 3 || g[0] != sum {
+		t.Fatalf("the drained VM: %+v", r)
+	}
+	if m1, _ := strconv.Atoi(g[1]); m1 < n2 {
+		t.Fatalf("the drained VM's counter went back: %d before the drain, %d after", n2, m1)
+	}
+	if m1, _ := strconv.Atoi(g[1]); strings.TrimSpace(g[2]) == strconv.Itoa(m1) {
+		t.Fatalf("the drained VM's counter stopped: %v", g)
+	}
+	if out, _, _ := c3.CLI("", "node", "ls"); !strings.Contains(out, "draining") {
+		t.Fatalf("agentvm node ls during a drain:\n%s", out)
+	}
+	if nv := other.CreateVM(ctx, api.CreateVMRequest{Name: "after-drain"}); nv.Node != "node-c" {
+		t.Fatalf("a create after the drain went to %s", nv.Node)
 	}
 }

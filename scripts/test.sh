@@ -8,7 +8,7 @@ export PATH="$PATH:/usr/local/go/bin"
 # While the unit tests run, the guest images the end-to-end tests use are
 # built (or found in ~/.cache/agentvm) in the background with the same
 # guest agent the tests build (go build -trimpath, as setup.sh does), and
-# the S3 server the cluster tests use is built from its Go module.
+# the S3 server the cluster tests use is built from its Go module (internal/s3test).
 prep_log=$(mktemp)
 prep_pid=
 if [ "$(id -u)" = 0 ]; then

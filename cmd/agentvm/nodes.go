@@ -31,6 +31,8 @@ func nodeCmd() *cobra.Command {
 				status := "alive"
 				if !n.Alive {
 					status = "gone"
+				} else if n.Draining {
+					status = "draining"
 				}
 				if n.Self {
 					status += " (this one)"
@@ -54,6 +56,34 @@ func nodeCmd() *cobra.Command {
 			return client.FromEnv().RemoveNode(cmd.Context(), args[0])
 		},
 	}
-	c.AddCommand(ls, rm)
+	drain := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Move a live node's VMs to other nodes (suspend, store in the object store, wake there) and keep new VMs off it until it restarts",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := client.FromEnv().DrainNode(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(res)
+			}
+			left := 0
+			for _, v := range res.VMs {
+				if v.Error != "" {
+					left++
+					fmt.Printf("%s (%s): stays on %s: %s\n", v.Name, v.State, res.Node, v.Error)
+				} else {
+					fmt.Printf("%s: moved to %s (%s)\n", v.Name, v.To, v.State)
+				}
+			}
+			if left > 0 {
+				return fmt.Errorf("%d of %d VMs stay on %s", left, len(res.VMs), res.Node)
+			}
+			return nil
+		},
+	}
+	drain.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(ls, rm, drain)
 	return c
 }

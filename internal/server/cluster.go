@@ -142,7 +142,7 @@ func (s *Server) nodeToAPI(n *store.Node) api.Node {
 	return api.Node{ID: n.ID, Name: n.Name, Address: n.Address, PeerAddress: n.PeerAddress, Generation: n.Generation, Alive: n.Alive,
 		LeaseExpires: n.LeaseExpires.UTC(), LeaseLeftMs: n.LeaseLeft.Milliseconds(), JoinedAt: n.JoinedAt.UTC(),
 		Self: s.member != nil && s.member.Node().ID == n.ID,
-		CPUs: n.CPUs, MemoryMiB: n.MemoryMiB, QEMUVersion: n.QEMUVersion, MachineType: n.MachineType, CPUModel: n.CPUModel, Accel: n.Accel}
+		CPUs: n.CPUs, MemoryMiB: n.MemoryMiB, QEMUVersion: n.QEMUVersion, MachineType: n.MachineType, CPUModel: n.CPUModel, Accel: n.Accel, Draining: n.Draining}
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {

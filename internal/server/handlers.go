@@ -96,6 +96,7 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.scoped(api.PermExec, s.tcpVM))
 	authed.HandleFunc("GET /v1/nodes", admin(s.listNodes))
 	authed.HandleFunc("DELETE /v1/nodes/{node}", admin(s.removeNode))
+	authed.HandleFunc("POST /v1/nodes/{node}/drain", admin(s.drainNode))
 	authed.HandleFunc("POST /v1/tokens", admin(s.createToken))
 	authed.HandleFunc("GET /v1/tokens", admin(s.listTokens))
 	authed.HandleFunc("DELETE /v1/tokens/{id}", admin(s.revokeToken))

@@ -88,7 +88,7 @@ func TestRecordColumnsRoundTrip(t *testing.T) {
 	for _, r := range []any{v, sn, n, tk, ev} {
 		allSet(t, r)
 	}
-	allSet(t, nd, "Generation", "LeaseExpires", "JoinedAt", "Alive", "LeaseLeft")
+	allSet(t, nd, "Generation", "LeaseExpires", "JoinedAt", "Alive", "LeaseLeft", "Draining") // draining: SetDraining, tested in nodes_test
 	eachStore(t, func(t *testing.T, s *Store) {
 		ctx := context.Background()
 		v, sn, n, tk, ev, _ := fullRecords()

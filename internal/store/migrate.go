@@ -168,11 +168,12 @@ ALTER TABLE networks DROP COLUMN data;
 ALTER TABLE tokens DROP COLUMN data;
 ALTER TABLE events DROP COLUMN data;
 ALTER TABLE nodes DROP COLUMN data;`,
-	// 8: snapshots and suspended VMs kept in the object store.
+	// 8: snapshots and suspended VMs kept in the object store; draining nodes.
 	`ALTER TABLE snapshots ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE snapshots ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
 ALTER TABLE vms ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE vms ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';`,
+ALTER TABLE vms ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

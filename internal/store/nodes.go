@@ -42,6 +42,9 @@ type Node struct {
 	MachineType string `json:"machine_type"`
 	CPUModel    string `json:"cpu_model"`
 	Accel       string `json:"accel"`
+	// Draining: the node takes no new VMs and hands its VMs to others
+	// (agentvm node drain), until it joins again.
+	Draining bool `json:"draining,omitempty"`
 }
 
 func (s *Store) needCluster() error {
@@ -70,7 +73,7 @@ VALUES (?, ?, ?, ?, 1, now() + make_interval(secs => ?), now(), ?, ?, ?, ?, ?, ?
 ON CONFLICT (id) DO UPDATE SET name = excluded.name, address = excluded.address, peer_address = excluded.peer_address,
 	generation = nodes.generation + 1, lease_expires = excluded.lease_expires, joined_at = excluded.joined_at,
 	cpus = excluded.cpus, memory_mib = excluded.memory_mib, qemu_version = excluded.qemu_version,
-	machine_type = excluded.machine_type, cpu_model = excluded.cpu_model, accel = excluded.accel
+	machine_type = excluded.machine_type, cpu_model = excluded.cpu_model, accel = excluded.accel, draining = false
 RETURNING generation, lease_expires, joined_at`, n.ID, n.Name, n.Address, n.PeerAddress, ttl.Seconds(),
 		n.CPUs, n.MemoryMiB, n.QEMUVersion, n.MachineType, n.CPUModel, n.Accel).Scan(&gen, &exp, &joined)
 	if err != nil {
@@ -230,6 +233,41 @@ AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to
 	return nil
 }
 
+// SetDraining marks node id draining (no new VMs go to it); a node that
+// joins again is no longer draining.
+func (s *Store) SetDraining(ctx context.Context, id string) error {
+	if err := s.needCluster(); err != nil {
+		return err
+	}
+	r, err := s.exec(ctx, `UPDATE nodes SET draining = true WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w: no node %q", ErrNotFound, id)
+	}
+	return nil
+}
+
+// MoveVM hands suspended VM id of node from to node to, in one statement
+// only while it is still from's suspended VM with stored state manifest
+// (ErrConflict otherwise): the drain of a live node.
+func (s *Store) MoveVM(ctx context.Context, id, from, to, manifest string) error {
+	r, err := s.exec(ctx, `UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
+AND stored_manifest = ? AND stored_manifest <> ''`, to, id, from, manifest)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w: VM %s is no longer node %s's suspended VM with that stored state", ErrConflict, id, from)
+	}
+	return nil
+}
+
 // Room is a live node and the memory it has left for new VMs.
 type Room struct {
 	Node    string
@@ -255,7 +293,7 @@ func (s *Store) Rooms(ctx context.Context, memMiB int64, avoid Avoid) ([]Room, e
 	n.memory_mib - `+heldMiB+` AS free,
 	(?::text <> '' AND EXISTS (SELECT 1 FROM vms v WHERE v.node_id = n.id AND v.state IN `+holding+`
 		AND (CASE WHEN v.labels = '' THEN NULL ELSE v.labels::jsonb ->> ?::text END) = ?::text)) AS shared
-FROM nodes n WHERE n.lease_expires > now() ORDER BY shared, free DESC, n.id`, avoid.Key, avoid.Key, avoid.Value)
+FROM nodes n WHERE n.lease_expires > now() AND NOT n.draining ORDER BY shared, free DESC, n.id`, avoid.Key, avoid.Key, avoid.Value)
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +334,7 @@ func (s *Store) nodes(ctx context.Context, where string, args ...any) ([]*Node, 
 		return nil, err
 	}
 	rows, err := s.query(ctx, `SELECT id, name, address, peer_address, cpus, memory_mib, qemu_version, machine_type, cpu_model, accel,
-	generation, lease_expires, joined_at, EXTRACT(EPOCH FROM lease_expires - now())::float8
+	generation, lease_expires, joined_at, EXTRACT(EPOCH FROM lease_expires - now())::float8, draining
 FROM nodes `+where+` ORDER BY name`, args...)
 	if err != nil {
 		return nil, err
@@ -307,7 +345,7 @@ FROM nodes `+where+` ORDER BY name`, args...)
 		var n Node
 		var left float64
 		if err := rows.Scan(&n.ID, &n.Name, &n.Address, &n.PeerAddress, &n.CPUs, &n.MemoryMiB, &n.QEMUVersion, &n.MachineType, &n.CPUModel, &n.Accel,
-			&n.Generation, &n.LeaseExpires, &n.JoinedAt, &left); err != nil {
+			&n.Generation, &n.LeaseExpires, &n.JoinedAt, &left, &n.Draining); err != nil {
 			return nil, err
 		}
 		n.LeaseLeft = time.Duration(left * float64(time.Second))

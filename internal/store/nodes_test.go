@@ -30,12 +30,21 @@ func TestNodes(t *testing.T) {
 	if _, err := s.JoinNode(ctx, &Node{ID: "node-b-id", Name: "a"}, time.Minute); !errors.Is(err, ErrConflict) {
 		t.Fatalf("a second node named a: %v", err)
 	}
+	if err := s.SetDraining(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.RenewLease(ctx, a.ID, 1, time.Minute); err != nil {
 		t.Fatalf("renew: %v", err)
+	}
+	if n, _ := s.GetNode(ctx, a.ID); n == nil || !n.Draining {
+		t.Fatalf("a renewal ended the drain: %+v", n)
 	}
 	ja2, err := s.JoinNode(ctx, a, time.Minute) // a restart of the node
 	if err != nil || ja2.Generation != 2 {
 		t.Fatalf("join again: %+v %v", ja2, err)
+	}
+	if n, _ := s.GetNode(ctx, a.ID); n == nil || n.Draining {
+		t.Fatalf("a restart did not end the drain: %+v", n)
 	}
 	if _, err := s.RenewLease(ctx, a.ID, 1, time.Minute); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("a renewal by the old generation: %v", err)
@@ -220,6 +229,13 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if err := s.AdoptVM(ctx, "vm-susp", "roomy-id", "full-id", "m1"); !errors.Is(err, ErrConflict) {
 		t.Fatalf("adopt a live node's VM: %v", err)
 	}
+	// Its own node may hand it over (a drain), with its stored state only.
+	if err := s.MoveVM(ctx, "vm-susp", "roomy-id", "full-id", "m0"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("move with another stored state: %v", err)
+	}
+	if err := s.MoveVM(ctx, "vm-roomy", "roomy-id", "full-id", ""); !errors.Is(err, ErrConflict) {
+		t.Fatalf("move a running VM: %v", err)
+	}
 	// A node whose lease ran out is no room.
 	if err := s.LeaveNode(ctx, "roomy-id", 1); err != nil {
 		t.Fatal(err)
@@ -248,6 +264,19 @@ func TestPlacementReservesMemory(t *testing.T) {
 	}
 	if rooms, _ := s.Rooms(ctx, 512, Avoid{}); len(rooms) != 1 || rooms[0].Node != "full-id" {
 		t.Fatalf("rooms after roomy left: %+v", rooms)
+	}
+	// A draining node is no room, until it joins again.
+	if err := s.SetDraining(ctx, "full-id"); err != nil {
+		t.Fatal(err)
+	}
+	if rooms, _ := s.Rooms(ctx, 0, Avoid{}); len(rooms) != 0 {
+		t.Fatalf("rooms with the only live node draining: %+v", rooms)
+	}
+	if n, err := s.GetNode(ctx, "full-id"); err != nil || !n.Draining {
+		t.Fatalf("the draining node: %+v %v", n, err)
+	}
+	if err := s.SetDraining(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("drain an unknown node: %v", err)
 	}
 }
 

@@ -25,6 +25,7 @@ type Store interface {
 	// store, and move such a VM of a lost node to this one.
 	SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error
 	AdoptVM(ctx context.Context, id, from, to, manifest string) error
+	MoveVM(ctx context.Context, id, from, to, manifest string) error
 
 	CreateSnapshot(ctx context.Context, sn *store.Snapshot) error
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
@@ -65,6 +66,9 @@ func (d durable) SetVMStored(ctx context.Context, id, node, manifest string, at 
 }
 func (d durable) AdoptVM(ctx context.Context, id, from, to, manifest string) error {
 	return d.Store.AdoptVM(keep(ctx), id, from, to, manifest)
+}
+func (d durable) MoveVM(ctx context.Context, id, from, to, manifest string) error {
+	return d.Store.MoveVM(keep(ctx), id, from, to, manifest)
 }
 func (d durable) DeleteVM(ctx context.Context, id string) error {
 	return d.Store.DeleteVM(keep(ctx), id)

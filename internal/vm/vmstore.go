@@ -54,6 +54,11 @@ func (s *Service) storeSuspended(ctx context.Context, id string) error {
 	if v.State != store.StateSuspended || v.Node != s.cfg.Node || v.StoredManifest != "" {
 		return nil // it woke, moved or is stored: nothing to do
 	}
+	return s.storeSuspendedLocked(ctx, v)
+}
+
+// storeSuspendedLocked stores suspended VM v, whose lock the caller holds.
+func (s *Service) storeSuspendedLocked(ctx context.Context, v *store.VM) error {
 	state := s.suspendPath(v.ID)
 	if _, err := os.Stat(state); err != nil {
 		return fmt.Errorf("%w: its state file: %v", errNotStorable, err)
@@ -71,13 +76,15 @@ func (s *Service) storeSuspended(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.store.SetVMStored(ctx, v.ID, s.cfg.Node, sum, time.Now().UTC()); err != nil {
+	at := time.Now().UTC()
+	if err := s.store.SetVMStored(ctx, v.ID, s.cfg.Node, sum, at); err != nil {
 		s.cfg.Objects.DeleteManifest(context.WithoutCancel(ctx), vmManifest(v.ID, sum))
 		if errors.Is(err, store.ErrConflict) {
 			return fmt.Errorf("%w: %v", errNotStorable, err)
 		}
 		return err
 	}
+	v.StoredManifest, v.StoredAt = sum, at
 	s.log.Info("suspended VM stored", "vm", v.ID, "store", s.cfg.Objects, "bytes", m.bytes(), "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -176,4 +183,48 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 	}
 	s.log.Info("suspended VM fetched", "vm", v.ID, "store", s.cfg.Objects, "bytes", fetched+n, "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// MoveOut hands VM idOrName to node to (a drain): a running or paused VM
+// is suspended, its state stored (now, if it was not), and the record
+// moved in one conditional statement; node to fetches and wakes it when
+// asked. It returns the VM as it was before (its state tells whether to
+// wake it there).
+func (s *Service) MoveOut(ctx context.Context, idOrName, to string) (*store.VM, error) {
+	if s.cfg.Objects == nil || s.cfg.Node == "" {
+		return nil, fmt.Errorf("%w: VMs move between nodes only in a cluster with an object store (serve --cluster --objects)", ErrConflict)
+	}
+	v, unlock, err := s.take(ctx, idOrName, "move")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	before := *v
+	switch v.State {
+	case store.StateRunning, store.StatePaused:
+		if _, err := s.suspendLocked(ctx, v); err != nil {
+			return nil, err
+		}
+	case store.StateSuspended:
+	default:
+		return nil, fmt.Errorf("%w: VM %s is %s: only running, paused and suspended VMs move (their memory goes with them)", ErrConflict, v.Name, v.State)
+	}
+	if v.StoredManifest == "" {
+		if err := s.storeSuspendedLocked(ctx, v); err != nil {
+			return nil, fmt.Errorf("%w: VM %s stays here, suspended: storing its state failed: %v", ErrUnavailable, v.Name, err)
+		}
+	}
+	if err := s.store.MoveVM(ctx, v.ID, s.cfg.Node, to, v.StoredManifest); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return nil, err
+	}
+	s.logEvent(v.ID, "moved to node %s (drain of node %s)", to, s.cfg.Node)
+	s.log.Info("VM moved to another node", "vm", v.ID, "to", to)
+	// Its files here are no one's now: its directory goes, its layers
+	// with the next collection.
+	os.RemoveAll(s.paths(v.ID).Dir)
+	s.gcLayers(ctx)
+	return &before, nil
 }

@@ -141,6 +141,13 @@ func (c *Client) RemoveNode(ctx context.Context, node string) error {
 	return c.do(ctx, "DELETE", "/v1/nodes/"+url.PathEscape(node), nil, nil)
 }
 
+// DrainNode moves the VMs of node to other nodes (suspend, store, wake
+// there) and keeps new VMs off it until it restarts.
+func (c *Client) DrainNode(ctx context.Context, node string) (*api.DrainResponse, error) {
+	var out api.DrainResponse
+	return &out, c.do(ctx, "POST", "/v1/nodes/"+url.PathEscape(node)+"/drain", nil, &out)
+}
+
 // CreateVM creates a VM and returns it running.
 func (c *Client) CreateVM(ctx context.Context, req api.CreateVMRequest) (*api.VM, error) {
 	var v api.VM

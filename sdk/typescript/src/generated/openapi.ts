@@ -621,6 +621,32 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes/{node}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Move a live node's VMs to other nodes (admin only)
+         * @description The node stops taking new VMs (until it joins again) and hands each
+         *     running, paused or suspended VM to the roomiest other node that runs
+         *     the same QEMU, machine, CPU model and accelerator: it suspends the
+         *     VM, stores its state in the object store (serve --objects), moves its
+         *     record, and that node wakes it when it was running. Same id, name,
+         *     processes and files. Stopped VMs stay. A drain sent to another node
+         *     is passed to that node. 409 for a lost node or outside a cluster.
+         */
+        post: operations["drainNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tokens": {
         parameters: {
             query?: never;
@@ -2060,6 +2086,23 @@ export interface components {
             machine_type: string;
             cpu_model: string;
             accel: string;
+            /** @description the node takes no new VMs (a drain), until it joins again */
+            draining?: boolean;
+        };
+        DrainResponse: {
+            /** @description the drained node's name */
+            node: string;
+            vms: components["schemas"]["DrainedVM"][];
+        };
+        DrainedVM: {
+            id: string;
+            name: string;
+            /** @description the node it moved to (absent when it stayed) */
+            to?: string;
+            /** @description its state after the drain */
+            state: string;
+            /** @description why it stayed (or why its wake on the new node failed) */
+            error?: string;
         };
         VM: {
             /** @description the cluster node the VM runs on (absent outside a cluster) */
@@ -3448,6 +3491,33 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    drainNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Node name or id. */
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description What became of each VM of the node. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DrainResponse"];
+                };
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
