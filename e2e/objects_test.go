@@ -140,14 +140,17 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	if err := os.WriteFile(chunk, good[:len(good)/3], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := other.Client.ListVMs(ctx)
+	before, err := other.Client.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var ae *client.APIError
 	_, err = other.Client.CreateVM(ctx, api.CreateVMRequest{Name: "from-damaged", From: sn.ID})
 	if !errors.As(err, &ae) || ae.Status != 503 || !strings.Contains(ae.Message, "damaged") {
 		t.Fatalf("create from a snapshot with a damaged chunk: %v", err)
 	}
-	if after, _ := other.Client.ListVMs(ctx); len(after) != len(before) {
-		t.Fatalf("a failed create left a VM: %d VMs before, %d after", len(before), len(after))
+	if after, err := other.Client.ListVMs(ctx); err != nil || len(after) != len(before) {
+		t.Fatalf("a failed create left a VM: %d VMs before, %d after (%v)", len(before), len(after), err)
 	}
 	if parts, _ := filepath.Glob(filepath.Join(other.DataDir, "objects", "*.fetch*")); len(parts) > 0 {
 		t.Fatalf("a failed fetch left %v", parts)
@@ -204,9 +207,29 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	if out, _, _ := other.CLI("", "ls"); !strings.Contains(out, "lost (was suspended, stored") {
 		t.Fatalf("agentvm ls with a lost node's stored VM:\n%s", out)
 	}
+	// Two execs at once, as an agent's parallel tool calls: one takeover,
+	// one fetch, one wake; both run in the same VM.
 	moving := time.Now()
+	hostnames := make(chan string, 1)
+	go func() {
+		res, err := other.Client.Exec(ctx, v.ID, api.ExecRequest{Cmd: []string{"sh", "-c", "cat /etc/machine-id; echo $(cat /tmp/counter)"}})
+		if err != nil {
+			hostnames <- "error: " + err.Error()
+			return
+		}
+		hostnames <- res.Stdout
+	}()
 	r = other.Exec(ctx, v.ID, `sha256sum /root/data.bin | cut -d' ' -f1; a=$(cat /tmp/counter); sleep 1; echo $a $(cat /tmp/counter)`)
 	t.Logf("exec that took the lost node's suspended VM over (fetch and wake): %.1f s", time.Since(moving).Seconds())
+	if h := <-hostnames; strings.HasPrefix(h, "error") || len(strings.Fields(h)) != 2 {
+		t.Fatalf("the concurrent exec in the taken-over VM: %q", h)
+	}
+	if n := strings.Count(other.Logs(), "suspended VM fetched"); n != 1 {
+		t.Fatalf("the taken-over VM was fetched %d times, want once", n)
+	}
+	if pids := testenv.QEMUProcesses(v.ID); len(pids) != 1 {
+		t.Fatalf("the taken-over VM runs in %d QEMUs, want one: %v", len(pids), pids)
+	}
 	f = strings.Fields(r.Stdout)
 	if r.ExitCode != 0 || len(f) != 3 || f[0] != sum {
 		t.Fatalf("moved VM: %+v (file's sum was %s)", r, sum)

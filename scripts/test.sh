@@ -13,16 +13,20 @@ prep_log=$(mktemp)
 prep_pid=
 if [ "$(id -u)" = 0 ]; then
 	echo "==> building the guest images and the test S3 server in the background (log: $prep_log)"
+	cache=${AGENTVM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentvm} # as image.DefaultCacheDir
+	set -m # the builds get a process group of their own, ended if this script stops first
 	(
 		for img in default code-interpreter browser; do
 			bin/agentvm image build --force=false --name "$img" --guest-agent bin/agentvm-guest
 		done
-		vgw_dir="$HOME/.cache/agentvm/tools/versitygw-v1.8.0"
+		vgw_dir="$cache/tools/versitygw-v1.8.0"
 		if [ ! -x "$vgw_dir/versitygw" ]; then
 			mkdir -p "$vgw_dir" && GOBIN="$vgw_dir" GOFLAGS= go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 		fi
 	) >"$prep_log" 2>&1 &
 	prep_pid=$!
+	set +m
+	trap 'kill -- -"$prep_pid" 2>/dev/null; rm -f "$prep_log"' EXIT
 fi
 echo "==> go vet"
 go vet ./...
@@ -43,6 +47,8 @@ if [ -n "$prep_pid" ]; then
 		echo "scripts/test.sh: building the guest images or the test S3 server failed (above)" >&2
 		exit 1
 	fi
+	trap - EXIT
+	rm -f "$prep_log"
 fi
 smoke='^(TestCreateAndExec|TestPauseSuspendWake|TestSnapshotAndFork)$'
 qemu_major=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p')

@@ -17,7 +17,8 @@ import (
 // or suspended VM to the roomiest other node that runs the same QEMU,
 // machine, CPU model and accelerator: it suspends the VM, stores its state
 // in the object store, moves the record (store.MoveVM), and asks that node
-// to wake it when it was running. A drain sent to another node is passed
+// to wake it when it was running (a paused VM arrives suspended). A VM
+// that cannot go stays, running again if it ran. A drain sent to another node is passed
 // to it. Stopped VMs stay: they have no memory to carry, and their disks
 // are not stored.
 func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
@@ -91,8 +92,8 @@ func (s *Server) drainVM(r *http.Request, self *store.Node, v *store.VM) api.Dra
 		return res
 	}
 	res.To, res.State = target.Name, api.StateSuspended
-	if before.State == store.StateSuspended {
-		return res
+	if before.State != store.StateRunning {
+		return res // a paused VM arrives suspended: it wakes when used
 	}
 	// It ran here: it runs there.
 	wake, err := http.NewRequestWithContext(ctx, http.MethodGet, "/v1/vms/"+url.PathEscape(v.ID)+"?wake=1", nil)

@@ -211,6 +211,22 @@ func (s *Store) SetVMStored(ctx context.Context, id, node, manifest string, at t
 	return nil
 }
 
+// ClearVMStored makes VM id's stored state manifest no longer its, in one
+// statement only while the VM is still node's with that state
+// (ErrConflict otherwise: another node took it over meanwhile).
+func (s *Store) ClearVMStored(ctx context.Context, id, node, manifest string) error {
+	r, err := s.exec(ctx, `UPDATE vms SET stored_at = 0, stored_manifest = '' WHERE id = ? AND node_id = ? AND stored_manifest = ?`, id, node, manifest)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return fmt.Errorf("%w: VM %s is no longer node %s's with that stored state (another node took it over)", ErrConflict, id, node)
+	}
+	return nil
+}
+
 // AdoptVM moves suspended VM id from node from, whose lease has run out, to
 // node to, in one statement only while its stored state is still manifest
 // and from is still lost: of nodes that try at once, one wins, and a node

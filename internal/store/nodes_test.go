@@ -246,15 +246,29 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if err := s.AdoptVM(ctx, "vm-susp", "roomy-id", "full-id", "m0"); !errors.Is(err, ErrConflict) {
 		t.Fatalf("adopt with a stale stored state: %v", err)
 	}
+	// Two nodes race to take it over: one wins.
 	adopted := make(chan error, 2)
-	for range 2 {
-		go func() { adopted <- s.AdoptVM(ctx, "vm-susp", "roomy-id", "full-id", "m1") }()
+	for _, to := range []string{"full-id", "third-id"} {
+		go func() { adopted <- s.AdoptVM(ctx, "vm-susp", "roomy-id", to, "m1") }()
 	}
 	if e1, e2 := <-adopted, <-adopted; (e1 == nil) == (e2 == nil) {
 		t.Fatalf("two adoptions at once: %v and %v, want one to win", e1, e2)
 	}
-	if v, err := s.GetVM(ctx, "vm-susp"); err != nil || v.Node != "full-id" || v.StoredManifest != "m1" {
+	v, err = s.GetVM(ctx, "vm-susp")
+	if err != nil || (v.Node != "full-id" && v.Node != "third-id") || v.StoredManifest != "m1" {
 		t.Fatalf("the adopted VM: %+v %v", v, err)
+	}
+	winner := v.Node
+	// Its old node, back too late, cannot drop the stored state (and so
+	// cannot wake it): the VM is another node's.
+	if err := s.ClearVMStored(ctx, "vm-susp", "roomy-id", "m1"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("the old node drops the taken-over VM's stored state: %v", err)
+	}
+	if err := s.ClearVMStored(ctx, "vm-susp", winner, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := s.GetVM(ctx, "vm-susp"); v == nil || v.StoredManifest != "" || !v.StoredAt.IsZero() {
+		t.Fatalf("after ClearVMStored: %+v", v)
 	}
 	if err := s.DeleteVM(ctx, "vm-susp"); err != nil {
 		t.Fatal(err)

@@ -310,6 +310,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		s.killStrays(v, keep)
 	}
 	s.removeOrphanSnapshots(ctx)
+	s.removeMovedVMs(ctx)
 	s.gcLayers(ctx)
 	s.removePartialFetches()
 	s.storeUnstored(ctx)
@@ -351,6 +352,33 @@ func (s *Service) removeOrphanSnapshots(ctx context.Context) {
 			os.RemoveAll(p)
 		}
 	}
+}
+
+// removeMovedVMs deletes, in a cluster, the directories of VMs another
+// node now runs (taken over while this node was lost, or moved by a
+// drain): this node never runs them from those files again.
+func (s *Service) removeMovedVMs(ctx context.Context) {
+	if s.cfg.Node == "" {
+		return
+	}
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if v.Node == s.cfg.Node {
+			continue
+		}
+		if p := s.paths(v.ID).Dir; fileExists(p) {
+			s.log.Info("removing the files of a VM another node runs now", "vm", v.ID, "node", v.Node)
+			os.RemoveAll(p)
+		}
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func (s *Service) reattach(ctx context.Context, v *store.VM) error {

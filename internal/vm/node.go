@@ -90,7 +90,12 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	// node's (vmstore.go), and its state is fetched before it is used.
 	if s.adoptable(ctx, v) {
 		if err := s.adopt(ctx, v); err != nil {
-			return nil, err
+			// A concurrent request here may have taken it over first.
+			cur, gerr := s.Get(ctx, v.ID)
+			if gerr != nil || cur.Node != s.cfg.Node {
+				return nil, err
+			}
+			v = cur
 		}
 	}
 	if err := s.ours(v); err != nil {

@@ -69,7 +69,15 @@ func (s *Service) startUpload(key string, put func(ctx context.Context) error) {
 			s.uploads.Done()
 		}()
 		for try := 0; ; try++ {
+			// At most two uploads at a time: a wave of suspends must not
+			// take all of the disk's bandwidth.
+			select {
+			case s.uploadSlots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
 			err := put(ctx)
+			<-s.uploadSlots
 			if err == nil || errors.Is(err, errNotStorable) || ctx.Err() != nil {
 				if err != nil && ctx.Err() == nil {
 					s.log.Warn("not stored in the object store", "what", key, "err", err)
@@ -194,8 +202,8 @@ func (m *storedState) bytes() int64 {
 	return n
 }
 
-// storeUnstored stores this node's snapshots that a stopped daemon left
-// unstored.
+// storeUnstored stores this node's snapshots and suspended VMs that a
+// stopped daemon left unstored.
 func (s *Service) storeUnstored(ctx context.Context) {
 	if s.cfg.Objects == nil {
 		return
@@ -208,6 +216,15 @@ func (s *Service) storeUnstored(ctx context.Context) {
 	for _, sn := range snaps {
 		if sn.Node == s.cfg.Node && sn.StoredAt.IsZero() {
 			s.storeSnapshotLater(sn)
+		}
+	}
+	vms, err := s.localVMs(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if v.State == store.StateSuspended && v.StoredManifest == "" {
+			s.storeSuspendedLater(v)
 		}
 	}
 }

@@ -43,6 +43,7 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 	if err != nil {
 		return nil, nil, err
 	}
+	unlock = s.thenStore(v.ID, unlock)
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		unlock()
 		return nil, nil, err
@@ -286,7 +287,8 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	s.killStrays(v, 0) // a QEMU of an interrupted wake would hold the disk
 	// It is about to run here: its stored copy must never wake elsewhere,
 	// even if this daemon dies before it records the VM running.
-	if err := s.dropStored(ctx, v); err != nil {
+	undoStored, dropped, err := s.dropStored(ctx, v)
+	if err != nil {
 		return err
 	}
 	mc := s.machineConfig(v, p, img)
@@ -301,7 +303,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		s.killStrays(v, 0)
 		v.PID, v.Error = 0, "wake failed: "+err.Error() // still suspended
 		s.store.UpdateVM(context.Background(), v)
-		s.storeSuspendedLater(v)
+		undoStored()
 		return err
 	}
 	// The state file goes only once the VM is recorded running: a daemon
@@ -316,10 +318,13 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		}
 		s.killStrays(v, 0)
 		v.PID = 0
+		undoStored()
 		return fmt.Errorf("wake %s: record it running: %w", v.Name, err)
 	}
 	// A QEMU that maps the state's RAM file keeps it until it exits.
 	qemu.RemoveState(s.suspendPath(v.ID))
+	os.Remove(s.storedMarker(v.ID))
+	dropped()
 	s.logEvent(v.ID, "woke from suspend in %d ms (qemu pid %d)", time.Since(start).Milliseconds(), v.PID)
 	return nil
 }

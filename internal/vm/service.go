@@ -139,11 +139,12 @@ type Service struct {
 	// Background work that stops with the daemon: snapshots being stored
 	// in the object store (objects.go), by id. fetching holds one token:
 	// fetches from the object store go one at a time.
-	bg       context.Context
-	stopBg   context.CancelFunc
-	uploads  sync.WaitGroup
-	storing  map[string]*upload
-	fetching chan struct{}
+	bg          context.Context
+	stopBg      context.CancelFunc
+	uploads     sync.WaitGroup
+	storing     map[string]*upload
+	fetching    chan struct{}
+	uploadSlots chan struct{}
 
 	// Fencing (node.go): why the node is fenced ("": it is not), how many
 	// fences there have been, and the VMs they killed since the last
@@ -183,7 +184,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, fencedVMs: map[string]bool{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
 	s.bg, s.stopBg = context.WithCancel(context.Background())
-	s.storing, s.fetching = map[string]*upload{}, make(chan struct{}, 1)
+	s.storing, s.fetching, s.uploadSlots = map[string]*upload{}, make(chan struct{}, 1), make(chan struct{}, 2)
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
 		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig,
 		newNetwork: func() (*network.Network, error) {

@@ -26,6 +26,7 @@ type Store interface {
 	SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error
 	AdoptVM(ctx context.Context, id, from, to, manifest string) error
 	MoveVM(ctx context.Context, id, from, to, manifest string) error
+	ClearVMStored(ctx context.Context, id, node, manifest string) error
 
 	CreateSnapshot(ctx context.Context, sn *store.Snapshot) error
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
@@ -69,6 +70,9 @@ func (d durable) AdoptVM(ctx context.Context, id, from, to, manifest string) err
 }
 func (d durable) MoveVM(ctx context.Context, id, from, to, manifest string) error {
 	return d.Store.MoveVM(keep(ctx), id, from, to, manifest)
+}
+func (d durable) ClearVMStored(ctx context.Context, id, node, manifest string) error {
+	return d.Store.ClearVMStored(keep(ctx), id, node, manifest)
 }
 func (d durable) DeleteVM(ctx context.Context, id string) error {
 	return d.Store.DeleteVM(keep(ctx), id)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -38,6 +39,19 @@ func (s *Service) storeSuspendedLater(v *store.VM) {
 	s.startUpload(uploadKey(v.ID), func(ctx context.Context) error { return s.storeSuspended(ctx, v.ID) })
 }
 
+// thenStore wraps the unlock of an operation that stopped VM id's upload
+// (take): once the operation lets go, a VM still suspended and unstored
+// here is stored again.
+func (s *Service) thenStore(id string, unlock func()) func() {
+	if s.cfg.Objects == nil || s.cfg.Node == "" {
+		return unlock
+	}
+	return func() {
+		unlock()
+		s.storeSuspendedLater(&store.VM{ID: id})
+	}
+}
+
 // storeSuspended stores VM id's suspended state, holding the VM.
 func (s *Service) storeSuspended(ctx context.Context, id string) error {
 	unlock, err := s.ops.wait(ctx, id, "store")
@@ -47,7 +61,7 @@ func (s *Service) storeSuspended(ctx context.Context, id string) error {
 	defer unlock()
 	v, err := s.store.GetVM(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: the VM was deleted", errNotStorable)
+		return nil // deleted: nothing to store
 	} else if err != nil {
 		return err
 	}
@@ -62,6 +76,9 @@ func (s *Service) storeSuspendedLocked(ctx context.Context, v *store.VM) error {
 	state := s.suspendPath(v.ID)
 	if _, err := os.Stat(state); err != nil {
 		return fmt.Errorf("%w: its state file: %v", errNotStorable, err)
+	}
+	if mayBeTorn(v.SavedBy, qemu.BootID(), qemu.StateSynced(state)) {
+		return fmt.Errorf("%w: its memory may have been lost in a host crash", errNotStorable)
 	}
 	start, top := time.Now(), s.diskPath(v)
 	m, err := s.putState(ctx, top, append(append([]string{}, v.Layers...), top), state)
@@ -85,6 +102,9 @@ func (s *Service) storeSuspendedLocked(ctx context.Context, v *store.VM) error {
 		return err
 	}
 	v.StoredManifest, v.StoredAt = sum, at
+	if err := os.WriteFile(s.storedMarker(v.ID), []byte(sum), 0o600); err != nil {
+		s.log.Warn("stored state's marker not written", "vm", v.ID, "err", err)
+	}
 	s.log.Info("suspended VM stored", "vm", v.ID, "store", s.cfg.Objects, "bytes", m.bytes(), "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -104,26 +124,40 @@ func (s *Service) unstoreVM(id, sum string) {
 	}()
 }
 
-// dropStored forgets v's stored state before v runs again.
-func (s *Service) dropStored(ctx context.Context, v *store.VM) error {
+// dropStored makes v's stored state no longer v's before v runs again
+// here, in one statement only while v is still this node's with that
+// state (a node that took v over meanwhile wins: ErrConflict). It returns
+// undo, which gives the state back to v (a wake that failed), and done,
+// which deletes its manifest (v runs).
+func (s *Service) dropStored(ctx context.Context, v *store.VM) (undo, done func(), err error) {
 	if v.StoredManifest == "" {
-		return nil
+		return func() {}, func() {}, nil
 	}
 	stored, at := v.StoredManifest, v.StoredAt
-	v.StoredManifest, v.StoredAt = "", time.Time{}
-	if err := s.store.UpdateVM(ctx, v); err != nil {
-		v.StoredManifest, v.StoredAt = stored, at
-		return err
+	if err := s.store.ClearVMStored(ctx, v.ID, s.cfg.Node, stored); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, nil, fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return nil, nil, err
 	}
-	s.unstoreVM(v.ID, stored)
-	return nil
+	v.StoredManifest, v.StoredAt = "", time.Time{}
+	undo = func() {
+		if err := s.store.SetVMStored(context.Background(), v.ID, s.cfg.Node, stored, at); err == nil {
+			v.StoredManifest, v.StoredAt = stored, at
+		}
+	}
+	return undo, func() { s.unstoreVM(v.ID, stored) }, nil
 }
 
 // adoptable reports whether v, another node's VM, can be taken over here:
-// it is suspended with its state stored, and its node is lost.
+// it is suspended with its state stored, this node can restore that state
+// (same QEMU, machine, CPU model and accelerator), and its node is lost.
 func (s *Service) adoptable(ctx context.Context, v *store.VM) bool {
 	if s.cfg.Objects == nil || v.Node == "" || v.Node == s.cfg.Node || v.State != store.StateSuspended || v.StoredManifest == "" {
 		return false
+	}
+	if s.checkSuspendedState(v) != nil {
+		return false // this node could not wake it: leave it to one that can
 	}
 	lost, err := s.cfg.nodeLost(ctx, v.Node)
 	return err == nil && lost
@@ -144,15 +178,46 @@ func (s *Service) adopt(ctx context.Context, v *store.VM) error {
 	return nil
 }
 
-// fetchSuspended makes an adopted VM's stored state local, if it is not:
-// its disk chain and its state file (written last: one found is whole).
+// storedMarker names the file beside a VM's suspend state that holds the
+// hash of the stored manifest that state is (written by the store and by
+// the fetch): a state file without the VM's current one is stale, say one
+// left by an earlier stay of the VM on this node.
+func (s *Service) storedMarker(id string) string { return s.suspendPath(id) + ".stored" }
+
+// haveStored reports whether v's state here is its stored state.
+func (s *Service) haveStored(v *store.VM) bool {
+	b, err := os.ReadFile(s.storedMarker(v.ID))
+	if err != nil || string(b) != v.StoredManifest {
+		return false
+	}
+	_, err = os.Stat(s.suspendPath(v.ID))
+	return err == nil
+}
+
+// fetchSuspended makes an adopted or moved VM's stored state local, if it
+// is not: its disk chain and its state file (written last, then the
+// marker). It holds the VM, so concurrent requests fetch it once.
 func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
-	if v.State != store.StateSuspended || v.StoredManifest == "" {
+	if v.State != store.StateSuspended || v.StoredManifest == "" || s.haveStored(v) {
 		return nil
 	}
-	if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
-		return nil
+	if s.cfg.Objects == nil {
+		return fmt.Errorf("%w: VM %s's state is in the object store, and this node has none (serve --objects)", ErrUnavailable, v.Name)
 	}
+	unlock, err := s.ops.wait(ctx, v.ID, "fetch")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cur, err := s.store.GetVM(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	if cur.Node != s.cfg.Node || cur.State != store.StateSuspended || cur.StoredManifest == "" || s.haveStored(cur) {
+		*v = *cur
+		return nil // fetched, woken or moved meanwhile
+	}
+	*v = *cur
 	select {
 	case s.fetching <- struct{}{}:
 		defer func() { <-s.fetching }()
@@ -164,6 +229,8 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 	if err != nil {
 		return fmt.Errorf("VM %s's stored state: %w", v.Name, err)
 	}
+	// Whatever an earlier stay of the VM here left is stale.
+	os.RemoveAll(s.paths(v.ID).Dir)
 	if err := os.MkdirAll(s.paths(v.ID).Dir, 0o700); err != nil {
 		return err
 	}
@@ -180,6 +247,9 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 	n, err := s.fetchState(ctx, m, s.suspendPath(v.ID), v.MemoryMiB)
 	if err != nil {
 		return fmt.Errorf("%w: VM %s's stored state: %v", ErrUnavailable, v.Name, err)
+	}
+	if err := os.WriteFile(s.storedMarker(v.ID), []byte(v.StoredManifest), 0o600); err != nil {
+		return err
 	}
 	s.log.Info("suspended VM fetched", "vm", v.ID, "store", s.cfg.Objects, "bytes", fetched+n, "ms", time.Since(start).Milliseconds())
 	return nil
@@ -209,16 +279,25 @@ func (s *Service) MoveOut(ctx context.Context, idOrName, to string) (*store.VM, 
 	default:
 		return nil, fmt.Errorf("%w: VM %s is %s: only running, paused and suspended VMs move (their memory goes with them)", ErrConflict, v.Name, v.State)
 	}
+	// A VM that ran and cannot go runs on here.
+	stay := func(err error) (*store.VM, error) {
+		if before.State == store.StateRunning {
+			if werr := s.wakeLocked(context.WithoutCancel(ctx), v); werr != nil {
+				return nil, fmt.Errorf("%w; and its wake here failed too: %v", err, werr)
+			}
+		}
+		return nil, err
+	}
 	if v.StoredManifest == "" {
 		if err := s.storeSuspendedLocked(ctx, v); err != nil {
-			return nil, fmt.Errorf("%w: VM %s stays here, suspended: storing its state failed: %v", ErrUnavailable, v.Name, err)
+			return stay(fmt.Errorf("%w: VM %s stays here: storing its state failed: %v", ErrUnavailable, v.Name, err))
 		}
 	}
 	if err := s.store.MoveVM(ctx, v.ID, s.cfg.Node, to, v.StoredManifest); err != nil {
 		if errors.Is(err, store.ErrConflict) {
-			return nil, fmt.Errorf("%w: %v", ErrConflict, err)
+			err = fmt.Errorf("%w: %v", ErrConflict, err)
 		}
-		return nil, err
+		return stay(err)
 	}
 	s.logEvent(v.ID, "moved to node %s (drain of node %s)", to, s.cfg.Node)
 	s.log.Info("VM moved to another node", "vm", v.ID, "to", to)
