@@ -194,94 +194,13 @@ AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, []
 	return nil
 }
 
-// SetVMStored records that suspended VM id of node has its state in the
-// object store under manifest; ErrConflict if the VM is no longer that
-// node's suspended VM (it woke, or moved, meanwhile).
-func (s *Store) SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error {
-	r, err := s.exec(ctx, `UPDATE vms SET stored_at = ?, stored_manifest = ? WHERE id = ? AND node_id = ? AND state = 'suspended'`,
-		nanos(at), manifest, id, node)
-	if err != nil {
-		return err
-	}
-	if n, err := r.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return fmt.Errorf("%w: VM %s is no longer suspended on node %s", ErrConflict, id, node)
-	}
-	return nil
-}
-
-// ClearVMStored makes VM id's stored state manifest no longer its, in one
-// statement only while the VM is still node's with that state
-// (ErrConflict otherwise: another node took it over meanwhile).
-func (s *Store) ClearVMStored(ctx context.Context, id, node, manifest string) error {
-	r, err := s.exec(ctx, `UPDATE vms SET stored_at = 0, stored_manifest = '' WHERE id = ? AND node_id = ? AND stored_manifest = ?`, id, node, manifest)
-	if err != nil {
-		return err
-	}
-	if n, err := r.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return fmt.Errorf("%w: VM %s is no longer node %s's with that stored state (another node took it over)", ErrConflict, id, node)
-	}
-	return nil
-}
-
-// AdoptVM moves suspended VM id from node from, whose lease has run out, to
-// node to, in one statement only while its stored state is still manifest
-// and from is still lost: of nodes that try at once, one wins, and a node
-// that came back keeps its VM (ErrConflict).
-func (s *Store) AdoptVM(ctx context.Context, id, from, to, manifest string) error {
-	if !s.pg {
-		return fmt.Errorf("%w: VMs move between nodes only in a cluster", ErrConflict)
-	}
-	r, err := s.exec(ctx, `UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
-AND stored_manifest = ? AND stored_manifest <> ''
-AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, manifest, from)
-	if err != nil {
-		return err
-	}
-	if n, err := r.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return fmt.Errorf("%w: VM %s is no longer a lost node's suspended VM with that stored state (its node is back, another node took it, or it changed)", ErrConflict, id)
-	}
-	return nil
-}
-
 // SetDraining marks node id draining (no new VMs go to it); a node that
 // joins again is no longer draining.
 func (s *Store) SetDraining(ctx context.Context, id string) error {
 	if err := s.needCluster(); err != nil {
 		return err
 	}
-	r, err := s.exec(ctx, `UPDATE nodes SET draining = true WHERE id = ?`, id)
-	if err != nil {
-		return err
-	}
-	if n, err := r.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return fmt.Errorf("%w: no node %q", ErrNotFound, id)
-	}
-	return nil
-}
-
-// MoveVM hands suspended VM id of node from to node to, in one statement
-// only while it is still from's suspended VM with stored state manifest
-// (ErrConflict otherwise): the drain of a live node.
-func (s *Store) MoveVM(ctx context.Context, id, from, to, manifest string) error {
-	r, err := s.exec(ctx, `UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
-AND stored_manifest = ? AND stored_manifest <> ''`, to, id, from, manifest)
-	if err != nil {
-		return err
-	}
-	if n, err := r.RowsAffected(); err != nil {
-		return err
-	} else if n == 0 {
-		return fmt.Errorf("%w: VM %s is no longer node %s's suspended VM with that stored state", ErrConflict, id, from)
-	}
-	return nil
+	return s.updateOne(ctx, fmt.Errorf("%w: no node %q", ErrNotFound, id), `UPDATE nodes SET draining = true WHERE id = ?`, id)
 }
 
 // Room is a live node and the memory it has left for new VMs.

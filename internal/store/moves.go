@@ -1,0 +1,68 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The moves of a suspended VM's stored state between nodes (a node's
+// object store, vm/vmstore.go): each one statement, conditional on what
+// the caller read, so that of nodes acting at once one wins and the
+// others get ErrConflict.
+
+// SetVMStored records that suspended VM id of node has its state in the
+// object store under manifest; ErrConflict if the VM is no longer that
+// node's suspended VM (it woke, or moved, meanwhile).
+func (s *Store) SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error {
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer suspended on node %s", ErrConflict, id, node),
+		`UPDATE vms SET stored_at = ?, stored_manifest = ? WHERE id = ? AND node_id = ? AND state = 'suspended'`,
+		nanos(at), manifest, id, node)
+}
+
+// ClearVMStored makes VM id's stored state manifest no longer its, in one
+// statement only while the VM is still node's with that state
+// (ErrConflict otherwise: another node took it over meanwhile).
+func (s *Store) ClearVMStored(ctx context.Context, id, node, manifest string) error {
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer node %s's with that stored state (another node took it over)", ErrConflict, id, node),
+		`UPDATE vms SET stored_at = 0, stored_manifest = '' WHERE id = ? AND node_id = ? AND stored_manifest = ?`, id, node, manifest)
+}
+
+// AdoptVM moves suspended VM id from node from, whose lease has run out, to
+// node to, in one statement only while its stored state is still manifest
+// and from is still lost: of nodes that try at once, one wins, and a node
+// that came back keeps its VM (ErrConflict).
+func (s *Store) AdoptVM(ctx context.Context, id, from, to, manifest string) error {
+	if !s.pg {
+		return fmt.Errorf("%w: VMs move between nodes only in a cluster", ErrConflict)
+	}
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer a lost node's suspended VM with that stored state (its node is back, another node took it, or it changed)", ErrConflict, id),
+		`UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
+AND stored_manifest = ? AND stored_manifest <> ''
+AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, manifest, from)
+}
+
+// MoveVM hands suspended VM id of node from to node to, in one statement
+// only while it is still from's suspended VM with stored state manifest
+// (ErrConflict otherwise): the drain of a live node.
+func (s *Store) MoveVM(ctx context.Context, id, from, to, manifest string) error {
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer node %s's suspended VM with that stored state", ErrConflict, id, from),
+		`UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
+AND stored_manifest = ? AND stored_manifest <> ''`, to, id, from, manifest)
+}
+
+// updateOne runs q and returns none if it changed no row.
+func (s *Store) updateOne(ctx context.Context, none error, q string, args ...any) error {
+	r, err := s.exec(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return none
+	}
+	return nil
+}
