@@ -276,7 +276,11 @@ func ticksAfter(log string, since int64) int {
 func lastTick(log string) int64 {
 	var last int64
 	for _, f := range strings.Fields(log) {
-		if n, err := strconv.ParseInt(strings.TrimPrefix(f, "tick-"), 10, 64); err == nil && strings.HasPrefix(f, "tick-") && n > last {
+		i := strings.Index(f, "tick-")
+		if i < 0 {
+			continue
+		}
+		if n, err := strconv.ParseInt(f[i+len("tick-"):], 10, 64); err == nil && n > last {
 			last = n
 		}
 	}

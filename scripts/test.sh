@@ -23,7 +23,7 @@ if [ "$(id -u)" = 0 ]; then
 		if [ ! -x "$vgw_dir/versitygw" ]; then
 			mkdir -p "$vgw_dir" && GOBIN="$vgw_dir" GOFLAGS= go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 		fi
-	) >"$prep_log" 2>&1 &
+	) </dev/null >"$prep_log" 2>&1 &
 	prep_pid=$!
 	set +m
 	trap 'kill -- -"$prep_pid" 2>/dev/null; rm -f "$prep_log"' EXIT

@@ -104,6 +104,9 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	if err := s.fetchSuspended(ctx, v); err != nil {
 		return nil, err
 	}
+	if err := s.ours(v); err != nil { // it moved while the fetch waited
+		return nil, err
+	}
 	return v, nil
 }
 

@@ -93,6 +93,12 @@ func (s *Service) storeSuspendedLocked(ctx context.Context, v *store.VM) error {
 	if err != nil {
 		return err
 	}
+	// The marker first: a crash between the two leaves a marker naming a
+	// manifest the record does not, which is ignored; the other way round
+	// would make this node fetch again the state it has.
+	if err := os.WriteFile(s.storedMarker(v.ID), []byte(sum), 0o600); err != nil {
+		return err
+	}
 	at := time.Now().UTC()
 	if err := s.store.SetVMStored(ctx, v.ID, s.cfg.Node, sum, at); err != nil {
 		s.cfg.Objects.DeleteManifest(context.WithoutCancel(ctx), vmManifest(v.ID, sum))
@@ -102,9 +108,6 @@ func (s *Service) storeSuspendedLocked(ctx context.Context, v *store.VM) error {
 		return err
 	}
 	v.StoredManifest, v.StoredAt = sum, at
-	if err := os.WriteFile(s.storedMarker(v.ID), []byte(sum), 0o600); err != nil {
-		s.log.Warn("stored state's marker not written", "vm", v.ID, "err", err)
-	}
 	s.log.Info("suspended VM stored", "vm", v.ID, "store", s.cfg.Objects, "bytes", m.bytes(), "ms", time.Since(start).Milliseconds())
 	return nil
 }
