@@ -23,6 +23,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // ChunkSize is the size of every chunk but a file's last.
@@ -86,17 +88,13 @@ func (s *Store) PutFile(ctx context.Context, p string) (File, error) {
 	}
 	defer f.Close()
 	var (
-		out   File
-		whole = sha256.New()
-		sem   = make(chan struct{}, s.parallel())
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
+		out     File
+		whole   = sha256.New()
+		readErr error
 	)
-	fail := func(err error) { once.Do(func() { first = err }) }
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.parallel())
+	for gctx.Err() == nil {
 		buf := make([]byte, ChunkSize)
 		n, err := io.ReadFull(f, buf)
 		if n > 0 {
@@ -109,34 +107,27 @@ func (s *Store) PutFile(ctx context.Context, p string) (File, error) {
 				sum := sha256.Sum256(buf)
 				h := hex.EncodeToString(sum[:])
 				out.Chunks = append(out.Chunks, h)
-				select {
-				case sem <- struct{}{}:
-				case <-ctx.Done():
-				}
-				if ctx.Err() != nil {
-					break
-				}
-				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					if err := s.putChunk(ctx, h, buf); err != nil {
-						fail(fmt.Errorf("store %s: %w", p, err))
-						cancel()
+				g.Go(func() error {
+					if err := s.putChunk(gctx, h, buf); err != nil {
+						return fmt.Errorf("store %s: %w", p, err)
 					}
-				}()
+					return nil
+				})
 			}
 		}
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			break
 		}
 		if err != nil {
-			fail(fmt.Errorf("read %s: %w", p, err))
+			readErr = fmt.Errorf("read %s: %w", p, err)
 			break
 		}
 	}
-	wg.Wait()
-	if first != nil {
-		return File{}, first
+	if err := g.Wait(); err != nil {
+		return File{}, err
+	}
+	if readErr != nil {
+		return File{}, readErr
 	}
 	if err := ctx.Err(); err != nil {
 		return File{}, err
@@ -224,42 +215,23 @@ func (s *Store) GetFile(ctx context.Context, f File, dst string, max int64) erro
 	if err := out.Truncate(f.Size); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		sem   = make(chan struct{}, s.parallel())
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.parallel())
 	for i, h := range f.Chunks {
 		if h == "" {
 			continue
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
+		if gctx.Err() != nil {
 			break
 		}
 		want := int64(ChunkSize)
 		if rest := f.Size - int64(i)*ChunkSize; rest < want {
 			want = rest
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			err := s.getChunk(ctx, h, want, out, int64(i)*ChunkSize)
-			if err != nil {
-				once.Do(func() { first = err })
-				cancel()
-			}
-		}()
+		g.Go(func() error { return s.getChunk(gctx, h, want, out, int64(i)*ChunkSize) })
 	}
-	wg.Wait()
-	if first != nil {
-		return first
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err

@@ -3,10 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"strings"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/store"
@@ -106,12 +104,11 @@ func (s *Server) drainVM(r *http.Request, self *store.Node, v *store.VM) api.Dra
 		res.Error = fmt.Sprintf("moved to %s, suspended; its wake there failed: %v", target.Name, err)
 		return res
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-		res.Error = fmt.Sprintf("moved to %s, suspended; its wake there failed (%d): %s", target.Name, resp.StatusCode, strings.TrimSpace(string(b)))
+		res.Error = fmt.Sprintf("moved to %s, suspended; its wake there failed (%d): %s", target.Name, resp.StatusCode, peerAnswer(resp, 4<<10))
 		return res
 	}
+	resp.Body.Close()
 	res.State = api.StateRunning
 	return res
 }
@@ -123,15 +120,20 @@ func (s *Server) drainTarget(ctx context.Context, self *store.Node, memMiB int64
 	if err != nil {
 		return nil, err
 	}
+	nodes, err := s.store.ListNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	like := map[string]bool{}
+	saves := store.SavedBy{QEMU: self.QEMUVersion, Machine: self.MachineType, CPUModel: self.CPUModel, Accel: self.Accel}
+	for _, n := range nodes {
+		like[n.ID] = n.ID != self.ID && restores(n, saves)
+	}
 	for _, room := range rooms {
-		if room.Node == self.ID {
+		if !like[room.Node] {
 			continue
 		}
-		n, err := s.store.GetNode(ctx, room.Node)
-		if err != nil || n.QEMUVersion != self.QEMUVersion || n.MachineType != self.MachineType || n.CPUModel != self.CPUModel || n.Accel != self.Accel {
-			continue
-		}
-		if peer := s.otherLiveNode(n.ID); peer != nil {
+		if peer := s.otherLiveNode(room.Node); peer != nil {
 			return peer, nil
 		}
 	}

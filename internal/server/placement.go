@@ -81,9 +81,7 @@ func (s *Server) placeFrom(w http.ResponseWriter, r *http.Request, req *api.Crea
 			relay(w, resp)
 			return true
 		case err == nil:
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-			tried = append(tried, fmt.Sprintf("%s, which keeps it, is full (%s)", n.Name, strings.TrimSpace(string(b))))
+			tried = append(tried, fmt.Sprintf("%s, which keeps it, is full (%s)", n.Name, peerAnswer(resp, 64<<10)))
 		case !stored || !notSent(err):
 			// Not stored, or the node may have made the VM: no other may.
 			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("snapshot %s is kept on node %s, which did not answer: %v", sn.Name, n.Name, err))
@@ -100,8 +98,7 @@ func (s *Server) placeFrom(w http.ResponseWriter, r *http.Request, req *api.Crea
 	}
 	can := map[string]bool{}
 	for _, n := range nodes {
-		sb := sn.SavedBy
-		can[n.ID] = n.ID != sn.Node && n.QEMUVersion == sb.QEMU && n.MachineType == sb.Machine && n.CPUModel == sb.CPUModel && n.Accel == sb.Accel
+		can[n.ID] = n.ID != sn.Node && restores(n, *sn.SavedBy)
 	}
 	rooms, err := s.store.Rooms(ctx, sn.MemoryMiB, store.Avoid{})
 	if err != nil {
@@ -139,9 +136,7 @@ func (s *Server) placeIn(w http.ResponseWriter, r *http.Request, body []byte, ro
 		// A node that cannot restore a stored snapshot after all (it has
 		// no object store, or another) says so with 421: the next may.
 		if resp.StatusCode == http.StatusInsufficientStorage || (ok != nil && resp.StatusCode == http.StatusMisdirectedRequest) {
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-			tried = append(tried, fmt.Sprintf("%s did not take it (%d: %s)", n.Name, resp.StatusCode, strings.TrimSpace(string(b))))
+			tried = append(tried, fmt.Sprintf("%s did not take it (%d: %s)", n.Name, resp.StatusCode, peerAnswer(resp, 64<<10)))
 			continue
 		}
 		relay(w, resp)
@@ -149,6 +144,20 @@ func (s *Server) placeIn(w http.ResponseWriter, r *http.Request, body []byte, ro
 	}
 	writeError(w, http.StatusInsufficientStorage, api.CodeInsufficient, "no node could take the VM: "+strings.Join(tried, "; "))
 	return true
+}
+
+// restores reports whether node n runs the QEMU, machine, CPU model and
+// accelerator that saved a state: the ones it can restore.
+func restores(n *store.Node, saved store.SavedBy) bool {
+	return n.QEMUVersion == saved.QEMU && n.MachineType == saved.Machine && n.CPUModel == saved.CPUModel && n.Accel == saved.Accel
+}
+
+// peerAnswer reads (at most max bytes of) and closes the body of a node's
+// answer that is not relayed, for a message.
+func peerAnswer(resp *http.Response, max int64) string {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, max))
+	return strings.TrimSpace(string(b))
 }
 
 // notSent reports whether a forward failed before its request could reach

@@ -133,18 +133,7 @@ func (s *Store) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 // store, under the manifest whose SHA-256 is manifest; ErrNotFound if the
 // snapshot is gone.
 func (s *Store) SetSnapshotStored(ctx context.Context, id string, at time.Time, manifest string) error {
-	res, err := s.exec(ctx, `UPDATE snapshots SET stored_at=?, stored_manifest=? WHERE id=?`, nanos(at), manifest, id)
-	if err != nil {
-		return err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	return s.updateOne(ctx, ErrNotFound, `UPDATE snapshots SET stored_at=?, stored_manifest=? WHERE id=?`, nanos(at), manifest, id)
 }
 
 // DeleteSnapshot removes a snapshot record.

@@ -369,16 +369,12 @@ func (s *Service) removeMovedVMs(ctx context.Context) {
 		if v.Node == s.cfg.Node {
 			continue
 		}
-		if p := s.paths(v.ID).Dir; fileExists(p) {
+		p := s.paths(v.ID).Dir
+		if _, err := os.Stat(p); err == nil {
 			s.log.Info("removing the files of a VM another node runs now", "vm", v.ID, "node", v.Node)
 			os.RemoveAll(p)
 		}
 	}
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 func (s *Service) reattach(ctx context.Context, v *store.VM) error {

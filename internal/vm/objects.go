@@ -95,8 +95,8 @@ func (s *Service) startUpload(key string, put func(ctx context.Context) error) {
 	}()
 }
 
-// upload is a snapshot being stored: cancel stops it, done closes when it
-// has.
+// upload is a snapshot or suspended VM being stored: cancel stops it,
+// done closes when it has.
 type upload struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -114,9 +114,9 @@ func (s *Service) stopStoring(key string) {
 	}
 }
 
-// errNotStorable: a snapshot that no retry will store (it is gone, its
-// files are, or its memory may be torn).
-var errNotStorable = errors.New("snapshot cannot be stored")
+// errNotStorable: a snapshot or suspended VM that no retry will store (it
+// is gone, its files are, or its memory may be torn).
+var errNotStorable = errors.New("cannot be stored")
 
 // storeSnapshot sends sn's files, then its manifest, and marks it stored.
 func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
@@ -236,14 +236,11 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 	if o == nil || sn.StoredAt.IsZero() {
 		return "", nil, "", s.snapshotHere(sn)
 	}
-	// One fetch at a time: two of the same snapshot would write the same
-	// files. A create that waits too long gives up.
-	select {
-	case s.fetching <- struct{}{}:
-		defer func() { <-s.fetching }()
-	case <-ctx.Done():
-		return "", nil, "", fmt.Errorf("%w: snapshot %s: waiting for another fetch from the object store: %v", ErrUnavailable, sn.Name, ctx.Err())
+	release, err := s.fetchTurn(ctx, "snapshot "+sn.Name)
+	if err != nil {
+		return "", nil, "", err
 	}
+	defer release()
 	start := time.Now()
 	m, err := s.getManifest(ctx, snapshotManifest(sn.ID), sn.StoredManifest, sn.DiskBytes, sn.MemoryMiB)
 	if err != nil {
@@ -271,6 +268,18 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 		s.log.Info("snapshot found fetched before", "snapshot", sn.ID)
 	}
 	return frozen, layers, state, nil
+}
+
+// fetchTurn waits for this node's one fetch from the object store at a
+// time (two fetches of the same state would write the same files), or
+// gives up when ctx ends; release ends the turn.
+func (s *Service) fetchTurn(ctx context.Context, what string) (release func(), err error) {
+	select {
+	case s.fetching <- struct{}{}:
+		return func() { <-s.fetching }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %s: waiting for another fetch from the object store: %v", ErrUnavailable, what, ctx.Err())
+	}
 }
 
 // getManifest reads and checks the stored state called name, whose

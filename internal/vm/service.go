@@ -73,8 +73,9 @@ type Config struct {
 	// NodeLost, in a cluster, says whether node id's lease has run out (or
 	// the node is gone): its VMs run nowhere, and a delete forgets them.
 	NodeLost func(ctx context.Context, id string) (bool, error)
-	// Objects, if not nil, is the object store snapshots are kept in, from
-	// where any compatible node restores them (objects.go).
+	// Objects, if not nil, is the object store snapshots (objects.go) and,
+	// in a cluster, suspended VMs (vmstore.go) are kept in, from where any
+	// compatible node restores them.
 	Objects *objects.Store
 	// EnsureImage builds or finds an image (nil: image.Ensure, which
 	// builds Debian images with debootstrap).
@@ -136,9 +137,10 @@ type Service struct {
 
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
 
-	// Background work that stops with the daemon: snapshots being stored
-	// in the object store (objects.go), by id. fetching holds one token:
-	// fetches from the object store go one at a time.
+	// Background work that stops with the daemon: snapshots and suspended
+	// VMs being stored in the object store (objects.go), by key, at most
+	// uploadSlots at once. fetching holds one token: fetches from the
+	// object store go one at a time (fetchTurn).
 	bg          context.Context
 	stopBg      context.CancelFunc
 	uploads     sync.WaitGroup

@@ -221,12 +221,11 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 		return nil // fetched, woken or moved meanwhile
 	}
 	*v = *cur
-	select {
-	case s.fetching <- struct{}{}:
-		defer func() { <-s.fetching }()
-	case <-ctx.Done():
-		return fmt.Errorf("%w: VM %s: waiting for another fetch from the object store: %v", ErrUnavailable, v.Name, ctx.Err())
+	release, err := s.fetchTurn(ctx, "VM "+v.Name)
+	if err != nil {
+		return err
 	}
+	defer release()
 	start := time.Now()
 	m, err := s.getManifest(ctx, vmManifest(v.ID, v.StoredManifest), v.StoredManifest, v.DiskBytes, v.MemoryMiB)
 	if err != nil {
