@@ -65,6 +65,17 @@ func TestClusterNodes(t *testing.T) {
 		va, vb = vb, va
 	}
 	onA, onB := va.Name, vb.Name
+	// A drain needs an object store (these nodes have none) and a node
+	// that exists; a refused one marks nothing.
+	if _, errOut, code := a.CLI("", "node", "drain", "node-b"); code == 0 || !strings.Contains(errOut, "no object store") {
+		t.Fatalf("node drain without an object store: %d %q", code, errOut)
+	}
+	if _, errOut, code := a.CLI("", "node", "drain", "nope"); code == 0 || !strings.Contains(errOut, `no node "nope"`) {
+		t.Fatalf("node drain of an unknown node: %d %q", code, errOut)
+	}
+	if ns, err := a.Client.ListNodes(ctx); err != nil || ns[0].Draining || ns[1].Draining {
+		t.Fatalf("nodes after refused drains: %+v %v", ns, err)
+	}
 	clusterAntiAffinity(t, ctx, a, b, onA, onB)
 	out, _, code = b.CLI("", "ls")
 	if code != 0 || !strings.Contains(out, "NODE") || !strings.Contains(out, "node-a") || !strings.Contains(out, "node-b") {

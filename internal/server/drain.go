@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -26,6 +27,10 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, ref := r.Context(), r.PathValue("node")
 	n, err := s.store.GetNode(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("no node %q", ref))
+		return
+	}
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -47,6 +52,11 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		relay(w, resp)
+		return
+	}
+	// Nothing is marked before it is known that VMs can move at all.
+	if s.cfg.Objects == "" {
+		writeError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("node %s has no object store: a drain moves VMs through one (serve --objects)", self.Name))
 		return
 	}
 	if err := s.store.SetDraining(ctx, self.ID); err != nil {
