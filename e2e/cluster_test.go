@@ -296,6 +296,8 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 		t.Fatalf("private preview through node a without a token: %d %q", resp.StatusCode, body)
 	}
 
+	clusterSSH(t, ctx, a, b, onB)
+
 	// A client cannot pass its API request off as a forwarded preview
 	// (which the owner's proxy would serve without checking a token).
 	req, _ = http.NewRequestWithContext(ctx, "GET", a.URL+"/v1/vms/"+onB, nil)

@@ -86,7 +86,10 @@ func (s *Server) startPeers(ctx context.Context, nodeID string) (string, error) 
 		return "", err
 	}
 	// The routes are made after start-up: they are looked up per request.
-	srv := newHTTPServer(s.peerAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.authed.ServeHTTP(w, r) })))
+	mux := http.NewServeMux()
+	mux.Handle("GET /peer/ssh/{id}", s.peerAuth(http.HandlerFunc(s.sshPeer)))
+	mux.Handle("/", s.peerAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.authed.ServeHTTP(w, r) })))
+	srv := newHTTPServer(mux)
 	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), srv: srv, proxies: map[string]peerProxy{}, failed: s.forwardFailed}
 	return addr, nil
 }

@@ -267,8 +267,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.SSHListen != "" {
-		s.ssh, err = sshgw.New(sshgw.Config{Listen: cfg.SSHListen, HostKeyPath: filepath.Join(cfg.DataDir, "ssh_host_ed25519_key"),
-			Auth: s.tokens, VMs: s.svc, Log: cfg.Log})
+		gw := sshgw.Config{Listen: cfg.SSHListen, HostKeyPath: filepath.Join(cfg.DataDir, "ssh_host_ed25519_key"),
+			Auth: s.tokens, VMs: s.svc, Log: cfg.Log}
+		if cfg.Cluster { // one host key for the cluster; logins go on to the VM's node
+			if gw.HostKey, err = clusterSSHKey(ctx, s.store); err != nil {
+				return nil, err
+			}
+			gw.Forward = s.forwardSSH
+		}
+		s.ssh, err = sshgw.New(gw)
 		if err != nil {
 			return nil, err
 		}

@@ -41,6 +41,14 @@ type Config struct {
 	HostKeyPath string // created (ed25519) when missing
 	Auth        *auth.Service
 	VMs         VMs
+	// HostKey, when set, is the host key (a cluster's nodes share one, so
+	// a client that reaches any of them sees the same); else HostKeyPath's.
+	HostKey ssh.Signer
+	// Forward, when set, is asked after each login whether another node
+	// runs the VM; if so it returns a connection to that node that serves
+	// the login as user by p there (ServePeer), and the gateway relays the
+	// client's channels to it. It returns nil, nil for a VM of this node.
+	Forward func(ctx context.Context, vmID, user string, p *auth.Principal) (net.Conn, error)
 	// AgentPath is the guest agent binary inside the VM (sftp-server mode).
 	AgentPath string
 	Log       *slog.Logger
@@ -98,9 +106,12 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	signer, err := LoadOrCreateHostKey(cfg.HostKeyPath)
-	if err != nil {
-		return nil, err
+	signer := cfg.HostKey
+	if signer == nil {
+		var err error
+		if signer, err = LoadOrCreateHostKey(cfg.HostKeyPath); err != nil {
+			return nil, err
+		}
 	}
 	g := &Gateway{cfg: cfg, signer: signer, log: cfg.Log, conns: map[net.Conn]struct{}{},
 		preauth: newPreauthLimiter(maxUnauthenticated, maxUnauthenticatedPerIP), authTimeout: authTimeout}
@@ -207,25 +218,14 @@ func (g *Gateway) Serve() error {
 			nc.Close()
 			continue
 		}
-		g.mu.Lock()
-		if g.closed {
-			g.mu.Unlock()
+		if !g.track(nc) {
 			g.preauth.release(src)
 			nc.Close()
 			return nil
 		}
-		g.conns[nc] = struct{}{}
-		g.wg.Add(1)
-		g.mu.Unlock()
 		go func() {
-			defer g.wg.Done()
-			defer func() {
-				g.mu.Lock()
-				delete(g.conns, nc)
-				g.mu.Unlock()
-				nc.Close()
-			}()
-			g.handleConn(nc, func() { g.preauth.release(src) })
+			defer g.untrack(nc)
+			g.handleConn(nc, g.sshCfg, false, func() { g.preauth.release(src) })
 		}()
 	}
 }
@@ -243,14 +243,15 @@ func (g *Gateway) Close() error {
 	return err
 }
 
-// handleConn serves one connection; authenticated is called once the
-// connection has logged in or failed to.
-func (g *Gateway) handleConn(nc net.Conn, authenticated func()) {
+// handleConn serves one connection with cfg; authenticated is called once
+// the connection has logged in or failed to. A peer connection is one
+// another node relays (ServePeer): it is never forwarded again.
+func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, peer bool, authenticated func()) {
 	// The handshake and login must finish within the deadline. A timer, not
 	// only a read deadline: a login callback that waits on the store does
 	// no I/O, and the slot must come back on time anyway.
 	deadline := time.AfterFunc(g.authTimeout, func() { nc.Close() })
-	sc, chans, reqs, err := ssh.NewServerConn(nc, g.sshCfg)
+	sc, chans, reqs, err := ssh.NewServerConn(nc, cfg)
 	timedOut := !deadline.Stop()
 	authenticated()
 	if err != nil {
@@ -277,7 +278,13 @@ func (g *Gateway) handleConn(nc net.Conn, authenticated func()) {
 	if t := sc.Permissions.Extensions[extToken]; t != "" {
 		who = "token:" + t
 	}
-	g.log.Info("ssh login", "vm", vmID, "user", user, "token", sc.Permissions.Extensions[extToken], "remote", nc.RemoteAddr().String())
+	if !peer && g.cfg.Forward != nil {
+		if up, err := g.cfg.Forward(context.Background(), vmID, user, p); err != nil || up != nil {
+			g.forward(sc, chans, reqs, up, err)
+			return
+		}
+	}
+	g.log.Info("ssh login", "vm", vmID, "user", user, "token", sc.Permissions.Extensions[extToken], "remote", nc.RemoteAddr().String(), "peer", peer)
 	defer g.cfg.VMs.Hold(vmID)()
 	start := time.Now()
 	g.cfg.VMs.Event(vmID, "ssh", who, "ssh session opened as %s from %s (%s)", user, nc.RemoteAddr(), sc.ClientVersion())
