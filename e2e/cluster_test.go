@@ -297,6 +297,7 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 	}
 
 	clusterSSH(t, ctx, a, b, onB)
+	clusterE2B(t, ctx, a, b)
 
 	// A client cannot pass its API request off as a forwarded preview
 	// (which the owner's proxy would serve without checking a token).

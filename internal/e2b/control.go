@@ -42,10 +42,13 @@ const (
 func (s *Server) Routes(mux *http.ServeMux) {
 	h := func(admin bool, fn func(w http.ResponseWriter, r *http.Request, p *auth.Principal)) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			p, err := s.cfg.Tokens.Authenticate(r.Context(), r.Header.Get("X-API-KEY"))
-			if err != nil {
-				apiError(w, http.StatusUnauthorized, "invalid API key: send X-API-KEY with an agentvm token (agentvm token create --e2b)")
-				return
+			p, ok := r.Context().Value(callerKey{}).(*auth.Principal)
+			if !ok {
+				var err error
+				if p, err = s.cfg.Tokens.Authenticate(r.Context(), r.Header.Get("X-API-KEY")); err != nil {
+					apiError(w, http.StatusUnauthorized, "invalid API key: send X-API-KEY with an agentvm token (agentvm token create --e2b)")
+					return
+				}
 			}
 			if admin && !p.Admin {
 				apiError(w, http.StatusForbidden, "this call needs the admin key; a key scoped to one sandbox reads and connects only to that sandbox")
@@ -56,6 +59,13 @@ func (s *Server) Routes(mux *http.ServeMux) {
 				actor = "e2b " + p.TokenID
 			}
 			r = r.WithContext(vm.WithActor(r.Context(), actor))
+			if id := r.PathValue("id"); id != "" && !ok && s.cfg.Forward != nil {
+				// A sandbox another node runs is served there (which checks
+				// the caller's rights again).
+				if v, err := s.cfg.VMs.Get(r.Context(), id); err == nil && v.Name == id && s.cfg.Forward(w, r, p, v) {
+					return
+				}
+			}
 			fn(w, r, p)
 		}
 	}

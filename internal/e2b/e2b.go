@@ -62,7 +62,19 @@ type Config struct {
 	// Key signs envd access tokens (HMAC of the VM id): stable across
 	// restarts, never stored.
 	Key []byte
-	Log *slog.Logger
+	// Forward, when set, may pass a request about sandbox v, made by p,
+	// to the cluster node that runs it, and reports whether it did.
+	Forward func(w http.ResponseWriter, r *http.Request, p *auth.Principal, v *store.VM) bool
+	Log     *slog.Logger
+}
+
+type callerKey struct{}
+
+// WithCaller marks a request another cluster node forwarded for caller p
+// (Config.Forward there): the control plane serves it as p, without an
+// X-API-KEY.
+func WithCaller(ctx context.Context, p *auth.Principal) context.Context {
+	return context.WithValue(ctx, callerKey{}, p)
 }
 
 // Server serves both E2B APIs.

@@ -69,6 +69,11 @@ type Config struct {
 	// passing it to that node, whose ServeForwarded serves it), and
 	// reports whether it did.
 	Forward func(w http.ResponseWriter, r *http.Request, v *store.VM) bool
+	// ForwardCompat, when set, may pass a request of the compatibility
+	// layer for its VM v to the node that runs v, whose proxy serves it as
+	// its own (the layer checks its own credentials there), and reports
+	// whether it did.
+	ForwardCompat func(w http.ResponseWriter, r *http.Request, v *store.VM) bool
 }
 
 // Proxy is the preview router.
@@ -335,6 +340,9 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 			return true
 		}
 		return false
+	}
+	if p.cfg.ForwardCompat != nil && p.cfg.ForwardCompat(w, r, v) {
+		return true
 	}
 	if v.State != store.StateRunning {
 		c.NotFound(w, v.Name) // a paused sandbox is unreachable until connect resumes it

@@ -15,6 +15,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/cluster"
+	"github.com/agentvm/agentvm/internal/e2b"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
@@ -38,9 +39,18 @@ const previewHeader = "Agentvm-Preview"
 
 type forwardedKey struct{}
 
-// previewKey marks a request forwardPreview passes on: only then does the
-// forward carry previewHeader (a client's own is always dropped).
+// previewKey marks a request forwardPreview (value previewChecked) or
+// forwardCompat (previewCompat) passes on: only then does the forward
+// carry previewHeader with that value (a client's own is always dropped).
 type previewKey struct{}
+
+// The values of previewHeader: a preview whose caller the forwarding
+// node's proxy checked, or a request of the E2B layer (envd), which the
+// owner's proxy serves as its own, checking its credentials there.
+const (
+	previewChecked = "1"
+	previewCompat  = "compat"
+)
 
 // forwarded reports whether r came from another node.
 func forwarded(r *http.Request) bool { return r.Context().Value(forwardedKey{}) != nil }
@@ -88,6 +98,15 @@ func (s *Server) startPeers(ctx context.Context, nodeID string) (string, error) 
 	// The routes are made after start-up: they are looked up per request.
 	mux := http.NewServeMux()
 	mux.Handle("GET /peer/ssh/{id}", s.peerAuth(http.HandlerFunc(s.sshPeer)))
+	if s.e2b != nil { // the E2B control plane's requests about this node's sandboxes
+		e2bMux := http.NewServeMux()
+		s.e2b.Routes(e2bMux)
+		e2bAs := s.peerAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			e2bMux.ServeHTTP(w, r.WithContext(e2b.WithCaller(r.Context(), principal(r))))
+		}))
+		mux.Handle("/sandboxes/", e2bAs)
+		mux.Handle("/v2/sandboxes/", e2bAs)
+	}
 	mux.Handle("/", s.peerAuth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.authed.ServeHTTP(w, r) })))
 	srv := newHTTPServer(mux)
 	s.peers = &peers{tls: pt, ln: tls.NewListener(ln, pt.Server()), srv: srv, proxies: map[string]peerProxy{}, failed: s.forwardFailed}
@@ -158,10 +177,15 @@ func (s *Server) peerAuth(next http.Handler) http.Handler {
 			writeError(w, http.StatusForbidden, api.CodeForbidden, "the peer listener serves only live nodes of this cluster")
 			return
 		}
-		if r.Header.Get(previewHeader) != "" {
+		if mode := r.Header.Get(previewHeader); mode != "" {
 			r.Header.Del(previewHeader)
 			if s.proxy == nil {
 				writeError(w, http.StatusNotFound, api.CodeNotFound, "this node runs no preview proxy (serve --proxy-listen)")
+				return
+			}
+			r = r.WithContext(context.WithValue(r.Context(), forwardedKey{}, true))
+			if mode == previewCompat {
+				s.proxy.ServeHTTP(w, r)
 				return
 			}
 			s.proxy.ServeForwarded(w, r)
@@ -232,10 +256,34 @@ func (s *Server) otherLiveNode(id string) *store.Node {
 // node's preview proxy (proxy.Config.Forward).
 func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
 	n := s.otherLiveNode(v.Node)
-	if n == nil {
+	if n == nil || forwarded(r) {
 		return false
 	}
-	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, true)))
+	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, previewChecked)))
+	return true
+}
+
+// forwardCompat passes a request of the E2B layer's (envd) for another
+// node's sandbox to that node's proxy, credentials and all: the layer
+// checks them there (proxy.Config.ForwardCompat).
+func (s *Server) forwardCompat(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
+	n := s.otherLiveNode(v.Node)
+	if n == nil || forwarded(r) {
+		return false
+	}
+	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, previewCompat)))
+	return true
+}
+
+// forwardE2B passes a request of the E2B control plane about another
+// node's sandbox to that node, naming the caller (e2b.Config.Forward).
+func (s *Server) forwardE2B(w http.ResponseWriter, r *http.Request, p *auth.Principal, v *store.VM) bool {
+	n := s.otherLiveNode(v.Node)
+	if n == nil || forwarded(r) {
+		return false
+	}
+	r.Header.Set(principalHeader, p.Claim())
+	s.peers.proxy(n).ServeHTTP(w, r)
 	return true
 }
 
@@ -280,11 +328,12 @@ func (pp *peers) get(n *store.Node) peerProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", addr
 			pr.SetXForwarded()
-			if pr.In.Context().Value(previewKey{}) != nil {
-				// A preview this node's proxy let through: the owner's
-				// proxy serves it by its host, which names the VM and port.
+			if mode, ok := pr.In.Context().Value(previewKey{}).(string); ok {
+				// A preview this node's proxy let through, or an E2B
+				// request: the owner's proxy serves it by its host, which
+				// names the VM and port.
 				pr.Out.Host = pr.In.Host
-				pr.Out.Header.Set(previewHeader, "1")
+				pr.Out.Header.Set(previewHeader, mode)
 				pr.Out.Header.Del(principalHeader)
 				return
 			}
@@ -293,6 +342,7 @@ func (pp *peers) get(n *store.Node) peerProxy {
 			pr.Out.Host = addr
 			pr.Out.Header.Del(previewHeader)
 			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("X-Api-Key")
 			pr.Out.Header.Del("Cookie")
 			if q := pr.Out.URL.Query(); q.Has("access_token") {
 				q.Del("access_token")

@@ -286,13 +286,20 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.e2b = e2b.New(e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log})
+		ec := e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log}
+		if cfg.Cluster { // a sandbox's envd token is good on every node; requests go on to its node
+			if key, err = clusterSecret(ctx, s.store, e2bKeyMeta); err != nil {
+				return nil, err
+			}
+			ec.Key, ec.Forward = []byte(key), s.forwardE2B
+		}
+		s.e2b = e2b.New(ec)
 		tlsCfg, err := proxyTLS(cfg)
 		if err != nil {
 			return nil, err
 		}
 		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log,
-			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg, Forward: s.forwardPreview})
+			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg, Forward: s.forwardPreview, ForwardCompat: s.forwardCompat})
 		if err != nil {
 			return nil, err
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -56,6 +57,22 @@ func clusterSSHKey(ctx context.Context, st *store.Store) (ssh.Signer, error) {
 		return nil, fmt.Errorf("cluster ssh host key: %w", err)
 	}
 	return signer, nil
+}
+
+// e2bKeyMeta is the meta key of the cluster's E2B key, which signs envd
+// access tokens: a sandbox's token is good on whichever node runs it.
+const e2bKeyMeta = "e2b_key"
+
+// clusterSecret is the cluster's random secret under meta key key, made
+// by the first node that needs it.
+func clusterSecret(ctx context.Context, st *store.Store, key string) (string, error) {
+	b := make([]byte, 24)
+	rand.Read(b)
+	have, err := st.MetaOnce(ctx, key, "avm_"+hex.EncodeToString(b))
+	if err != nil {
+		return "", fmt.Errorf("cluster %s: %w", key, err)
+	}
+	return have, nil
 }
 
 // forwardSSH returns a connection to the gateway of the node that runs
