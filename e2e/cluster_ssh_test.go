@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,7 +80,24 @@ func clusterSSH(t *testing.T, ctx context.Context, a, b *testenv.Server, onB str
 		t.Fatalf("ssh -W to the VM's web server through node a: %d %q %q", code, out, errOut)
 	}
 
-	// A relayed login that is still open ends at its token's revoke.
+	// ssh -R: a port inside node b's VM reaches a server on the client's
+	// side, through node a (the owner opens forwarded-tcpip channels).
+	hostPort := hostServer(t)
+	rcmd := exec.Command("ssh", e.ssh(onB, "-N", "-o", "ExitOnForwardFailure=yes", "-R", fmt.Sprintf("127.0.0.1:9101:127.0.0.1:%d", hostPort))...)
+	rcmd.Env = e.env
+	rcmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := rcmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := b.Exec(ctx, onB, "for i in $(seq 150); do curl -s -m 5 http://127.0.0.1:9101/ && exit 0; sleep 0.2; done; exit 1")
+	rcmd.Process.Kill() // only the ssh this test started
+	rcmd.Wait()
+	if r.ExitCode != 0 || r.Stdout != "host-ok" {
+		t.Fatalf("ssh -R through node a: %+v", r)
+	}
+
+	// A relayed login that is still open ends at its token's revoke, on
+	// both nodes.
 	cmd := exec.Command("ssh", e.ssh(onB, "sleep 601")...)
 	cmd.Env = e.env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -107,6 +125,11 @@ func clusterSSH(t *testing.T, ctx context.Context, a, b *testenv.Server, onB str
 		exited <- nil // for the deferred wait
 	case <-time.After(time.Minute):
 		t.Fatal("a revoked token's relayed ssh login is still open")
+	}
+	for deadline := time.Now().Add(time.Minute); strings.TrimSpace(b.Exec(ctx, onB, "pgrep -fx 'sleep 601' || true").Stdout) != ""; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the revoked login's command still runs on node b")
+		}
 	}
 	if _, _, code := e.run("", "ssh", e.ssh(onB, "true")...); code == 0 {
 		t.Fatal("a revoked token logged in through node a")

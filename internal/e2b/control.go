@@ -59,7 +59,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 				actor = "e2b " + p.TokenID
 			}
 			r = r.WithContext(vm.WithActor(r.Context(), actor))
-			if id := r.PathValue("id"); id != "" && !ok && s.cfg.Forward != nil {
+			if id := r.PathValue("id"); id != "" && !ok && s.cfg.Forward != nil && strings.Contains(r.Pattern, "sandboxes/{id}") {
 				// A sandbox another node runs is served there (which checks
 				// the caller's rights again).
 				if v, err := s.cfg.VMs.Get(r.Context(), id); err == nil && v.Name == id && s.cfg.Forward(w, r, p, v) {

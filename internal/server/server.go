@@ -270,7 +270,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		gw := sshgw.Config{Listen: cfg.SSHListen, HostKeyPath: filepath.Join(cfg.DataDir, "ssh_host_ed25519_key"),
 			Auth: s.tokens, VMs: s.svc, Log: cfg.Log}
 		if cfg.Cluster { // one host key for the cluster; logins go on to the VM's node
-			if gw.HostKey, err = clusterSSHKey(ctx, s.store); err != nil {
+			if gw.HostKey, err = clusterSSHKey(ctx, s.store, gw.HostKeyPath); err != nil {
 				return nil, err
 			}
 			gw.Forward = s.forwardSSH
@@ -288,7 +288,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		ec := e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log}
 		if cfg.Cluster { // a sandbox's envd token is good on every node; requests go on to its node
-			if key, err = clusterSecret(ctx, s.store, e2bKeyMeta); err != nil {
+			if key, err = clusterSecret(ctx, s.store, e2bKeyMeta, key); err != nil {
 				return nil, err
 			}
 			ec.Key, ec.Forward = []byte(key), s.forwardE2B

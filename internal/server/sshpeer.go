@@ -3,23 +3,22 @@ package server
 import (
 	"bufio"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/cluster"
+	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
 	"golang.org/x/crypto/ssh"
 )
@@ -36,19 +35,19 @@ const sshUpgrade = "agentvm-ssh"
 // shows the same, so a client behind a load balancer sees one host.
 const sshHostKeyMeta = "ssh_host_key"
 
-// clusterSSHKey is the cluster's SSH host key, made by the first node that
-// needs it (as the cluster CA is: whoever reads the database runs the
-// cluster already).
-func clusterSSHKey(ctx context.Context, st *store.Store) (ssh.Signer, error) {
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+// clusterSSHKey is the cluster's SSH host key: the key file (path) of the
+// first node that needs it, kept in the database (as the cluster CA is:
+// whoever reads the database runs the cluster already), so that a single
+// host that becomes the cluster's first node keeps its host key.
+func clusterSSHKey(ctx context.Context, st *store.Store, path string) (ssh.Signer, error) {
+	if _, err := sshgw.LoadOrCreateHostKey(path); err != nil {
+		return nil, err
+	}
+	own, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	blk, err := ssh.MarshalPrivateKey(priv, "agentvm cluster ssh gateway")
-	if err != nil {
-		return nil, err
-	}
-	have, err := st.MetaOnce(ctx, sshHostKeyMeta, string(pem.EncodeToMemory(blk)))
+	have, err := st.MetaOnce(ctx, sshHostKeyMeta, string(own))
 	if err != nil {
 		return nil, fmt.Errorf("cluster ssh host key: %w", err)
 	}
@@ -63,12 +62,10 @@ func clusterSSHKey(ctx context.Context, st *store.Store) (ssh.Signer, error) {
 // access tokens: a sandbox's token is good on whichever node runs it.
 const e2bKeyMeta = "e2b_key"
 
-// clusterSecret is the cluster's random secret under meta key key, made
-// by the first node that needs it.
-func clusterSecret(ctx context.Context, st *store.Store, key string) (string, error) {
-	b := make([]byte, 24)
-	rand.Read(b)
-	have, err := st.MetaOnce(ctx, key, "avm_"+hex.EncodeToString(b))
+// clusterSecret is the cluster's secret under meta key key: own, the
+// secret of the first node that needs it.
+func clusterSecret(ctx context.Context, st *store.Store, key, own string) (string, error) {
+	have, err := st.MetaOnce(ctx, key, own)
 	if err != nil {
 		return "", fmt.Errorf("cluster %s: %w", key, err)
 	}
@@ -79,7 +76,7 @@ func clusterSecret(ctx context.Context, st *store.Store, key string) (string, er
 // vmID, serving a login as user by p, when that is another live node; nil
 // for a VM this node serves (its own, a lost node's it may take over, or
 // none: the gateway's own errors say so).
-func (s *Server) forwardSSH(ctx context.Context, vmID, user string, p *auth.Principal) (net.Conn, error) {
+func (s *Server) forwardSSH(ctx context.Context, vmID, user string, p *auth.Principal, origin string) (net.Conn, error) {
 	if s.peers == nil {
 		return nil, nil
 	}
@@ -91,7 +88,7 @@ func (s *Server) forwardSSH(ctx context.Context, vmID, user string, p *auth.Prin
 	if n == nil {
 		return nil, nil
 	}
-	conn, err := s.peers.upgrade(ctx, n, "/peer/ssh/"+url.PathEscape(v.ID)+"?user="+url.QueryEscape(user), sshUpgrade, p)
+	conn, err := s.peers.upgrade(ctx, n, "/peer/ssh/"+url.PathEscape(v.ID)+"?"+url.Values{"user": {user}, "from": {origin}}.Encode(), sshUpgrade, p)
 	if err != nil {
 		return nil, fmt.Errorf("the VM runs on node %s: %w", n.Name, err)
 	}
@@ -189,9 +186,24 @@ func (s *Server) sshPeer(w http.ResponseWriter, r *http.Request) {
 	if user == "" {
 		user = "root"
 	}
+	// Where the client is, as the forwarding node saw it, for the VM's
+	// events (a node's word, bounded and printable all the same).
+	from := strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return -1
+		}
+		return r
+	}, r.URL.Query().Get("from"))
+	if len(from) > 200 {
+		from = from[:200]
+	}
+	node, _ := cluster.NodeOf(r.TLS)
+	if n, ok := s.nodes.lookup(s, node); ok {
+		node = n.name
+	}
 	conn, br, ok := switchProtocols(w, sshUpgrade)
 	if !ok {
 		return
 	}
-	s.ssh.ServePeer(readerConn{conn, br}, v.ID, user, p)
+	s.ssh.ServePeer(readerConn{conn, br}, v.ID, user, p, from+" through node "+node)
 }

@@ -48,7 +48,8 @@ type Config struct {
 	// runs the VM; if so it returns a connection to that node that serves
 	// the login as user by p there (ServePeer), and the gateway relays the
 	// client's channels to it. It returns nil, nil for a VM of this node.
-	Forward func(ctx context.Context, vmID, user string, p *auth.Principal) (net.Conn, error)
+	// origin says where the client is (its address and SSH version).
+	Forward func(ctx context.Context, vmID, user string, p *auth.Principal, origin string) (net.Conn, error)
 	// AgentPath is the guest agent binary inside the VM (sftp-server mode).
 	AgentPath string
 	Log       *slog.Logger
@@ -225,7 +226,7 @@ func (g *Gateway) Serve() error {
 		}
 		go func() {
 			defer g.untrack(nc)
-			g.handleConn(nc, g.sshCfg, false, func() { g.preauth.release(src) })
+			g.handleConn(nc, g.sshCfg, "", func() { g.preauth.release(src) })
 		}()
 	}
 }
@@ -244,9 +245,11 @@ func (g *Gateway) Close() error {
 }
 
 // handleConn serves one connection with cfg; authenticated is called once
-// the connection has logged in or failed to. A peer connection is one
-// another node relays (ServePeer): it is never forwarded again.
-func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, peer bool, authenticated func()) {
+// the connection has logged in or failed to. A connection with an origin
+// is one another node relays (ServePeer) from the client origin names: it
+// is never forwarded again, and the handler that handed it over ends it
+// at a revoke.
+func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, origin string, authenticated func()) {
 	// The handshake and login must finish within the deadline. A timer, not
 	// only a read deadline: a login callback that waits on the store does
 	// no I/O, and the slot must come back on time anyway.
@@ -264,30 +267,35 @@ func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, peer bool, auth
 	// A revoke or the expiry of the token ends the connection, with every
 	// session, forward and -R listener on it (see auth.Track).
 	p, _ := sc.Permissions.ExtraData[principalKey{}].(*auth.Principal)
-	untrack, err := g.cfg.Auth.Track(p, func() {
-		g.log.Info("ssh connection closed: its token was revoked or expired", "vm", sc.Permissions.Extensions[extVM], "token", p.TokenID)
-		sc.Close()
-	})
-	if err != nil {
-		g.log.Warn("ssh connection refused", "vm", sc.Permissions.Extensions[extVM], "token", p.TokenID, "err", err)
-		return
+	if origin == "" {
+		untrack, err := g.cfg.Auth.Track(p, func() {
+			g.log.Info("ssh connection closed: its token was revoked or expired", "vm", sc.Permissions.Extensions[extVM], "token", p.TokenID)
+			sc.Close()
+		})
+		if err != nil {
+			g.log.Warn("ssh connection refused", "vm", sc.Permissions.Extensions[extVM], "token", p.TokenID, "err", err)
+			return
+		}
+		defer untrack()
 	}
-	defer untrack()
 	vmID, user := sc.Permissions.Extensions[extVM], sc.Permissions.Extensions[extUser]
 	who := "admin"
 	if t := sc.Permissions.Extensions[extToken]; t != "" {
 		who = "token:" + t
 	}
-	if !peer && g.cfg.Forward != nil {
-		if up, err := g.cfg.Forward(context.Background(), vmID, user, p); err != nil || up != nil {
-			g.forward(sc, chans, reqs, up, err)
-			return
+	if origin == "" {
+		origin = fmt.Sprintf("%s (%s)", nc.RemoteAddr(), sc.ClientVersion())
+		if g.cfg.Forward != nil {
+			if up, err := g.cfg.Forward(context.Background(), vmID, user, p, origin); err != nil || up != nil {
+				g.forward(sc, chans, reqs, up, err)
+				return
+			}
 		}
 	}
-	g.log.Info("ssh login", "vm", vmID, "user", user, "token", sc.Permissions.Extensions[extToken], "remote", nc.RemoteAddr().String(), "peer", peer)
+	g.log.Info("ssh login", "vm", vmID, "user", user, "token", sc.Permissions.Extensions[extToken], "from", origin)
 	defer g.cfg.VMs.Hold(vmID)()
 	start := time.Now()
-	g.cfg.VMs.Event(vmID, "ssh", who, "ssh session opened as %s from %s (%s)", user, nc.RemoteAddr(), sc.ClientVersion())
+	g.cfg.VMs.Event(vmID, "ssh", who, "ssh session opened as %s from %s", user, origin)
 	defer func() {
 		g.cfg.VMs.Event(vmID, "ssh", who, "ssh session as %s closed after %s", user, time.Since(start).Round(time.Second))
 	}()

@@ -22,8 +22,9 @@ import (
 
 // ServePeer serves an SSH connection another node's gateway opened for a
 // client it authenticated as p, logging in as user to vmID (the owner has
-// checked p may). It returns when the connection ends.
-func (g *Gateway) ServePeer(nc net.Conn, vmID, user string, p *auth.Principal) {
+// checked p may, and closes nc if p's token is revoked). origin says where
+// the client is, for the VM's events. It returns when the connection ends.
+func (g *Gateway) ServePeer(nc net.Conn, vmID, user string, p *auth.Principal, origin string) {
 	if !g.track(nc) {
 		nc.Close()
 		return
@@ -39,7 +40,7 @@ func (g *Gateway) ServePeer(nc net.Conn, vmID, user string, p *auth.Principal) {
 		ServerVersion:        g.sshCfg.ServerVersion,
 	}
 	cfg.AddHostKey(g.signer)
-	g.handleConn(nc, cfg, true, func() {})
+	g.handleConn(nc, cfg, origin, func() {})
 }
 
 // track registers a connection for Close; false when the gateway is closed.
@@ -131,6 +132,7 @@ func pipeChannel(nch ssh.NewChannel, to ssh.Conn) {
 	}
 	a, aReqs, err := nch.Accept()
 	if err != nil {
+		go ssh.DiscardRequests(bReqs)
 		b.Close()
 		return
 	}
@@ -143,16 +145,24 @@ func pipeChannel(nch ssh.NewChannel, to ssh.Conn) {
 // on after all its data, as an SSH server sends them.
 func pipe(a ssh.Channel, aReqs <-chan *ssh.Request, b ssh.Channel, bReqs <-chan *ssh.Request) {
 	aDone, bDone := copyHalf(b, a), copyHalf(a, b)
+	// aAsks (bAsks) is held while a request of a's (b's) waits for the
+	// other side's answer: a side is closed only once its answer is sent
+	// (else an exec's reply could arrive after the close).
+	var aAsks, bAsks sync.Mutex
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
-		passRequests(aReqs, b, aDone)
+		passRequests(aReqs, b, aDone, &aAsks)
 		<-aDone
+		bAsks.Lock()
 		b.Close()
+		bAsks.Unlock()
 	}()
-	passRequests(bReqs, a, bDone)
+	passRequests(bReqs, a, bDone, &bAsks)
 	<-bDone
+	aAsks.Lock()
 	a.Close()
+	aAsks.Unlock()
 	<-closed
 }
 
@@ -173,16 +183,18 @@ func copyHalf(dst, src ssh.Channel) <-chan struct{} {
 }
 
 // passRequests passes a channel's requests to the other channel, and the
-// answers back, until the channel closes.
-func passRequests(reqs <-chan *ssh.Request, to ssh.Channel, dataDone <-chan struct{}) {
+// answers back, until the channel closes; asking is held meanwhile.
+func passRequests(reqs <-chan *ssh.Request, to ssh.Channel, dataDone <-chan struct{}, asking *sync.Mutex) {
 	for r := range reqs {
 		if r.Type == "exit-status" || r.Type == "exit-signal" {
 			<-dataDone
 		}
+		asking.Lock()
 		ok, err := to.SendRequest(r.Type, r.WantReply, r.Payload)
 		if r.WantReply {
 			r.Reply(ok && err == nil, nil)
 		}
+		asking.Unlock()
 	}
 }
 

@@ -56,8 +56,8 @@ func TestRelayToOwner(t *testing.T) {
 	g, _ := newTestGateway(t)
 	sawUser := make(chan string, 1)
 	var forwardedAs string
-	g.cfg.Forward = func(_ context.Context, vmID, user string, p *auth.Principal) (net.Conn, error) {
-		if vmID != "vm1" || !p.Admin {
+	g.cfg.Forward = func(_ context.Context, vmID, user string, p *auth.Principal, origin string) (net.Conn, error) {
+		if vmID != "vm1" || !p.Admin || !strings.Contains(origin, "127.0.0.1:") || !strings.Contains(origin, "Go") {
 			return nil, errors.New("unexpected forward")
 		}
 		forwardedAs = user
@@ -95,7 +95,7 @@ func TestRelayToOwner(t *testing.T) {
 
 func TestRelayOwnerUnreachable(t *testing.T) {
 	g, _ := newTestGateway(t)
-	g.cfg.Forward = func(context.Context, string, string, *auth.Principal) (net.Conn, error) {
+	g.cfg.Forward = func(context.Context, string, string, *auth.Principal, string) (net.Conn, error) {
 		return nil, errors.New("the VM runs on node b: it did not answer")
 	}
 	serve(t, g)
