@@ -255,23 +255,24 @@ func (s *Server) otherLiveNode(id string) *store.Node {
 // forwardPreview passes a preview request for another node's VM to that
 // node's preview proxy (proxy.Config.Forward).
 func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
-	n := s.otherLiveNode(v.Node)
-	if n == nil || forwarded(r) {
-		return false
-	}
-	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, previewChecked)))
-	return true
+	return s.forwardToProxy(w, r, v, previewChecked)
 }
 
 // forwardCompat passes a request of the E2B layer's (envd) for another
 // node's sandbox to that node's proxy, credentials and all: the layer
 // checks them there (proxy.Config.ForwardCompat).
 func (s *Server) forwardCompat(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
+	return s.forwardToProxy(w, r, v, previewCompat)
+}
+
+// forwardToProxy passes r to the proxy of the node that runs v, when that
+// is another live node, as a previewHeader request of the given mode.
+func (s *Server) forwardToProxy(w http.ResponseWriter, r *http.Request, v *store.VM, mode string) bool {
 	n := s.otherLiveNode(v.Node)
 	if n == nil || forwarded(r) {
 		return false
 	}
-	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, previewCompat)))
+	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, mode)))
 	return true
 }
 
