@@ -95,6 +95,7 @@ type Server struct {
 	Token   string
 	Client  *client.Client
 	Args    []string
+	Netns   string // the network namespace it runs in ("" for the test's own)
 	cmd     *exec.Cmd
 	logBuf  *syncBuffer
 	exited  chan struct{}
@@ -132,6 +133,19 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 	return s
 }
 
+// StartIn runs a server as Start does, in network namespace netns (give it
+// --listen and the other listeners on an address of that namespace).
+func StartIn(t testing.TB, netns, dataDir string, extra ...string) *Server {
+	t.Helper()
+	Require(t)
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	s := &Server{t: t, Bin: Binaries(t), DataDir: dataDir, Args: extra, Netns: netns}
+	s.start()
+	return s
+}
+
 func (s *Server) start() {
 	t := s.t
 	t.Helper()
@@ -139,6 +153,9 @@ func (s *Server) start() {
 	// compete for the two cores with what the tests time.
 	args := append([]string{"serve", "--data-dir", s.DataDir, "--listen", "127.0.0.1:0", "--no-warm", "--warm-pool", "0", "--ssh-listen", "127.0.0.1:0", "--proxy-listen", "127.0.0.1:0"}, s.Args...)
 	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
+	if s.Netns != "" { // ip netns exec execs the server: the pid is the server's
+		cmd = exec.Command("ip", append([]string{"netns", "exec", s.Netns, filepath.Join(s.Bin, "agentvm")}, args...)...)
+	}
 	pr, pw, _ := os.Pipe()
 	s.logBuf = &syncBuffer{}
 	cmd.Stdout = s.logBuf

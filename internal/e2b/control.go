@@ -113,7 +113,7 @@ func vmError(w http.ResponseWriter, err error) {
 		status = http.StatusConflict
 	case errors.Is(err, vm.ErrInsufficient):
 		status = http.StatusTooManyRequests
-	case errors.Is(err, vm.ErrUnavailable):
+	case errors.Is(err, vm.ErrUnavailable), errors.Is(err, store.ErrUnreachable):
 		status = http.StatusServiceUnavailable
 	case errors.Is(err, auth.ErrForbidden):
 		status = http.StatusForbidden

@@ -37,8 +37,10 @@ const superuser = "agentvm"
 type Server struct {
 	dir   string // data dir, socket and log live under it
 	sock  string
+	bin   string
+	cred  *syscall.Credential
 	cmd   *exec.Cmd
-	done  chan struct{}
+	done  chan struct{} // closed when cmd has exited
 	admin *sql.DB
 
 	mu sync.Mutex
@@ -127,26 +129,11 @@ func Start(ctx context.Context) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
-	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
-	if err != nil {
+	s.bin, s.cred = bin, cred
+	if err := s.launch(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	// No TCP listener; durability is not wanted of a test database.
-	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-k", s.sock,
-		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
-		"-c", "full_page_writes=off", "-c", "max_connections=200")
-	s.cmd.Dir = dir
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	// Pdeathsig: a test process that dies takes its postgres with it.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
-	if err := s.cmd.Start(); err != nil {
-		logf.Close()
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start postgres: %w", err)
-	}
-	logf.Close()
-	go func() { s.cmd.Wait(); close(s.done) }()
 	if s.admin, err = sql.Open("pgx", s.DSN("postgres")); err != nil {
 		s.Stop()
 		return nil, err
@@ -156,6 +143,61 @@ func Start(ctx context.Context) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// launch starts postgres on the data dir (made by initdb).
+func (s *Server) launch() error {
+	logf, err := os.OpenFile(filepath.Join(s.dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	// No TCP listener; durability is not wanted of a test database.
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", filepath.Join(s.dir, "data"), "-k", s.sock,
+		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off",
+		"-c", "full_page_writes=off", "-c", "max_connections=200")
+	cmd.Dir = s.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Pdeathsig: a test process that dies takes its postgres with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	return nil
+}
+
+// Restart shuts postgres down (fast: open connections are ended, as in a
+// real restart), leaves it down for the given time, and starts it again on
+// the same data and socket; it returns once it accepts connections.
+func (s *Server) Restart(ctx context.Context, down time.Duration) error {
+	s.shutdown()
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := s.launch(); err != nil {
+		return err
+	}
+	return s.waitReady(ctx)
+}
+
+// shutdown ends postgres: a fast shutdown, then a kill.
+func (s *Server) shutdown() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.Thaw() // a frozen server cannot shut down
+	s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.done
+	}
 }
 
 func (s *Server) waitReady(ctx context.Context) error {
@@ -256,21 +298,10 @@ func (s *Server) signalAll(sig syscall.Signal) error {
 
 // Stop ends postgres (fast shutdown, then a kill) and removes its directory.
 func (s *Server) Stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		s.Thaw() // a frozen server cannot shut down
-	}
 	if s.admin != nil {
 		s.admin.Close()
 	}
-	if s.cmd != nil && s.cmd.Process != nil {
-		s.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-s.done:
-		case <-time.After(30 * time.Second):
-			syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-			<-s.done
-		}
-	}
+	s.shutdown()
 	os.RemoveAll(s.dir)
 }
 

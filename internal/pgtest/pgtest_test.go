@@ -53,3 +53,42 @@ func TestStartStop(t *testing.T) {
 		t.Fatalf("the server's directory is left: %v", err)
 	}
 }
+
+// A restart ends the open connections; the data stays, and new
+// connections are served again.
+func TestRestart(t *testing.T) {
+	if os.Getenv(SkipEnv) == "1" {
+		t.Skip(SkipEnv + "=1")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	dsn, err := srv.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, _ := sql.Open("pgx", dsn)
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.PingContext(ctx); err == nil {
+		t.Fatal("a connection from before the restart still answers")
+	}
+	conn.Close()
+	var v int
+	if err := db.QueryRowContext(ctx, `SELECT v FROM kept`).Scan(&v); err != nil || v != 7 {
+		t.Fatalf("after the restart: %d %v", v, err)
+	}
+}

@@ -605,7 +605,7 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusBadRequest, api.CodeInvalid
 	case errors.Is(err, auth.ErrForbidden):
 		status, code = http.StatusForbidden, api.CodeForbidden
-	case errors.Is(err, vm.ErrUnavailable):
+	case errors.Is(err, vm.ErrUnavailable), errors.Is(err, store.ErrUnreachable):
 		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
 	}
 	msg := err.Error()

@@ -88,7 +88,7 @@ func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store %s: %w", where, err)
 	}
-	return &Store{db: db, pg: true}, nil
+	return &Store{db: db, pg: true, retryFor: retryBudget}, nil
 }
 
 // Redact is dsn fit for messages and logs: a URL's password (in its user
@@ -193,29 +193,89 @@ func (s *Store) findsNothing(q string, args []any) bool {
 
 const noRows = `SELECT 1 WHERE false`
 
-func (s *Store) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+func (s *Store) exec(ctx context.Context, q string, args ...any) (res sql.Result, err error) {
 	if s.findsNothing(q, args) {
 		return driver.RowsAffected(0), nil
 	}
 	if verb, _, _ := strings.Cut(strings.TrimSpace(q), " "); verb != "DELETE" && badText(args) {
 		return nil, ErrBadText
 	}
-	return s.db.ExecContext(ctx, s.bind(q), args...)
+	err = s.retry(ctx, func() error {
+		res, err = s.db.ExecContext(ctx, s.bind(q), args...)
+		return err
+	})
+	return res, err
 }
 
-func (s *Store) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+func (s *Store) query(ctx context.Context, q string, args ...any) (rows *sql.Rows, err error) {
 	if s.findsNothing(q, args) {
 		return s.db.QueryContext(ctx, noRows)
 	}
-	return s.db.QueryContext(ctx, s.bind(q), args...)
+	err = s.retry(ctx, func() error {
+		rows, err = s.db.QueryContext(ctx, s.bind(q), args...)
+		return err
+	})
+	return rows, err
 }
 
 // queryRow is for reads; the one write through it (AddEvent) checks its text.
-func (s *Store) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+func (s *Store) queryRow(ctx context.Context, q string, args ...any) *row {
 	if s.findsNothing(q, args) {
-		return s.db.QueryRowContext(ctx, noRows)
+		return &row{Row: s.db.QueryRowContext(ctx, noRows)}
 	}
-	return s.db.QueryRowContext(ctx, s.bind(q), args...)
+	r := &row{}
+	r.err = s.retry(ctx, func() error {
+		r.Row = s.db.QueryRowContext(ctx, s.bind(q), args...)
+		return r.Row.Err()
+	})
+	return r
+}
+
+// row is a query's row, or the error retry gave up with.
+type row struct {
+	*sql.Row
+	err error
+}
+
+func (r *row) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.Row.Scan(dest...)
+}
+
+// retryBudget is how long a statement waits for a PostgreSQL that takes no
+// connection (a restart, a failover): shorter than a node's lease margin.
+const retryBudget = 10 * time.Second
+
+// retry runs f again while it fails before anything reached the database
+// (so nothing was done), for at most s.retryFor; then the error says the
+// database is unreachable.
+func (s *Store) retry(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(s.retryFor)
+	wait := 50 * time.Millisecond
+	for {
+		err := f()
+		if err == nil || !s.pg || !notSent(err) || ctx.Err() != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// notSent reports whether err is a PostgreSQL connection that failed
+// before the statement was sent.
+func notSent(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
 }
 
 // pgUniqueViolation is PostgreSQL's SQLSTATE for a unique constraint.

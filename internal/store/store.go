@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"sync"
+	"time"
 )
 
 var (
@@ -16,12 +17,18 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict means a unique field (name, idempotency key) is taken.
 	ErrConflict = errors.New("conflict")
+	// ErrUnreachable means the database took no connection for as long as
+	// a statement waits (retryBudget): it is down, restarting or cut off.
+	ErrUnreachable = errors.New("the database is unreachable")
 )
 
 // Store is the metadata store, in SQLite or PostgreSQL (backend.go).
 type Store struct {
 	db *sql.DB
 	pg bool // PostgreSQL: $n placeholders
+	// retryFor is how long a statement waits for a database that takes no
+	// connection (retryBudget).
+	retryFor time.Duration
 	// eventMu orders event inserts: a follower reads events by increasing
 	// seq, and two PostgreSQL transactions could commit their sequence
 	// numbers out of order (SQLite has one writer anyway).

@@ -138,7 +138,11 @@ func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 	if badText(args) {
 		return ErrBadText
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	var tx *sql.Tx
+	err := s.retry(ctx, func() (err error) {
+		tx, err = s.db.BeginTx(ctx, nil)
+		return err
+	})
 	if err != nil {
 		return err
 	}
