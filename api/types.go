@@ -80,6 +80,16 @@ type VM struct {
 	// object store (serve --objects): if its node is lost, any node asked
 	// to act on it takes it over and wakes it from that state.
 	StoredAt *time.Time `json:"stored_at,omitempty"`
+	// RevivesFrom names, for a lost node's VM without a stored state of its
+	// own, its newest stored snapshot: any node asked to act on the VM
+	// takes it over and restores it from that snapshot.
+	RevivesFrom *RevivePoint `json:"revives_from,omitempty"`
+}
+
+// RevivePoint is the snapshot a lost node's VM comes back from.
+type RevivePoint struct {
+	Snapshot string    `json:"snapshot"`
+	TakenAt  time.Time `json:"taken_at"`
 }
 
 // Node is a cluster node (GET /v1/nodes).

@@ -83,6 +83,32 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 		t.Fatalf("manifest in the bucket: %v %+v", err, m)
 	}
 
+	// A running VM on the same node (made from the snapshot, so it runs
+	// there and counts on) is snapshotted in turn; that snapshot is stored.
+	runner := a.CreateVM(ctx, api.CreateVMRequest{Name: "runner", From: sn.ID})
+	if runner.Node != v.Node {
+		t.Fatalf("a VM made from the snapshot went to %q, not its node %q", runner.Node, v.Node)
+	}
+	if r := a.Exec(ctx, runner.ID, "echo runner-was-here > /root/mark"); r.ExitCode != 0 {
+		t.Fatalf("runner: %+v", r)
+	}
+	rsn, err := a.Client.Snapshot(ctx, runner.ID, "runner-snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := a.Exec(ctx, runner.ID, "echo after-the-snapshot > /root/mark"); r.ExitCode != 0 { // lost with the node
+		t.Fatalf("runner: %+v", r)
+	}
+	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(time.Second) {
+		got, err := b.Client.GetSnapshot(ctx, rsn.ID)
+		if err == nil && got.StoredAt != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the running VM's snapshot not stored: %+v %v\n%s", got, err, origin.Logs())
+		}
+	}
+
 	// The VM is suspended; its node stores that state too.
 	storing = time.Now()
 	if _, err := a.Client.SuspendVM(ctx, v.ID); err != nil {
@@ -101,8 +127,10 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 
 	// The snapshot's node dies with its VMs.
 	origin.Kill9()
-	for _, pid := range testenv.QEMUProcesses(v.ID) {
-		syscall.Kill(pid, syscall.SIGKILL)
+	for _, id := range []string{v.ID, runner.ID} {
+		for _, pid := range testenv.QEMUProcesses(id) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
 		nodes, err := other.Client.ListNodes(ctx)
@@ -230,8 +258,26 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	// The lost node's suspended VM is listed with its stored state; an
 	// exec through the living node takes it over and wakes it there, its
 	// counter counting on from where it was and its file intact.
-	if out, _, _ := other.CLI("", "ls"); !strings.Contains(out, "lost (was suspended, stored") {
-		t.Fatalf("agentvm ls with a lost node's stored VM:\n%s", out)
+	out, _, _ := other.CLI("", "ls")
+	if !strings.Contains(out, "lost (was suspended, stored") || !strings.Contains(out, "lost (was running: comes back on another node from snapshot runner-snap") {
+		t.Fatalf("agentvm ls with a lost node's stored VM and running VM:\n%s", out)
+	}
+	// The lost node's running VM comes back from its stored snapshot, with
+	// its id and name, counting on, and its file as it was at the snapshot.
+	reviving := time.Now()
+	r = other.Exec(ctx, runner.ID, `cat /root/mark; sha256sum /root/data.bin | cut -d' ' -f1; a=$(cat /tmp/counter); sleep 1; echo $a $(cat /tmp/counter); hostname`)
+	t.Logf("exec that revived the lost node's running VM from its snapshot: %.1f s", time.Since(reviving).Seconds())
+	if g := strings.Fields(r.Stdout); r.ExitCode != 0 || len(g) != 5 || g[0] != "runner-was-here" || g[1] != sum || g[2] == g[3] || g[4] != "runner" {
+		t.Fatalf("the revived VM: %+v", r)
+	}
+	if got, err := other.Client.GetVM(ctx, runner.ID); err != nil || got.Node == v.Node || got.NodeLost || got.State != api.StateRunning || got.Name != "runner" {
+		t.Fatalf("the revived VM's record: %+v %v", got, err)
+	}
+	if pids := testenv.QEMUProcesses(runner.ID); len(pids) != 1 {
+		t.Fatalf("the revived VM runs in %d QEMUs, want one: %v", len(pids), pids)
+	}
+	if err := other.Client.DeleteVM(ctx, runner.ID); err != nil {
+		t.Fatal(err)
 	}
 	// Two execs at once, as an agent's parallel tool calls: one takeover,
 	// one fetch, one wake; both run in the same VM.

@@ -134,6 +134,8 @@ func lsCmd() *cobra.Command {
 					state = "lost (was " + state + ")"
 					if v.StoredAt != nil {
 						state = fmt.Sprintf("lost (was %s, stored %s ago: wakes on another node)", v.State, time.Since(*v.StoredAt).Round(time.Second))
+					} else if r := v.RevivesFrom; r != nil {
+						state = fmt.Sprintf("lost (was %s: comes back on another node from snapshot %s, taken %s ago)", v.State, r.Snapshot, time.Since(r.TakenAt).Round(time.Second))
 					}
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dM\t%s\t%s\t%s", v.ID, v.Name, state, v.CPUs, v.MemoryMiB,

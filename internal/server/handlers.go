@@ -142,6 +142,11 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 		n := s.nodes.get(s, v.Node)
 		out.NodeID, out.Node, out.NodeLost = v.Node, n.name, !n.alive
 	}
+	if out.NodeLost && v.StoredAt.IsZero() {
+		if sn := s.svc.LastStoredSnapshot(context.Background(), v.ID); sn != nil {
+			out.RevivesFrom = &api.RevivePoint{Snapshot: sn.Name, TakenAt: sn.CreatedAt}
+		}
+	}
 	if !v.StoredAt.IsZero() {
 		at := v.StoredAt
 		out.StoredAt = &at

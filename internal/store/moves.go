@@ -66,3 +66,19 @@ func (s *Store) updateOne(ctx context.Context, none error, q string, args ...any
 	}
 	return nil
 }
+
+// ReviveVM moves VM id, state state on node from whose lease has run out,
+// to node to and records it crashed there, in one statement only while
+// from is still lost and the VM unchanged: node to then restores it from
+// its newest stored snapshot (vm.revive). Of nodes that try at once, one
+// wins (ErrConflict for the others), and a node that came back keeps its
+// VM. A node that dies mid-restore leaves it crashed on a lost node, for
+// another to revive.
+func (s *Store) ReviveVM(ctx context.Context, id, from, to, state string) error {
+	if !s.pg {
+		return fmt.Errorf("%w: VMs move between nodes only in a cluster", ErrConflict)
+	}
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer a lost node's %s VM (its node is back, another node took it, or it changed)", ErrConflict, id, state),
+		`UPDATE vms SET node_id = ?, state = 'crashed', pid = 0 WHERE id = ? AND node_id = ? AND state = ?
+AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, state, from)
+}

@@ -97,6 +97,19 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 			}
 			v = cur
 		}
+	} else if sn := s.revivable(ctx, v); sn != nil {
+		// A lost node's VM with no stored state of its own comes back
+		// from its newest stored snapshot (revive.go).
+		if err := s.revive(ctx, v, sn); err != nil {
+			if !errors.Is(err, ErrConflict) {
+				return nil, err
+			}
+			// A concurrent request here may have taken it over first
+			// (its revive held the VM's lock until done).
+			if v, err = s.Get(ctx, v.ID); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := s.ours(v); err != nil {
 		return nil, err

@@ -26,6 +26,8 @@ type Store interface {
 	SetVMStored(ctx context.Context, id, node, manifest string, at time.Time) error
 	AdoptVM(ctx context.Context, id, from, to, manifest string) error
 	MoveVM(ctx context.Context, id, from, to, manifest string) error
+	// ReviveVM moves a lost node's VM here, to be restored from a snapshot.
+	ReviveVM(ctx context.Context, id, from, to, state string) error
 	ClearVMStored(ctx context.Context, id, node, manifest string) error
 
 	CreateSnapshot(ctx context.Context, sn *store.Snapshot) error
@@ -67,6 +69,9 @@ func (d durable) SetVMStored(ctx context.Context, id, node, manifest string, at 
 }
 func (d durable) AdoptVM(ctx context.Context, id, from, to, manifest string) error {
 	return d.Store.AdoptVM(keep(ctx), id, from, to, manifest)
+}
+func (d durable) ReviveVM(ctx context.Context, id, from, to, state string) error {
+	return d.Store.ReviveVM(keep(ctx), id, from, to, state)
 }
 func (d durable) MoveVM(ctx context.Context, id, from, to, manifest string) error {
 	return d.Store.MoveVM(keep(ctx), id, from, to, manifest)

@@ -2115,6 +2115,12 @@ export interface components {
              * @description when the state of this suspended VM was all in the object store (serve --objects); if its node is lost, any node asked to act on it takes it over and wakes it from that state
              */
             stored_at?: string;
+            /** @description for a lost node's VM without a stored state of its own: its newest stored snapshot, which any node asked to act on the VM restores it from (what it did since is gone) */
+            revives_from?: {
+                snapshot: string;
+                /** Format: date-time */
+                taken_at: string;
+            };
             /**
              * @description the image the VM was made from
              * @enum {string}
