@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strings"
@@ -20,6 +21,7 @@ import (
 // each with one address: nodes that reach each other only over it.
 type netnsLAN struct {
 	t      *testing.T
+	tag    string // this run's, in every name it makes
 	prefix string // e.g. 10.231.57.
 	bridge string
 	n      int
@@ -39,10 +41,14 @@ func newNetnsLAN(t *testing.T) *netnsLAN {
 	if os.Getuid() != 0 {
 		t.Fatal("network namespaces need root")
 	}
-	id := os.Getpid() % 10000
-	l := &netnsLAN{t: t, prefix: fmt.Sprintf("10.231.%d.", 20+os.Getpid()%200), bridge: fmt.Sprintf("avmbr%d", id)}
+	n := rand.IntN(200)
+	l := &netnsLAN{t: t, tag: fmt.Sprintf("%x", rand.Uint32()&0xffffff), prefix: fmt.Sprintf("10.231.%d.", 20+n)}
+	l.bridge = "avmbr" + l.tag
 	l.ip("link", "add", l.bridge, "type", "bridge")
 	t.Cleanup(func() { exec.Command("ip", "link", "del", l.bridge).Run() })
+	// A host whose firewall filters bridged traffic (br_netfilter with a
+	// DROP forward policy, as Docker sets) must not see this bridge's.
+	exec.Command("ip", "link", "set", l.bridge, "type", "bridge", "nf_call_iptables", "0").Run()
 	l.ip("addr", "add", l.prefix+"1/24", "dev", l.bridge)
 	l.ip("link", "set", l.bridge, "up")
 	return l
@@ -52,12 +58,12 @@ func newNetnsLAN(t *testing.T) *netnsLAN {
 func (l *netnsLAN) join() (string, string) {
 	l.t.Helper()
 	l.n++
-	id := os.Getpid() % 10000
-	ns, host, peer := fmt.Sprintf("avmns%d-%d", id, l.n), fmt.Sprintf("avmh%d-%d", id, l.n), fmt.Sprintf("avmp%d-%d", id, l.n)
+	ns, host, peer := fmt.Sprintf("avmns%s-%d", l.tag, l.n), fmt.Sprintf("avmh%s-%d", l.tag, l.n), fmt.Sprintf("avmp%s-%d", l.tag, l.n)
 	addr := fmt.Sprintf("%s%d", l.prefix, l.n+1)
 	l.ip("netns", "add", ns)
-	l.t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) // its end of the pair goes with it, and so the other
+	l.t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	l.ip("link", "add", host, "type", "veth", "peer", "name", peer)
+	l.t.Cleanup(func() { exec.Command("ip", "link", "del", host).Run() }) // (gone already once its peer's namespace is)
 	l.ip("link", "set", peer, "netns", ns)
 	l.ip("link", "set", host, "master", l.bridge)
 	l.ip("link", "set", host, "up")
@@ -70,12 +76,10 @@ func (l *netnsLAN) join() (string, string) {
 // Two nodes, each in its own network namespace, that reach each other and
 // the test only over a bridge (PostgreSQL is shared through its socket
 // file). PostgreSQL restarts (down for 2 s) while creates run through both
-// nodes: every
-// create is made exactly once (those that failed while the database was
-// gone are retried with their idempotency keys, and none makes a second
-// VM) and no node is fenced. Then node b's VM is driven through node a
-// over the bridge: exec buffered and streamed, files, SSH, a preview, and
-// a revoke through node a ending a stream on node b.
+// nodes: statements wait for it, so every create succeeds and makes one
+// VM, and no node is fenced. Then node b's VM is driven through node a
+// over the bridge: exec streamed, SSH, a preview, and a revoke through
+// node a ending a stream on node b.
 func TestClusterNamespaces(t *testing.T) {
 	testenv.Require(t)
 	lan := newNetnsLAN(t)
@@ -88,7 +92,7 @@ func TestClusterNamespaces(t *testing.T) {
 	}
 	node := func(name string) *testenv.Server {
 		ns, addr := lan.join()
-		return testenv.StartIn(t, ns, "", "--store", dsn, "--cluster", "--node-name", name, "--lease", "30s",
+		return testenv.StartIn(t, ns, "", "--store", dsn, "--cluster", "--node-name", name, "--lease", "12s",
 			"--listen", addr+":0", "--peer-listen", addr+":0", "--ssh-listen", addr+":0", "--proxy-listen", addr+":0")
 	}
 	a, b := node("node-a"), node("node-b")
@@ -144,18 +148,11 @@ func TestClusterNamespaces(t *testing.T) {
 			continue
 		}
 		failed++
-		t.Logf("create %s while postgres restarted: %v (retried with its key)", r.key, r.err)
-		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
-			_, err := r.via.Client.CreateVM(ctx, req(r.key))
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("create %s retried after the restart: %v\n%s", r.key, err, r.via.Logs())
-			}
-		}
+		t.Errorf("create %s while postgres restarted: %v", r.key, r.err)
 	}
-	t.Logf("%d of %d creates failed while postgres restarted", failed, count)
+	if failed > 0 { // (a 2 s restart is less than a quarter of the 12 s lease: statements wait for it)
+		t.Fatalf("%d of %d creates failed while postgres restarted\n%s", failed, count, a.Logs())
+	}
 	vms, err := a.Client.ListVMs(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -189,16 +186,20 @@ func TestClusterNamespaces(t *testing.T) {
 
 	// Node b's VM through node a, over the bridge. (Creates sent at once
 	// may all go to one node: each chose the roomiest before the others
-	// held their memory. Sent alone, this one goes to the roomier node.)
-	vb := a.CreateVM(ctx, api.CreateVMRequest{Name: "on-b"})
-	if vb.Node != "node-b" {
-		var ns []string
-		for _, v := range vms {
-			ns = append(ns, v.Node)
+	// held their memory. Then a create sent alone goes to node b.)
+	onB := ""
+	for _, v := range vms {
+		if v.Node == "node-b" {
+			onB = v.Name
 		}
-		t.Fatalf("a create with %v holding their memory went to %s", ns, vb.Node)
 	}
-	onB := vb.Name
+	if onB == "" {
+		if vb := a.CreateVM(ctx, api.CreateVMRequest{Name: "on-b"}); vb.Node == "node-b" {
+			onB = vb.Name
+		} else {
+			t.Fatalf("a create with every other VM on node-a went to %s", vb.Node)
+		}
+	}
 	var out bytes.Buffer
 	st, err := a.Client.Run(ctx, onB, api.ExecRequest{Cmd: []string{"sh", "-c", "cat; hostname"}}, strings.NewReader("streamed\n"), &out, io.Discard)
 	if err != nil || st.ExitCode != 0 || out.String() != "streamed\n"+onB+"\n" {

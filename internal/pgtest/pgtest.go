@@ -173,12 +173,21 @@ func (s *Server) launch() error {
 // real restart), leaves it down for the given time, and starts it again on
 // the same data and socket; it returns once it accepts connections.
 func (s *Server) Restart(ctx context.Context, down time.Duration) error {
-	s.shutdown()
+	s.Down()
 	select {
 	case <-time.After(down):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	return s.Up(ctx)
+}
+
+// Down shuts postgres down (fast), keeping its data for Up.
+func (s *Server) Down() { s.shutdown() }
+
+// Up starts postgres again after Down and returns once it accepts
+// connections.
+func (s *Server) Up(ctx context.Context) error {
 	if err := s.launch(); err != nil {
 		return err
 	}

@@ -223,6 +223,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	} else if cfg.Cluster {
 		return nil, fmt.Errorf("--cluster: %w", store.ErrNoCluster)
 	}
+	if cfg.Cluster { // a write that waits for the database lands before the lease can run out
+		ttl := cfg.LeaseTTL
+		if ttl == 0 {
+			ttl = cluster.DefaultTTL
+		}
+		s.store.SetRetryBudget(ttl / 4)
+	}
 	if cfg.PeerListen != "" && !cfg.Cluster {
 		return nil, errors.New("--peer-listen goes with --cluster: only cluster nodes forward requests to each other")
 	}

@@ -245,22 +245,29 @@ func (r *row) Scan(dest ...any) error {
 }
 
 // retryBudget is how long a statement waits for a PostgreSQL that takes no
-// connection (a restart, a failover): shorter than a node's lease margin.
+// connection (a restart, a failover) when SetRetryBudget did not say.
 const retryBudget = 10 * time.Second
 
-// retry runs f again while it fails before anything reached the database
-// (so nothing was done), for at most s.retryFor; then the error says the
-// database is unreachable.
+// SetRetryBudget sets how long a statement waits for a PostgreSQL that
+// takes no connection. A cluster node gives a quarter of its lease: a
+// write that waited lands before the node's lease can run out, so never
+// after another node took its VMs over (the node fences itself a quarter
+// of the lease before that).
+func (s *Store) SetRetryBudget(d time.Duration) { s.retryFor = d }
+
+// retry runs f again while it failed without the database doing anything
+// (no connection, or one the server was ending), for at most s.retryFor;
+// then the error says the database is unreachable.
 func (s *Store) retry(ctx context.Context, f func() error) error {
 	deadline := time.Now().Add(s.retryFor)
 	wait := 50 * time.Millisecond
 	for {
 		err := f()
-		if err == nil || !s.pg || !notSent(err) || ctx.Err() != nil {
+		if err == nil || !s.pg || !undone(err) || ctx.Err() != nil {
 			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		if time.Now().Add(wait).After(deadline) {
+			return fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -271,10 +278,21 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 	}
 }
 
-// notSent reports whether err is a PostgreSQL connection that failed
-// before the statement was sent.
-func notSent(err error) bool {
+// undone reports whether err says a PostgreSQL statement was not done: no
+// connection could be made, the connection failed before the statement
+// was sent, or the server ended the connection in a shutdown (a backend
+// that is told to stop aborts the transaction it runs: a statement whose
+// commit was done has its answer read before the server's goodbye).
+func undone(err error) bool {
 	var ce *pgconn.ConnectError
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+			return true
+		}
+		return false
+	}
 	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
 }
 
