@@ -296,8 +296,12 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 		t.Fatalf("private preview through node a without a token: %d %q", resp.StatusCode, body)
 	}
 
+	phase := time.Now()
 	clusterSSH(t, ctx, a, b, onB)
+	t.Logf("ssh through node a: %.1f s", time.Since(phase).Seconds())
+	phase = time.Now()
 	clusterE2B(t, ctx, a, b)
+	t.Logf("e2b through node a: %.1f s", time.Since(phase).Seconds())
 
 	// A client cannot pass its API request off as a forwarded preview
 	// (which the owner's proxy would serve without checking a token).

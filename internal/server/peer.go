@@ -296,6 +296,12 @@ func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, p *auth.
 	if s.peers == nil || forwarded(r) {
 		return false
 	}
+	if err := s.svc.CheckFenced(); err != nil && (vmRef(r.URL.Path) != "" || snapshotRef(r.URL.Path) != "") {
+		// A fenced node is out of the cluster, and its database may be
+		// what is gone: it neither looks the owner up nor forwards.
+		writeErr(w, err)
+		return true
+	}
 	n := s.otherLiveNode(s.ownerOf(r))
 	if n == nil {
 		return false

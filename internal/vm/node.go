@@ -226,6 +226,9 @@ func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
 	return nil
 }
 
+// CheckFenced refuses an operation while the node is fenced.
+func (s *Service) CheckFenced() error { return s.checkFenced() }
+
 // checkFenced refuses an operation while the node is fenced.
 func (s *Service) checkFenced() error {
 	s.mu.Lock()
