@@ -142,10 +142,12 @@ func (s *Server) toAPI(v *store.VM) api.VM {
 		n := s.nodes.get(s, v.Node)
 		out.NodeID, out.Node, out.NodeLost = v.Node, n.name, !n.alive
 	}
-	if out.NodeLost && v.StoredAt.IsZero() {
-		if sn := s.svc.LastStoredSnapshot(context.Background(), v.ID); sn != nil {
+	if out.NodeLost && v.StoredAt.IsZero() && vm.Revivable(v.State) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if sn := s.svc.LastStoredSnapshot(ctx, v.ID); sn != nil {
 			out.RevivesFrom = &api.RevivePoint{Snapshot: sn.Name, TakenAt: sn.CreatedAt}
 		}
+		cancel()
 	}
 	if !v.StoredAt.IsZero() {
 		at := v.StoredAt

@@ -127,7 +127,7 @@ func (s *Server) forwardFailed(w http.ResponseWriter, r *http.Request, id string
 		return false
 	}
 	s.nodes.invalidate()
-	writeErr(w, fmt.Errorf("%w: its node %s is lost (its lease ran out): it runs nowhere until that node is back; agentvm delete forgets it", vm.ErrOtherNode, n.Name))
+	writeErr(w, fmt.Errorf("%w: its node %s is lost (its lease ran out): it runs nowhere until that node is back, or (with an object store) another node restores it from its stored state or newest stored snapshot when next asked; agentvm delete forgets it", vm.ErrOtherNode, n.Name))
 	return true
 }
 

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -79,6 +81,24 @@ func (s *Store) ReviveVM(ctx context.Context, id, from, to, state string) error 
 		return fmt.Errorf("%w: VMs move between nodes only in a cluster", ErrConflict)
 	}
 	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer a lost node's %s VM (its node is back, another node took it, or it changed)", ErrConflict, id, state),
-		`UPDATE vms SET node_id = ?, state = 'crashed', pid = 0 WHERE id = ? AND node_id = ? AND state = ?
+		`UPDATE vms SET node_id = ?, state = 'crashed', pid = 0 WHERE id = ? AND node_id = ? AND state = ? AND stored_manifest = ''
 AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, state, from)
+}
+
+// GiveBackVM undoes a ReviveVM whose restore failed: VM id, crashed on
+// node from, goes back to lost node to in state state, so that it can be
+// revived again.
+func (s *Store) GiveBackVM(ctx context.Context, id, from, to, state string) error {
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer node %s's crashed VM", ErrConflict, id, from),
+		`UPDATE vms SET node_id = ?, state = ? WHERE id = ? AND node_id = ? AND state = 'crashed'`, to, state, id, from)
+}
+
+// LastStoredSnapshot is VM id's newest snapshot in the object store
+// (ErrNotFound: none).
+func (s *Store) LastStoredSnapshot(ctx context.Context, vmID string) (*Snapshot, error) {
+	sn, err := scanSnapshot(s.queryRow(ctx, snapshotQ.list+` WHERE vm_id = ? AND stored_at > 0 ORDER BY created_at DESC LIMIT 1`, vmID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return sn, err
 }

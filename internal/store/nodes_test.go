@@ -236,8 +236,57 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if err := s.MoveVM(ctx, "vm-roomy", "roomy-id", "full-id", ""); !errors.Is(err, ErrConflict) {
 		t.Fatalf("move a running VM: %v", err)
 	}
+	// A running VM with a stored snapshot: revived by another node only
+	// once its node is lost, only as it was, and only once; given back
+	// if the restore fails.
+	if err := s.CreateVM(ctx, &VM{ID: "vm-run", Name: "run", State: StateRunning, MemoryMiB: 512, NetIndex: 202, Node: "roomy-id", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for i, at := range []int64{10, 30, 20} {
+		sn := &Snapshot{ID: fmt.Sprintf("sn-run-%d", i), Name: fmt.Sprintf("run-%d", i), VMID: "vm-run", CreatedAt: time.Unix(at, 0), Node: "roomy-id"}
+		if err := s.CreateSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 { // run-2, the newest of all, is not stored
+			if err := s.SetSnapshotStored(ctx, sn.ID, time.Now(), "m"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if sn, err := s.LastStoredSnapshot(ctx, "vm-run"); err != nil || sn.ID != "sn-run-1" {
+		t.Fatalf("the newest stored snapshot: %+v %v", sn, err)
+	}
+	if _, err := s.LastStoredSnapshot(ctx, "vm-roomy"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the newest stored snapshot of a VM without one: %v", err)
+	}
+	if err := s.ReviveVM(ctx, "vm-run", "roomy-id", "full-id", "running"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("revive a live node's VM: %v", err)
+	}
 	// A node whose lease ran out is no room.
 	if err := s.LeaveNode(ctx, "roomy-id", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReviveVM(ctx, "vm-run", "roomy-id", "full-id", "paused"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("revive a VM that changed meanwhile: %v", err)
+	}
+	revived := make(chan error, 2)
+	for _, to := range []string{"full-id", "third-id"} {
+		go func() { revived <- s.ReviveVM(ctx, "vm-run", "roomy-id", to, "running") }()
+	}
+	if e1, e2 := <-revived, <-revived; (e1 == nil) == (e2 == nil) {
+		t.Fatalf("two revives at once: %v and %v, want one to win", e1, e2)
+	}
+	v, err = s.GetVM(ctx, "vm-run")
+	if err != nil || (v.Node != "full-id" && v.Node != "third-id") || v.State != StateCrashed {
+		t.Fatalf("the revived VM: %+v %v", v, err)
+	}
+	if err := s.GiveBackVM(ctx, "vm-run", v.Node, "roomy-id", "running"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.GetVM(ctx, "vm-run"); err != nil || v.Node != "roomy-id" || v.State != StateRunning {
+		t.Fatalf("the VM given back: %+v %v", v, err)
+	}
+	if err := s.DeleteVM(ctx, "vm-run"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.ForgetVM(ctx, "vm-roomy", "roomy-id"); err != nil {

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -368,6 +369,16 @@ func (s *Service) removeMovedVMs(ctx context.Context) {
 	for _, v := range vms {
 		if v.Node == s.cfg.Node {
 			continue
+		}
+		// A QEMU of this node's that ran on after its daemon died (the VM
+		// was revived elsewhere meanwhile) is ended: its command line
+		// names this node's run dir.
+		run := []byte(s.paths(v.ID).Run + "/")
+		for _, pid := range s.hv.FindOurs(v.ID) {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, run) {
+				s.log.Warn("killing this node's QEMU of a VM another node runs now", "vm", v.ID, "pid", pid, "node", v.Node)
+				s.hv.Kill(pid)
+			}
 		}
 		p := s.paths(v.ID).Dir
 		if _, err := os.Stat(p); err == nil {

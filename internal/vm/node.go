@@ -215,6 +215,9 @@ func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
 	if s.instance(id) != nil {
 		return nil // started again since
 	}
+	if v.Node != s.cfg.Node {
+		return nil // another node took it over (revive.go): its record and QEMU are that node's
+	}
 	s.killStrays(v, 0)
 	switch {
 	case v.State == statePool:

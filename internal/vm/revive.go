@@ -21,17 +21,11 @@ import (
 // LastStoredSnapshot is VM id's newest snapshot that is in the object
 // store (nil: none).
 func (s *Service) LastStoredSnapshot(ctx context.Context, id string) *store.Snapshot {
-	snaps, err := s.store.ListSnapshots(ctx)
+	sn, err := s.store.LastStoredSnapshot(ctx, id)
 	if err != nil {
 		return nil
 	}
-	var last *store.Snapshot
-	for _, sn := range snaps {
-		if sn.VMID == id && !sn.StoredAt.IsZero() && (last == nil || sn.CreatedAt.After(last.CreatedAt)) {
-			last = sn
-		}
-	}
-	return last
+	return sn
 }
 
 // revivable returns the snapshot v would come back from here: v is a lost
@@ -41,10 +35,11 @@ func (s *Service) revivable(ctx context.Context, v *store.VM) *store.Snapshot {
 	if s.cfg.Objects == nil || v.Node == "" || v.Node == s.cfg.Node || v.StoredManifest != "" {
 		return nil
 	}
-	switch v.State {
-	case store.StateRunning, store.StatePaused, store.StateSuspended, store.StateCrashed:
-	default:
-		return nil // stopped (its disk is not stored), being made or deleted
+	if !Revivable(v.State) {
+		return nil
+	}
+	if lost, err := s.cfg.nodeLost(ctx, v.Node); err != nil || !lost {
+		return nil
 	}
 	sn := s.LastStoredSnapshot(ctx, v.ID)
 	if sn == nil {
@@ -53,10 +48,15 @@ func (s *Service) revivable(ctx context.Context, v *store.VM) *store.Snapshot {
 	if _, err := s.snapshotRestoreLayout(sn); err != nil {
 		return nil // another node may restore it
 	}
-	if lost, err := s.cfg.nodeLost(ctx, v.Node); err != nil || !lost {
-		return nil
-	}
 	return sn
+}
+
+// Revivable reports whether a lost node's VM in state st (without a stored
+// state of its own) comes back from its newest stored snapshot: it was
+// running or paused, or suspended (and its state not yet stored). A
+// stopped or crashed VM stays as it was; one being made or deleted too.
+func Revivable(st store.State) bool {
+	return st == store.StateRunning || st == store.StatePaused || st == store.StateSuspended
 }
 
 // revive takes v, a lost node's VM, over and restores it here from sn
@@ -77,44 +77,63 @@ func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) e
 		}
 		return err
 	}
+	before := *v
 	v.Node, v.State, v.PID = s.cfg.Node, store.StateCrashed, 0
 	age := time.Since(sn.CreatedAt).Round(time.Second)
 	s.log.Info("reviving a lost node's VM from its snapshot", "vm", v.ID, "from", from, "was", was, "snapshot", sn.ID, "age", age)
-	s.logEvent(v.ID, "taken over by node %s: node %s was lost while the VM was %s; it comes back from snapshot %s, taken %s ago (what it did since is gone)",
-		s.cfg.Node, from, was, sn.Name, age)
+	// The fetch and restore go on if the caller leaves: a VM half-way
+	// would be of no node that could finish it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Minute)
+	defer cancel()
+	// A revive that fails gives the VM back to its lost node as it was,
+	// for the next request (here or on another node) to try again.
 	fail := func(err error) error {
-		v.Error = "revive from snapshot " + sn.Name + ": " + err.Error()
-		if uerr := s.store.UpdateVM(context.WithoutCancel(ctx), v); uerr != nil {
-			s.log.Warn("record a failed revive", "vm", v.ID, "err", uerr)
+		if in := s.instance(v.ID); in != nil {
+			in.kill()
+			s.setInstance(v.ID, nil)
 		}
-		return err
+		s.killStrays(v, 0)
+		os.RemoveAll(s.paths(v.ID).Dir)
+		if gerr := s.store.GiveBackVM(rctx, v.ID, s.cfg.Node, from, string(was)); gerr != nil {
+			s.log.Warn("give a VM whose revive failed back to its lost node", "vm", v.ID, "err", gerr)
+		}
+		*v = before
+		s.log.Warn("revive from a snapshot failed", "vm", v.ID, "snapshot", sn.ID, "err", err)
+		return fmt.Errorf("VM %s (its node %s is lost) could not be restored from snapshot %s: %w", v.Name, from, sn.Name, err)
 	}
 	layout, err := s.snapshotRestoreLayout(sn)
 	if err != nil {
 		return fail(err)
 	}
 	start := time.Now()
-	frozen, layers, state, err := s.fetchSnapshot(ctx, sn)
+	frozen, layers, state, err := s.fetchSnapshot(rctx, sn)
 	if err != nil {
 		return fail(err)
 	}
 	// Whatever an earlier stay of the VM here left is stale.
 	os.RemoveAll(s.paths(v.ID).Dir)
+	// The VM takes the snapshot's shape; a size it had grown to since
+	// comes back at its next start.
+	if v.CPUs > sn.CPUs {
+		v.NextCPUs = max(v.NextCPUs, v.CPUs)
+	}
+	if v.MemoryMiB > sn.MemoryMiB {
+		v.NextMemoryMiB = max(v.NextMemoryMiB, v.MemoryMiB)
+	}
 	v.CPUs, v.MemoryMiB, v.Layout, v.HotMemoryMiB = sn.CPUs, sn.MemoryMiB, layout, sn.HotMemoryMiB
-	v.NextCPUs, v.NextMemoryMiB = 0, 0
 	v.DiskBytes = max(v.DiskBytes, sn.DiskBytes)
+	v.SavedBy, v.ResumeOnStart, v.ColdBoot = nil, false, false
 	v.Source, v.Error = "snapshot "+sn.Name, ""
-	if err := s.restoreState(ctx, v, frozen, layers, state, sn.DiskBytes); err != nil {
-		s.killStrays(v, 0)
+	if err := s.restoreState(rctx, v, frozen, layers, state, sn.DiskBytes); err != nil {
 		return fail(err)
 	}
-	if err := s.enter(context.WithoutCancel(ctx), v, store.StateRunning); err != nil {
-		if in := s.instance(v.ID); in != nil {
-			in.kill()
-			s.setInstance(v.ID, nil)
-		}
+	if err := s.enter(rctx, v, store.StateRunning); err != nil {
 		return fail(err)
 	}
+	s.logEvent(v.ID, "taken over by node %s: node %s was lost while the VM was %s; it came back from snapshot %s, taken %s ago (what it did since is gone)",
+		s.cfg.Node, from, was, sn.Name, age)
+	s.Event(v.ID, "revive", "node "+s.cfg.Node, "node %s was lost while the VM was %s: it came back on node %s from snapshot %s, taken %s ago (what it did since is gone)",
+		from, was, s.cfg.Node, sn.Name, age)
 	s.log.Info("revived a lost node's VM", "vm", v.ID, "snapshot", sn.ID, "ms", time.Since(start).Milliseconds())
 	return nil
 }
