@@ -194,7 +194,7 @@ func TestClusterNodes(t *testing.T) {
 }
 
 // clusterRouting drives node b's VM onB through node a: exec (buffered
-// and upgraded), files both ways, lifecycle, a scoped token and its
+// and upgraded), a terminal, files both ways, lifecycle, a scoped token and its
 // revocation, a preview; a token cannot name another caller; the peer
 // listener refuses anyone without a node certificate.
 func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nodes []api.Node, onA, onB string) {
@@ -207,6 +207,18 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 	if err != nil || st.ExitCode != 0 || out.String() != "streamed\ndone\n" {
 		t.Fatalf("upgraded exec through node a: %+v %v %q", st, err, out.String())
 	}
+	// A terminal made and used through node a lives on node b: its
+	// scrollback is there for a client of node b.
+	if _, err := a.Client.CreateTerminal(ctx, onB, api.TermCreate{Name: "via-a", Cols: 100, Rows: 30}); err != nil {
+		t.Fatalf("terminal through node a: %v", err)
+	}
+	tr := attach(t, a.Client, onB, "via-a", client.AttachOptions{})
+	tr.send("echo term-$((6*7))-$(hostname)\n")
+	tr.waitFor("term-42-"+onB, time.Minute)
+	tr.close()
+	tb := attach(t, b.Client, onB, "via-a", client.AttachOptions{})
+	tb.waitFor("term-42-"+onB, time.Minute)
+	tb.close()
 	payload := bytes.Repeat([]byte("cluster-routing "), 64<<10) // 1 MiB
 	if _, err := a.Client.WriteFile(ctx, onB, "/root/payload", bytes.NewReader(payload), int64(len(payload)), client.WriteOptions{}); err != nil {
 		t.Fatal(err)
