@@ -130,6 +130,9 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	// (The running VM's QEMU runs on, cut off, as after a daemon crash:
 	// the node kills it when it comes back, at the end.)
 	oldRunner := testenv.QEMUProcesses(runner.ID)
+	if len(oldRunner) != 1 {
+		t.Fatalf("the running VM's QEMUs on the node about to die: %v", oldRunner)
+	}
 	for _, pid := range testenv.QEMUProcesses(v.ID) {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -324,6 +327,34 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 		}
 	}
 
+	// The dead node comes back: it kills its own QEMU of the VM another
+	// node revived meanwhile, which ran on cut off; the VM runs once. Then
+	// it dies again, for the rest of the test.
+	if !slices.Contains(testenv.QEMUProcesses(runner.ID), oldRunner[0]) {
+		t.Fatalf("the dead node's QEMU of the revived VM is gone before its node came back: %v", testenv.QEMUProcesses(runner.ID))
+	}
+	origin.Restart()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if pids := testenv.QEMUProcesses(runner.ID); len(pids) == 1 && pids[0] == got.PID {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the revived VM's QEMUs after its old node came back: %v, want only %d\n%s", pids, got.PID, origin.Logs())
+		}
+	}
+	if r := other.Exec(ctx, runner.ID, "cat /root/mark"); strings.TrimSpace(r.Stdout) != "runner-was-here" {
+		t.Fatalf("the revived VM after its old node came back: %+v", r)
+	}
+	origin.Kill9()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		nodes, err := other.Client.ListNodes(ctx)
+		if err == nil && !slices.ContainsFunc(nodes, func(n api.Node) bool { return n.Name == v.Node && n.Alive }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node killed again is still alive: %+v %v", nodes, err)
+		}
+	}
+
 	// Deleting the snapshot (its node is lost) removes its manifest.
 	if err := other.Client.DeleteSnapshot(ctx, sn.ID); err != nil {
 		t.Fatal(err)
@@ -373,23 +404,5 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	}
 	if nv := other.CreateVM(ctx, api.CreateVMRequest{Name: "after-drain"}); nv.Node != "node-c" {
 		t.Fatalf("a create after the drain went to %s", nv.Node)
-	}
-
-	// The dead node comes back: it kills its QEMU of the VM another node
-	// revived meanwhile, which ran on cut off; the VM runs once, on node c.
-	origin.Restart()
-	now, err := c3.Client.GetVM(ctx, runner.ID)
-	if err != nil || now.Node != "node-c" || now.State != api.StateRunning {
-		t.Fatalf("the revived VM after its old node came back: %+v %v", now, err)
-	}
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if pids := testenv.QEMUProcesses(runner.ID); len(pids) == 1 && pids[0] == now.PID {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the revived VM's QEMUs after its old node came back: %v, want only %d\n%s", pids, now.PID, origin.Logs())
-		}
-	}
-	if r := c3.Exec(ctx, runner.ID, "cat /root/mark"); strings.TrimSpace(r.Stdout) != "runner-was-here" {
-		t.Fatalf("the revived VM after its old node came back: %+v", r)
 	}
 }

@@ -85,12 +85,14 @@ func (s *Store) ReviveVM(ctx context.Context, id, from, to, state string) error 
 AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, state, from)
 }
 
-// GiveBackVM undoes a ReviveVM whose restore failed: VM id, crashed on
-// node from, goes back to lost node to in state state, so that it can be
-// revived again.
-func (s *Store) GiveBackVM(ctx context.Context, id, from, to, state string) error {
-	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer node %s's crashed VM", ErrConflict, id, from),
-		`UPDATE vms SET node_id = ?, state = ? WHERE id = ? AND node_id = ? AND state = 'crashed'`, to, state, id, from)
+// GiveBackVM undoes a ReviveVM whose restore failed: the VM, crashed on
+// node from, gets back its whole record as it was before (before, naming
+// its lost node, its disk and its state), so that its node finds its files
+// if it comes back and the VM can be revived again.
+func (s *Store) GiveBackVM(ctx context.Context, before *VM, from string) error {
+	args := append(updateArgs(vmArgs(before)), from)
+	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer node %s's crashed VM", ErrConflict, before.ID, from),
+		vmQ.update+` AND node_id = ? AND state = 'crashed'`, args...)
 }
 
 // LastStoredSnapshot is VM id's newest snapshot in the object store

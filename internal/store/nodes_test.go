@@ -280,10 +280,15 @@ func TestPlacementReservesMemory(t *testing.T) {
 	if err != nil || (v.Node != "full-id" && v.Node != "third-id") || v.State != StateCrashed {
 		t.Fatalf("the revived VM: %+v %v", v, err)
 	}
-	if err := s.GiveBackVM(ctx, "vm-run", v.Node, "roomy-id", "running"); err != nil {
+	before := *v
+	before.Node, before.State, before.Disk = "roomy-id", StateRunning, "/lost/disk.qcow2"
+	if err := s.GiveBackVM(ctx, &before, "roomy-id"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("give back a VM from a node that does not have it: %v", err)
+	}
+	if err := s.GiveBackVM(ctx, &before, v.Node); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := s.GetVM(ctx, "vm-run"); err != nil || v.Node != "roomy-id" || v.State != StateRunning {
+	if v, err := s.GetVM(ctx, "vm-run"); err != nil || v.Node != "roomy-id" || v.State != StateRunning || v.Disk != "/lost/disk.qcow2" {
 		t.Fatalf("the VM given back: %+v %v", v, err)
 	}
 	if err := s.DeleteVM(ctx, "vm-run"); err != nil {

@@ -371,19 +371,24 @@ func (s *Service) removeMovedVMs(ctx context.Context) {
 			continue
 		}
 		// A QEMU of this node's that ran on after its daemon died (the VM
-		// was revived elsewhere meanwhile) is ended: its command line
-		// names this node's run dir.
-		run := []byte(s.paths(v.ID).Run + "/")
-		for _, pid := range s.hv.FindOurs(v.ID) {
-			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, run) {
-				s.log.Warn("killing this node's QEMU of a VM another node runs now", "vm", v.ID, "pid", pid, "node", v.Node)
-				s.hv.Kill(pid)
-			}
-		}
+		// was revived elsewhere meanwhile) is ended.
+		s.killOwnQEMUs(v)
 		p := s.paths(v.ID).Dir
 		if _, err := os.Stat(p); err == nil {
 			s.log.Info("removing the files of a VM another node runs now", "vm", v.ID, "node", v.Node)
 			os.RemoveAll(p)
+		}
+	}
+}
+
+// killOwnQEMUs kills this node's QEMUs of VM v, and no other node's on
+// the same host: theirs name this node's run dir in their command line.
+func (s *Service) killOwnQEMUs(v *store.VM) {
+	run := []byte("=" + s.paths(v.ID).Run + "/")
+	for _, pid := range s.hv.FindOurs(v.ID) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(b, run) {
+			s.log.Warn("killing this node's QEMU of a VM another node runs now", "vm", v.ID, "pid", pid, "node", v.Node)
+			s.hv.Kill(pid)
 		}
 	}
 }

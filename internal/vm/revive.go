@@ -92,9 +92,9 @@ func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) e
 			in.kill()
 			s.setInstance(v.ID, nil)
 		}
-		s.killStrays(v, 0)
+		s.killOwnQEMUs(v)
 		os.RemoveAll(s.paths(v.ID).Dir)
-		if gerr := s.store.GiveBackVM(rctx, v.ID, s.cfg.Node, from, string(was)); gerr != nil {
+		if gerr := s.store.GiveBackVM(rctx, &before, s.cfg.Node); gerr != nil {
 			s.log.Warn("give a VM whose revive failed back to its lost node", "vm", v.ID, "err", gerr)
 		}
 		*v = before

@@ -28,7 +28,7 @@ type Store interface {
 	MoveVM(ctx context.Context, id, from, to, manifest string) error
 	// ReviveVM moves a lost node's VM here, to be restored from a snapshot.
 	ReviveVM(ctx context.Context, id, from, to, state string) error
-	GiveBackVM(ctx context.Context, id, from, to, state string) error
+	GiveBackVM(ctx context.Context, before *store.VM, from string) error
 	LastStoredSnapshot(ctx context.Context, vmID string) (*store.Snapshot, error)
 	ClearVMStored(ctx context.Context, id, node, manifest string) error
 
@@ -75,8 +75,8 @@ func (d durable) AdoptVM(ctx context.Context, id, from, to, manifest string) err
 func (d durable) ReviveVM(ctx context.Context, id, from, to, state string) error {
 	return d.Store.ReviveVM(keep(ctx), id, from, to, state)
 }
-func (d durable) GiveBackVM(ctx context.Context, id, from, to, state string) error {
-	return d.Store.GiveBackVM(keep(ctx), id, from, to, state)
+func (d durable) GiveBackVM(ctx context.Context, before *store.VM, from string) error {
+	return d.Store.GiveBackVM(keep(ctx), before, from)
 }
 func (d durable) MoveVM(ctx context.Context, id, from, to, manifest string) error {
 	return d.Store.MoveVM(keep(ctx), id, from, to, manifest)
