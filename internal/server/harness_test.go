@@ -96,7 +96,7 @@ func fakeAgent(t *testing.T, h http.Handler) *guest.Client {
 		if _, err := hs.Scan(br, guestSide); err != nil {
 			return
 		}
-		sess, err := yamux.Server(&bufferedConn{Conn: guestSide, r: br}, guest.YamuxConfig(false))
+		sess, err := yamux.Server(readerConn{guestSide, br}, guest.YamuxConfig(false))
 		if err != nil {
 			return
 		}
@@ -111,11 +111,3 @@ func fakeAgent(t *testing.T, h http.Handler) *guest.Client {
 	t.Cleanup(func() { gc.Close() })
 	return gc
 }
-
-// bufferedConn reads what the handshake left buffered first.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }

@@ -279,8 +279,14 @@ func (s *Server) forwardToProxy(w http.ResponseWriter, r *http.Request, v *store
 // forwardE2B passes a request of the E2B control plane about another
 // node's sandbox to that node, naming the caller (e2b.Config.Forward).
 func (s *Server) forwardE2B(w http.ResponseWriter, r *http.Request, p *auth.Principal, v *store.VM) bool {
-	n := s.otherLiveNode(v.Node)
-	if n == nil || forwarded(r) {
+	return !forwarded(r) && s.forwardAs(w, r, p, v.Node)
+}
+
+// forwardAs forwards r, made by p, to node id when that is another live
+// node, naming p, and reports whether it did.
+func (s *Server) forwardAs(w http.ResponseWriter, r *http.Request, p *auth.Principal, id string) bool {
+	n := s.otherLiveNode(id)
+	if n == nil {
 		return false
 	}
 	r.Header.Set(principalHeader, p.Claim())
@@ -302,13 +308,7 @@ func (s *Server) forwardToOwner(w http.ResponseWriter, r *http.Request, p *auth.
 		writeErr(w, err)
 		return true
 	}
-	n := s.otherLiveNode(s.ownerOf(r))
-	if n == nil {
-		return false
-	}
-	r.Header.Set(principalHeader, p.Claim())
-	s.peers.proxy(n).ServeHTTP(w, r)
-	return true
+	return s.forwardAs(w, r, p, s.ownerOf(r))
 }
 
 // proxy is the reverse proxy to node n's peer listener.

@@ -47,9 +47,9 @@ func clusterSSHKey(ctx context.Context, st *store.Store, path string) (ssh.Signe
 	if err != nil {
 		return nil, err
 	}
-	have, err := st.MetaOnce(ctx, sshHostKeyMeta, string(own))
+	have, err := clusterSecret(ctx, st, sshHostKeyMeta, string(own))
 	if err != nil {
-		return nil, fmt.Errorf("cluster ssh host key: %w", err)
+		return nil, err
 	}
 	signer, err := ssh.ParsePrivateKey([]byte(have))
 	if err != nil {
@@ -170,21 +170,10 @@ func (s *Server) sshPeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := principal(r)
-	user := r.URL.Query().Get("user")
-	if user != "" && !auth.ValidUser(user) {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("bad user name %q", user))
-		return
-	}
-	user, err = p.ActAs(user)
-	if err == nil {
-		err = p.Can(v.ID, "ssh")
-	}
+	user, err := sshgw.LoginUser(p, v.ID, r.URL.Query().Get("user"))
 	if err != nil {
 		writeErr(w, err)
 		return
-	}
-	if user == "" {
-		user = "root"
 	}
 	// Where the client is, as the forwarding node saw it, for the VM's
 	// events (a node's word, bounded and printable all the same).

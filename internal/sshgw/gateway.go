@@ -178,20 +178,38 @@ func (g *Gateway) login(c ssh.ConnMetadata, authn func(context.Context, string) 
 	}
 	p, err := authn(ctx, v.ID)
 	if err == nil {
-		err = p.Can(v.ID, "ssh")
-	}
-	if err == nil {
-		user, err = p.ActAs(user)
+		user, err = LoginUser(p, v.ID, user)
 	}
 	if err != nil {
 		g.log.Info("ssh login refused", "user", c.User(), "vm", v.ID, "remote", c.RemoteAddr().String(), "err", err)
 		return nil, errors.New("access denied")
 	}
+	return permissions(v.ID, user, p), nil
+}
+
+// LoginUser is the user p logs in to VM vmID as when asking for user (""
+// for p's own, else root), or why p may not log in.
+func LoginUser(p *auth.Principal, vmID, user string) (string, error) {
+	if user != "" && !auth.ValidUser(user) {
+		return "", fmt.Errorf("%w: bad user name %q", auth.ErrInvalid, user)
+	}
+	if err := p.Can(vmID, "ssh"); err != nil {
+		return "", err
+	}
+	user, err := p.ActAs(user)
+	if err != nil {
+		return "", err
+	}
 	if user == "" {
 		user = "root"
 	}
-	return &ssh.Permissions{Extensions: map[string]string{extVM: v.ID, extUser: user, extToken: p.TokenID},
-		ExtraData: map[any]any{principalKey{}: p}}, nil
+	return user, nil
+}
+
+// permissions are a login's: the VM, the user and the caller.
+func permissions(vmID, user string, p *auth.Principal) *ssh.Permissions {
+	return &ssh.Permissions{Extensions: map[string]string{extVM: vmID, extUser: user, extToken: p.TokenID},
+		ExtraData: map[any]any{principalKey{}: p}}
 }
 
 // Serve accepts connections until Close.

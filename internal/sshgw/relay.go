@@ -22,7 +22,7 @@ import (
 
 // ServePeer serves an SSH connection another node's gateway opened for a
 // client it authenticated as p, logging in as user to vmID (the owner has
-// checked p may, and closes nc if p's token is revoked). origin says where
+// checked p may, with LoginUser, and closes nc if p's token is revoked). origin says where
 // the client is, for the VM's events. It returns when the connection ends.
 func (g *Gateway) ServePeer(nc net.Conn, vmID, user string, p *auth.Principal, origin string) {
 	if !g.track(nc) {
@@ -30,8 +30,7 @@ func (g *Gateway) ServePeer(nc net.Conn, vmID, user string, p *auth.Principal, o
 		return
 	}
 	defer g.untrack(nc)
-	perms := &ssh.Permissions{Extensions: map[string]string{extVM: vmID, extUser: user, extToken: p.TokenID},
-		ExtraData: map[any]any{principalKey{}: p}}
+	perms := permissions(vmID, user, p)
 	cfg := &ssh.ServerConfig{
 		// The forwarding node's certificate was checked by TLS, and the
 		// caller by the handler that handed this connection over.

@@ -41,7 +41,7 @@ func (s *Store) AdoptVM(ctx context.Context, id, from, to, manifest string) erro
 	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer a lost node's suspended VM with that stored state (its node is back, another node took it, or it changed)", ErrConflict, id),
 		`UPDATE vms SET node_id = ? WHERE id = ? AND node_id = ? AND state = 'suspended'
 AND stored_manifest = ? AND stored_manifest <> ''
-AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, manifest, from)
+AND `+nodeLost, to, id, from, manifest, from)
 }
 
 // MoveVM hands suspended VM id of node from to node to, in one statement
@@ -82,7 +82,7 @@ func (s *Store) ReviveVM(ctx context.Context, id, from, to, state string) error 
 	}
 	return s.updateOne(ctx, fmt.Errorf("%w: VM %s is no longer a lost node's %s VM (its node is back, another node took it, or it changed)", ErrConflict, id, state),
 		`UPDATE vms SET node_id = ?, state = 'crashed', pid = 0 WHERE id = ? AND node_id = ? AND state = ? AND stored_manifest = ''
-AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, to, id, from, state, from)
+AND `+nodeLost, to, id, from, state, from)
 }
 
 // GiveBackVM undoes a ReviveVM whose restore failed: the VM, crashed on

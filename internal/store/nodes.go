@@ -174,13 +174,17 @@ func (s *Store) AdoptVMs(ctx context.Context, owner, id string) (int, error) {
 	return n, nil
 }
 
+// nodeLost is true in a statement while the node its argument names holds
+// no lease that runs (it ran out, or the node is gone), by the database's
+// clock.
+const nodeLost = `NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`
+
 // ForgetVM deletes the record of VM id of node, in one statement only
 // while that node's lease has run out (or the node is gone): a node that
 // comes back meanwhile keeps its VM (ErrConflict). SQLite has no leases:
 // there it is a delete of that node's VM.
 func (s *Store) ForgetVM(ctx context.Context, id, node string) error {
-	q, args := `DELETE FROM vms WHERE id = ? AND node_id = ?
-AND NOT EXISTS (SELECT 1 FROM nodes WHERE id = ? AND lease_expires > now())`, []any{id, node, node}
+	q, args := `DELETE FROM vms WHERE id = ? AND node_id = ? AND `+nodeLost, []any{id, node, node}
 	if !s.pg { // no leases outside a cluster
 		q, args = `DELETE FROM vms WHERE id = ? AND node_id = ?`, args[:2]
 	}
