@@ -99,7 +99,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.TLSKey, "tls-key", os.Getenv("AGENTVM_TLS_KEY"), "PEM key of --tls-cert")
 	f.StringSliceVar(&warmImages, "warm-images", splitList(envOr("AGENTVM_WARM_IMAGES", image.Default)), "images whose template (and warm pool) are made at start-up: "+strings.Join(image.Names(), ", "))
 	f.StringVar(&cfg.StateFormat, "state-format", envOr("AGENTVM_STATE_FORMAT", vm.StateFormatAuto),
-		"how saves write a VM's memory: auto (suspends as one migration stream, snapshots and forks as pages, whose sparse RAM file the VMs made from them map copy-on-write and share), pages or stream for every save; states of either format restore")
+		"how saves write a VM's memory: auto (suspends with QEMU's mapped-ram, whose wake reads only the guest's pages (QEMU 9.0 and later; a stream before, and on a cluster node with --objects); snapshots and forks as pages, whose sparse RAM file the VMs made from them map copy-on-write and share), pages or stream for every save; states of any format restore")
 	f.BoolVar(&cfg.Cluster, "cluster", os.Getenv("AGENTVM_CLUSTER") != "", "be a node of the cluster whose database is --store (PostgreSQL): join it, run only the VMs recorded on this node, renew a lease and kill every VM of this node when the lease cannot be renewed in time (agentvm node ls lists the nodes)")
 	f.StringVar(&cfg.NodeName, "node-name", os.Getenv("AGENTVM_NODE_NAME"), "this node's name in the cluster (default: the host name)")
 	f.StringVar(&cfg.Advertise, "advertise", os.Getenv("AGENTVM_ADVERTISE"), "the address clients reach this node's API at (default: --listen's)")

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
+	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -126,16 +127,23 @@ func TestMayBeTorn(t *testing.T) {
 }
 
 func TestStateFormats(t *testing.T) {
-	for _, c := range []struct{ setting, suspend, capture string }{
-		{"", qemu.FormatStream, qemu.FormatPages},
-		{StateFormatAuto, qemu.FormatStream, qemu.FormatPages},
-		{qemu.FormatPages, qemu.FormatPages, qemu.FormatPages},
-		{qemu.FormatStream, qemu.FormatStream, qemu.FormatStream},
+	stored := Config{Objects: &objects.Store{}, Node: "node-a"} // a cluster node that stores suspended VMs
+	for _, c := range []struct {
+		setting, suspend, capture string
+		cfg                       Config
+	}{
+		{"", qemu.FormatMapped, qemu.FormatPages, Config{}},
+		{StateFormatAuto, qemu.FormatMapped, qemu.FormatPages, Config{}},
+		{StateFormatAuto, qemu.FormatStream, qemu.FormatPages, stored},
+		{qemu.FormatPages, qemu.FormatPages, qemu.FormatPages, Config{}},
+		{qemu.FormatStream, qemu.FormatStream, qemu.FormatStream, Config{}},
+		{qemu.FormatPages, qemu.FormatPages, qemu.FormatPages, stored},
 	} {
 		if err := ValidStateFormat(c.setting); err != nil {
 			t.Errorf("%q refused: %v", c.setting, err)
 		}
-		s := &Service{cfg: Config{StateFormat: c.setting}}
+		c.cfg.StateFormat = c.setting
+		s := &Service{cfg: c.cfg}
 		if s.suspendFormat() != c.suspend || s.captureFormat() != c.capture {
 			t.Errorf("%q: suspend %s, capture %s; want %s, %s", c.setting, s.suspendFormat(), s.captureFormat(), c.suspend, c.capture)
 		}

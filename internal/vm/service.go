@@ -57,9 +57,11 @@ type Config struct {
 	// PoolSize is how many warm VMs to keep per recently created shape (0: none).
 	PoolSize int
 	// StateFormat is how saves of a VM's memory are written: "auto" (the
-	// default) writes suspends as a stream, which a wake reads whole, and
-	// snapshots and forks in the page format, whose RAM file the VMs made
-	// from them map and share (measured: bench/RESULTS.md); or
+	// default) writes suspends with QEMU's mapped-ram (qemu.FormatMapped:
+	// a wake reads only the pages the guest had, into anonymous memory; a
+	// stream on a QEMU before 9.0, and in a cluster that stores suspended
+	// VMs), and snapshots and forks in the page format, whose RAM file the
+	// VMs made from them map and share (measured: bench/RESULTS.md); or
 	// qemu.FormatPages or qemu.FormatStream for every save.
 	StateFormat string
 	// StateCat is the agentvm binary QEMU runs to read a saved state
@@ -82,7 +84,7 @@ type Config struct {
 	EnsureImage func(ctx context.Context, o image.Options) (*image.Image, error)
 }
 
-// StateFormatAuto: suspends as a stream, snapshots and forks as pages.
+// StateFormatAuto: suspends as mapped-ram (or a stream), snapshots and forks as pages.
 const StateFormatAuto = "auto"
 
 // ValidStateFormat checks a Config.StateFormat ("" is auto).
@@ -99,10 +101,17 @@ func ValidStateFormat(f string) error {
 // suspendFormat and captureFormat are the save formats of a suspend and of
 // a snapshot or fork.
 func (s *Service) suspendFormat() string {
-	if s.cfg.StateFormat == qemu.FormatPages {
-		return qemu.FormatPages
+	switch {
+	case s.cfg.StateFormat == qemu.FormatPages || s.cfg.StateFormat == qemu.FormatStream:
+		return s.cfg.StateFormat
+	case s.cfg.Objects != nil && s.cfg.Node != "":
+		// A suspended VM is stored in the object store (vmstore.go), which
+		// reads and hashes every byte of a file: a mapped-ram file's
+		// apparent size is the boot memory plus the 16 GiB of hot-plug
+		// room (qemu.HotplugMemoryMiB), holes included.
+		return qemu.FormatStream
 	}
-	return qemu.FormatStream
+	return qemu.FormatMapped // a stream where QEMU is older than 9.0
 }
 
 func (s *Service) captureFormat() string {

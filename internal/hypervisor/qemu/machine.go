@@ -72,6 +72,7 @@ type Config struct {
 	// back (EagerRAM); set by Start.
 	incomingOffset int64
 	incomingEager  bool
+	incomingMapped bool // the state is FormatMapped: QEMU reads the file itself
 	QMPSock        string
 	AgentSock      string
 	NetSock        string
@@ -148,6 +149,7 @@ type Machine struct {
 	shutdownSeen bool   // QEMU reported SHUTDOWN (clean power-off or quit)
 	reason       string // SHUTDOWN reason
 	exitStatus   string // e.g. "signal: killed" (only for a QEMU this process started)
+	version      string // Version's answer
 	events       map[int]func(Event)
 	nextEvent    int
 }
@@ -170,6 +172,7 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
+		cfg.incomingMapped = info.Format == FormatMapped
 		if info.Format == FormatPages {
 			if info.RAMSize != cfg.MemoryMiB<<20 {
 				return nil, fmt.Errorf("restore: state %s holds %d MiB of RAM, the VM has %d MiB", cfg.Incoming, info.RAMSize>>20, cfg.MemoryMiB)
@@ -426,6 +429,15 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 		if err := m.setIgnoreShared(ctx, true); err != nil {
 			return err
 		}
+	}
+	if m.cfg.incomingMapped {
+		if err := m.setMappedRAM(ctx, true); err != nil {
+			return fmt.Errorf("%w (a state saved with mapped-ram needs QEMU %d.%d or later)", err, mappedRAMMajor, mappedRAMMinor)
+		}
+		if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "file:" + m.cfg.Incoming}); err != nil {
+			return err
+		}
+		return m.WaitIncoming(ctx)
 	}
 	// Incoming streams go through a pipe (Config.StateCat): QEMU 7.2 reading the state from a passed
 	// file descriptor segfaulted now and then when several restores of one file ran

@@ -133,16 +133,35 @@ func (m *Machine) precopyUnreliable(ctx context.Context) bool {
 	if m.cfg.Accel != "tcg" {
 		return false
 	}
+	v, err := m.Version(ctx)
+	return err != nil || precopyUnreliable(m.cfg.Accel, v)
+}
+
+// Version is the running QEMU's version ("10.0.2"), asked once.
+func (m *Machine) Version(ctx context.Context) (string, error) {
+	m.mu.Lock()
+	v := m.version
+	m.mu.Unlock()
+	if v != "" {
+		return v, nil
+	}
 	r, err := m.qmp.Execute(ctx, "query-version", nil)
-	var v struct {
+	if err != nil {
+		return "", err
+	}
+	var q struct {
 		QEMU struct {
 			Major, Minor, Micro int
 		} `json:"qemu"`
 	}
-	if err != nil || json.Unmarshal(r, &v) != nil {
-		return true
+	if err := json.Unmarshal(r, &q); err != nil {
+		return "", fmt.Errorf("query-version: %w", err)
 	}
-	return precopyUnreliable(m.cfg.Accel, fmt.Sprintf("%d.%d.%d", v.QEMU.Major, v.QEMU.Minor, v.QEMU.Micro))
+	v = fmt.Sprintf("%d.%d.%d", q.QEMU.Major, q.QEMU.Minor, q.QEMU.Micro)
+	m.mu.Lock()
+	m.version = v
+	m.mu.Unlock()
+	return v, nil
 }
 
 // atLeast reports whether version ("9.2.1") is at least major.minor.
@@ -179,6 +198,12 @@ func (m *Machine) SaveStopped(ctx context.Context, path, format string) (SaveRes
 }
 
 func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool, format string) (SaveResult, error) {
+	if format == FormatMapped {
+		if !ignoreShared && m.MappedRAM(ctx) {
+			return m.saveMapped(ctx, path)
+		}
+		format = FormatStream
+	}
 	pages := m.pagesFor(ignoreShared, format)
 	res, err := m.saveStoppedAs(ctx, path, ignoreShared, pages)
 	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -148,7 +149,7 @@ var ErrRAMFileLost = errors.New("its RAM file is gone")
 
 // StateInfo is what a state file's first bytes say about it.
 type StateInfo struct {
-	Format  string // FormatStream or FormatPages
+	Format  string // FormatStream, FormatPages or FormatMapped
 	RAMPath string // pages: the RAM file
 	RAMSize int64  // pages: the guest RAM size it holds
 	Offset  int64  // where QEMU's stream starts in the file
@@ -170,6 +171,13 @@ func ReadStateInfo(path string) (StateInfo, error) {
 	h := make([]byte, pagesHeaderLen)
 	n, err := io.ReadFull(f, h)
 	if n >= 4 && string(h[:4]) == "QEVM" {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return StateInfo{}, err
+		}
+		// A stream this cannot read is QEMU's to refuse, with its reason.
+		if caps, _ := streamCapabilities(f); slices.Contains(caps, "mapped-ram") {
+			return StateInfo{Format: FormatMapped}, nil
+		}
 		return StateInfo{Format: FormatStream}, nil
 	}
 	if err != nil || string(h[:8]) != pagesMagic {

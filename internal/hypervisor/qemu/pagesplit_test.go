@@ -316,6 +316,50 @@ func TestStateInfo(t *testing.T) {
 	if _, err := ReadStateInfo(pages); err == nil {
 		t.Fatal("RAM file of the wrong size accepted")
 	}
+	// QEMU's mapped-ram file is a stream whose configuration names the
+	// capability (after the page bits, before the uuid).
+	for _, tc := range []struct {
+		caps []string
+		want string
+	}{{nil, FormatStream}, {[]string{"x-ignore-shared"}, FormatStream}, {[]string{"x-ignore-shared", "mapped-ram"}, FormatMapped}} {
+		var b streamBuilder
+		b.header()
+		b.WriteByte(secSubsection)
+		b.str("configuration/target-page-bits")
+		b.be32(1)
+		b.be32(12)
+		if tc.caps != nil {
+			b.WriteByte(secSubsection)
+			b.str("configuration/capabilities")
+			b.be32(1)
+			b.be32(uint32(len(tc.caps)))
+			for _, c := range tc.caps {
+				b.str(c)
+			}
+		}
+		capsEnd := b.Len()
+		b.WriteByte(secSubsection)
+		b.str("configuration/uuid")
+		b.be32(1)
+		b.Write(make([]byte, 16))
+		p := filepath.Join(dir, "mapped")
+		os.WriteFile(p, b.Bytes(), 0o600)
+		if info, err := ReadStateInfo(p); err != nil || info.Format != tc.want {
+			t.Errorf("capabilities %v: %+v %v, want %s", tc.caps, info, err, tc.want)
+		}
+		// Cut before its capabilities end, it is a stream QEMU will
+		// refuse, never an error here.
+		for n := 4; n < b.Len(); n += 7 {
+			os.WriteFile(p, b.Bytes()[:n], 0o600)
+			want := FormatStream
+			if n >= capsEnd {
+				want = tc.want
+			}
+			if info, err := ReadStateInfo(p); err != nil || info.Format != want {
+				t.Fatalf("capabilities %v cut at %d: %+v %v", tc.caps, n, info, err)
+			}
+		}
+	}
 	garbage := filepath.Join(dir, "garbage")
 	os.WriteFile(garbage, []byte("AVMPAGE"), 0o600)
 	if _, err := ReadStateInfo(garbage); err == nil {

@@ -1,0 +1,151 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// FormatMapped is QEMU's own page-for-page state file (the mapped-ram
+// migration capability, QEMU 9.0 and later): QEMU writes each RAM page at
+// its own offset in one sparse file, zero pages as holes, and a restore
+// reads only the pages the file holds, in place, into fresh anonymous
+// memory. Its cost follows the guest's data, not its size, and the
+// restored VM's next save reads untouched memory as cheaply as a VM that
+// never was restored (unlike a mapped RAM file, see bench/RESULTS.md). It
+// is the suspend format where QEMU has it; a QEMU before 9.0 saves a stream
+// instead.
+const FormatMapped = "mapped-ram"
+
+// mappedRAMSince is the first QEMU with the mapped-ram capability.
+const mappedRAMMajor, mappedRAMMinor = 9, 0
+
+// MappedRAM reports whether this QEMU can save and restore FormatMapped.
+func (m *Machine) MappedRAM(ctx context.Context) bool {
+	v, err := m.Version(ctx)
+	return err == nil && atLeast(v, mappedRAMMajor, mappedRAMMinor)
+}
+
+// setMappedRAM sets the mapped-ram capability; a QEMU without it is only
+// ever asked to turn it off, which is then a no-op.
+func (m *Machine) setMappedRAM(ctx context.Context, on bool) error {
+	if !on && !m.MappedRAM(ctx) {
+		return nil
+	}
+	_, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "mapped-ram", "state": on}}})
+	return err
+}
+
+// saveMapped stops the guest and has QEMU write its state to path as
+// FormatMapped (QEMU opens the file itself, mode 0600). The guest is left
+// stopped; the capability is off again afterwards, for the saves of a QEMU
+// that runs on (a failed suspend).
+func (m *Machine) saveMapped(ctx context.Context, path string) (_ SaveResult, err error) {
+	defer func() {
+		if err != nil {
+			discardPartial(path)
+		}
+		err = m.exitedDuringSave(err)
+	}()
+	start := time.Now()
+	if err := m.setFileMigration(ctx, false, 0); err != nil {
+		return SaveResult{}, err
+	}
+	if err := m.setMappedRAM(ctx, true); err != nil {
+		return SaveResult{}, err
+	}
+	defer m.setMappedRAM(context.Background(), false)
+	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
+		return SaveResult{}, err
+	}
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "file:" + path}); err != nil {
+		return SaveResult{}, err
+	}
+	bytes, err := m.waitMigration(ctx)
+	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: FormatMapped}, err
+}
+
+// streamCapabilities reads the migration capabilities a QEMU stream records
+// in its configuration section (QEMU records those a restore must match:
+// x-ignore-shared and mapped-ram). A stream without that section, or whose
+// section this reader does not know, records none it can tell.
+func streamCapabilities(r io.Reader) ([]string, error) {
+	br := bufio.NewReaderSize(r, 4096)
+	var hdr [9]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return nil, err
+	}
+	if string(hdr[:4]) != "QEVM" {
+		return nil, errors.New("not a migration stream")
+	}
+	if hdr[8] != secConfiguration {
+		return nil, nil
+	}
+	be32 := func() (uint32, error) {
+		var b [4]byte
+		_, err := io.ReadFull(br, b[:])
+		return binary.BigEndian.Uint32(b[:]), err
+	}
+	str := func() (string, error) {
+		n, err := br.ReadByte()
+		if err != nil {
+			return "", err
+		}
+		b := make([]byte, n)
+		_, err = io.ReadFull(br, b)
+		return string(b), err
+	}
+	n, err := be32() // the machine type's name
+	if err != nil {
+		return nil, err
+	}
+	if n > 256 {
+		return nil, fmt.Errorf("machine type name of %d bytes", n)
+	}
+	if _, err := br.Discard(int(n)); err != nil {
+		return nil, err
+	}
+	for {
+		t, err := br.ReadByte()
+		if err != nil || t != secSubsection {
+			return nil, err
+		}
+		name, err := str()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := be32(); err != nil { // its version
+			return nil, err
+		}
+		switch name {
+		case "configuration/target-page-bits":
+			if _, err := be32(); err != nil {
+				return nil, err
+			}
+		case "configuration/capabilities":
+			count, err := be32()
+			if err != nil {
+				return nil, err
+			}
+			if count > 64 {
+				return nil, fmt.Errorf("%d capabilities", count)
+			}
+			caps := make([]string, 0, count)
+			for i := uint32(0); i < count; i++ {
+				c, err := str()
+				if err != nil {
+					return nil, err
+				}
+				caps = append(caps, c)
+			}
+			return caps, nil
+		default:
+			return nil, nil // capabilities come before the others QEMU knows
+		}
+	}
+}
