@@ -437,7 +437,12 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 		if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "file:" + m.cfg.Incoming}); err != nil {
 			return err
 		}
-		return m.WaitIncoming(ctx)
+		if err := m.WaitIncoming(ctx); err != nil {
+			return err
+		}
+		// Off again: this QEMU's own saves (snapshots and forks) choose
+		// their format, and mapped-ram needs a file, not a pipe.
+		return m.setMappedRAM(ctx, false)
 	}
 	// Incoming streams go through a pipe (Config.StateCat): QEMU 7.2 reading the state from a passed
 	// file descriptor segfaulted now and then when several restores of one file ran
