@@ -10,6 +10,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,8 +28,26 @@ const (
 
 var (
 	rsMemories = []int64{1024, 4096}
-	rsFormats  = []string{"stream", "pages"}
+	rsFormats  = []string{"stream", "pages", "auto"}
 )
+
+func init() {
+	flag.Func("rs-formats", "-restore: comma-separated --state-format of each server, the first the ratios' base (default stream,pages,auto; auto suspends with QEMU's mapped-ram from QEMU 9.0 on)", func(v string) error {
+		rsFormats = nil
+		for _, f := range strings.Split(v, ",") {
+			switch f = strings.TrimSpace(f); f {
+			case "stream", "pages", "auto":
+				rsFormats = append(rsFormats, f)
+			default:
+				return fmt.Errorf("state format %q: want stream, pages or auto", f)
+			}
+		}
+		if len(rsFormats) < 2 {
+			return errors.New("want at least two formats to compare")
+		}
+		return nil
+	})
+}
 
 // RestoreRow is one operation's p50 (ms) per memory size and format.
 type RestoreRow struct {
@@ -102,14 +121,32 @@ func (b *bench) runRestore(ctx context.Context) error {
 }
 
 func printRestore(w io.Writer, rows []*RestoreRow) {
-	fmt.Fprintf(w, "\nRestores of a VM's own memory, p50 of %d runs (ms), state format stream (old) vs pages (RAM file mapped copy-on-write)\n", rsRuns)
-	fmt.Fprintf(w, "%-48s %6s %10s %10s %8s\n", "operation", "memory", "stream", "pages", "ratio")
+	base := rsFormats[0]
+	fmt.Fprintf(w, "\nRestores of a VM's own memory, p50 of %d runs (ms), one server per --state-format (stream: one migration stream; pages: RAM file mapped copy-on-write; auto: suspends with QEMU's mapped-ram where QEMU has it, the rest as pages); ratio: %s / format (above 1: faster than %s)\n", rsRuns, base, base)
+	fmt.Fprintf(w, "%-48s %6s", "operation", "memory")
+	for _, f := range rsFormats {
+		fmt.Fprintf(w, " %10s", f)
+	}
+	for _, f := range rsFormats[1:] {
+		fmt.Fprintf(w, " %14s", "ratio "+f)
+	}
+	fmt.Fprintln(w)
 	for _, r := range rows {
-		s, p := r.P50["stream"], r.P50["pages"]
-		if s == 0 && p == 0 {
+		seen := false
+		for _, f := range rsFormats {
+			seen = seen || r.P50[f] != 0
+		}
+		if !seen {
 			continue
 		}
-		fmt.Fprintf(w, "%-48s %4dG %10.0f %10.0f %7.2fx\n", r.Op, r.MemoryMiB>>10, s, p, ratio(s, p))
+		fmt.Fprintf(w, "%-48s %4dG", r.Op, r.MemoryMiB>>10)
+		for _, f := range rsFormats {
+			fmt.Fprintf(w, " %10.0f", r.P50[f])
+		}
+		for _, f := range rsFormats[1:] {
+			fmt.Fprintf(w, " %13.2fx", ratio(r.P50[base], r.P50[f]))
+		}
+		fmt.Fprintln(w)
 	}
 }
 

@@ -34,6 +34,17 @@ func Overlay(ctx context.Context, backing, path string, size int64) error {
 	return qemuImg(ctx, "create overlay", args...)
 }
 
+// OverlayOfLive is Overlay on a backing file a running QEMU writes to:
+// qemu-img does not open it (-u), so size, the backing file's virtual size,
+// is required.
+func OverlayOfLive(ctx context.Context, backing, path string, size int64) error {
+	if size <= 0 {
+		return fmt.Errorf("create overlay %s: the size of %s is needed", path, backing)
+	}
+	return qemuImg(ctx, "create overlay", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, "-u",
+		"-o", "cluster_size=65536", path, fmt.Sprint(size))
+}
+
 // Resize sets the virtual size of the image at path (not in use by a
 // running VM).
 func Resize(ctx context.Context, path string, size int64) error {

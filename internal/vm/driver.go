@@ -91,8 +91,10 @@ type Migration interface {
 // DiskControl changes the machine's disk chain and size.
 type DiskControl interface {
 	BlockResize(ctx context.Context, size int64) error
-	// FreezeDisk makes the current top read-only under a new overlay newTop.
-	FreezeDisk(ctx context.Context, newTop string) error
+	// PrepareFreeze makes ready a freeze of the current top under a new
+	// overlay newTop: commit makes the top read-only and the machine write
+	// to newTop, abort undoes a freeze not committed (newTop goes).
+	PrepareFreeze(ctx context.Context, newTop string) (commit func(context.Context) error, abort func(), err error)
 	// DiskTop is the file the machine writes to.
 	DiskTop(ctx context.Context) (string, error)
 	// Flatten merges the chain above base into the top, live.

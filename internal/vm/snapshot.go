@@ -47,7 +47,12 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 		return "", res, err
 	}
 	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
-	freeze := func() error { return in.machine.FreezeDisk(ctx, newTop) }
+	commit, abort, err := in.machine.PrepareFreeze(ctx, newTop)
+	if err != nil {
+		return "", res, s.noSpace(crashedDuring(in, v, fmt.Errorf("prepare the disk's new top: %w", err)))
+	}
+	defer abort() // a no-op once committed
+	freeze := func() error { return commit(ctx) }
 	if v.State == store.StatePaused {
 		res, err = in.machine.SaveStopped(ctx, statePath, s.captureFormat())
 		if err == nil {

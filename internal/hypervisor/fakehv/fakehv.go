@@ -404,22 +404,36 @@ func (m *Machine) ExitedDuringSave(err error) error {
 
 func (m *Machine) BlockResize(ctx context.Context, size int64) error { return m.alive() }
 
-// FreezeDisk puts a real qcow2 overlay on the current top, as QEMU's
-// blockdev-snapshot does.
-func (m *Machine) FreezeDisk(ctx context.Context, newTop string) error {
+// PrepareFreeze makes a real qcow2 overlay on the current top, which
+// commit makes the top, as QEMU's blockdev-snapshot does.
+func (m *Machine) PrepareFreeze(ctx context.Context, newTop string) (func(context.Context) error, func(), error) {
 	if err := m.alive(); err != nil {
-		return err
+		return nil, nil, err
 	}
 	m.mu.Lock()
 	top := m.top
 	m.mu.Unlock()
 	if err := disk.Overlay(ctx, top, newTop, 0); err != nil {
-		return err
+		return nil, nil, err
 	}
-	m.mu.Lock()
-	m.top = newTop
-	m.mu.Unlock()
-	return nil
+	committed := false
+	commit := func(context.Context) error {
+		if err := m.alive(); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.top, committed = newTop, true
+		m.mu.Unlock()
+		return nil
+	}
+	abort := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if !committed {
+			os.Remove(newTop)
+		}
+	}
+	return commit, abort, nil
 }
 
 func (m *Machine) DiskTop(ctx context.Context) (string, error) {

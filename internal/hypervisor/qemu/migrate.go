@@ -361,37 +361,6 @@ func (m *Machine) EndOutgoingMigration(ctx context.Context) error {
 	}
 }
 
-// FreezeDisk makes the disk's current top read-only by putting a new overlay at
-// newTop on top of it (blockdev-snapshot-sync); the guest keeps writing to newTop.
-func (m *Machine) FreezeDisk(ctx context.Context, newTop string) error {
-	_, err := m.qmp.Execute(ctx, "blockdev-snapshot-sync", map[string]any{
-		"device": "disk0", "snapshot-file": newTop, "format": "qcow2", "mode": "absolute-paths"})
-	return err
-}
-
-// DiskTop returns the file QEMU is writing the disk to (the top of its chain).
-func (m *Machine) DiskTop(ctx context.Context) (string, error) {
-	r, err := m.qmp.Execute(ctx, "query-block", nil)
-	if err != nil {
-		return "", err
-	}
-	var devs []struct {
-		Device   string `json:"device"`
-		Inserted struct {
-			File string `json:"file"`
-		} `json:"inserted"`
-	}
-	if err := json.Unmarshal(r, &devs); err != nil {
-		return "", err
-	}
-	for _, d := range devs {
-		if d.Device == "disk0" {
-			return d.Inserted.File, nil
-		}
-	}
-	return "", fmt.Errorf("no disk0 in query-block")
-}
-
 // Flatten copies the data of every layer above base into the disk's top
 // (block-stream) and waits for the job; the top's backing file becomes base.
 func (m *Machine) Flatten(ctx context.Context, base string) error {
