@@ -431,7 +431,7 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 		}
 	}
 	if m.cfg.incomingMapped {
-		if err := m.setMappedRAM(ctx, true); err != nil {
+		if err := m.setMappedRAM(ctx, true, false); err != nil {
 			return fmt.Errorf("%w (a state saved with mapped-ram needs QEMU %d.%d or later)", err, mappedRAMMajor, mappedRAMMinor)
 		}
 		if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "file:" + m.cfg.Incoming}); err != nil {
@@ -442,7 +442,7 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 		}
 		// Off again: this QEMU's own saves (snapshots and forks) choose
 		// their format, and mapped-ram needs a file, not a pipe.
-		return m.setMappedRAM(ctx, false)
+		return m.setMappedRAM(ctx, false, false)
 	}
 	// Incoming streams go through a pipe (Config.StateCat): QEMU 7.2 reading the state from a passed
 	// file descriptor segfaulted now and then when several restores of one file ran

@@ -21,7 +21,7 @@ import (
 // instead.
 const FormatMapped = "mapped-ram"
 
-// mappedRAMSince is the first QEMU with the mapped-ram capability.
+// mappedRAMMajor.mappedRAMMinor is the first QEMU with the mapped-ram capability.
 const mappedRAMMajor, mappedRAMMinor = 9, 0
 
 // MappedRAM reports whether this QEMU can save and restore FormatMapped.
@@ -30,21 +30,32 @@ func (m *Machine) MappedRAM(ctx context.Context) bool {
 	return err == nil && atLeast(v, mappedRAMMajor, mappedRAMMinor)
 }
 
-// setMappedRAM sets the mapped-ram capability; a QEMU without it is only
-// ever asked to turn it off, which is then a no-op.
-func (m *Machine) setMappedRAM(ctx context.Context, on bool) error {
+// setMappedRAM sets the mapped-ram capability, and with multifd on (a
+// save's) the multifd capability with one channel: QEMU's mapped-ram writer
+// without multifd makes one pwrite per 4 KiB page, and a suspend of a 1 GiB
+// VM holding 500 MiB took 1.0-1.4 s that way against 0.55-0.7 s with one
+// multifd channel (two were no faster on two cores). A restore reads
+// without multifd: its receiving threads spun on a free channel. A QEMU
+// without mapped-ram is only ever asked to turn it off, which is then a
+// no-op.
+func (m *Machine) setMappedRAM(ctx context.Context, on, multifd bool) error {
 	if !on && !m.MappedRAM(ctx) {
 		return nil
 	}
+	if multifd {
+		if _, err := m.qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"multifd-channels": 1}); err != nil {
+			return err
+		}
+	}
 	_, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
-		"capabilities": []map[string]any{{"capability": "mapped-ram", "state": on}}})
+		"capabilities": []map[string]any{{"capability": "mapped-ram", "state": on}, {"capability": "multifd", "state": on && multifd}}})
 	return err
 }
 
 // saveMapped stops the guest and has QEMU write its state to path as
 // FormatMapped (QEMU opens the file itself, mode 0600). The guest is left
 // stopped; the capability is off again afterwards, for the saves of a QEMU
-// that runs on (a failed suspend).
+// that runs on (a failed suspend), and so is multifd.
 func (m *Machine) saveMapped(ctx context.Context, path string) (_ SaveResult, err error) {
 	defer func() {
 		if err != nil {
@@ -56,10 +67,10 @@ func (m *Machine) saveMapped(ctx context.Context, path string) (_ SaveResult, er
 	if err := m.setFileMigration(ctx, false, 0); err != nil {
 		return SaveResult{}, err
 	}
-	if err := m.setMappedRAM(ctx, true); err != nil {
+	if err := m.setMappedRAM(ctx, true, true); err != nil {
 		return SaveResult{}, err
 	}
-	defer m.setMappedRAM(context.Background(), false)
+	defer m.setMappedRAM(context.Background(), false, false)
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return SaveResult{}, err
 	}
