@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,19 +29,21 @@ const (
 
 var (
 	rsMemories = []int64{1024, 4096}
-	rsFormats  = []string{"stream", "pages", "auto"}
+	rsFormats  = []string{"stream", "pages", "mapped-ram"}
 )
 
 func init() {
-	flag.Func("rs-formats", "-restore: comma-separated --state-format of each server, the first the ratios' base (default stream,pages,auto; auto suspends with QEMU's mapped-ram from QEMU 9.0 on)", func(v string) error {
+	flag.Func("rs-formats", "-restore: comma-separated --state-format of each server, the first the ratios' base (default stream,pages,mapped-ram; mapped-ram suspends with QEMU's mapped-ram from QEMU 9.0 on, a stream before)", func(v string) error {
 		rsFormats = nil
 		for _, f := range strings.Split(v, ",") {
-			switch f = strings.TrimSpace(f); f {
-			case "stream", "pages", "auto":
-				rsFormats = append(rsFormats, f)
-			default:
-				return fmt.Errorf("state format %q: want stream, pages or auto", f)
+			f = strings.TrimSpace(f)
+			switch {
+			case f != "stream" && f != "pages" && f != "mapped-ram" && f != "auto":
+				return fmt.Errorf("state format %q: want stream, pages, mapped-ram or auto", f)
+			case slices.Contains(rsFormats, f):
+				return fmt.Errorf("state format %q given twice", f)
 			}
+			rsFormats = append(rsFormats, f)
 		}
 		if len(rsFormats) < 2 {
 			return errors.New("want at least two formats to compare")
@@ -122,7 +125,7 @@ func (b *bench) runRestore(ctx context.Context) error {
 
 func printRestore(w io.Writer, rows []*RestoreRow) {
 	base := rsFormats[0]
-	fmt.Fprintf(w, "\nRestores of a VM's own memory, p50 of %d runs (ms), one server per --state-format (stream: one migration stream; pages: RAM file mapped copy-on-write; auto: suspends with QEMU's mapped-ram where QEMU has it, the rest as pages); ratio: %s / format (above 1: faster than %s)\n", rsRuns, base, base)
+	fmt.Fprintf(w, "\nRestores of a VM's own memory, p50 of %d runs (ms), one server per --state-format (stream: one migration stream; pages: RAM file mapped copy-on-write; mapped-ram: suspends with QEMU's mapped-ram where QEMU has it, the rest as pages; auto: suspends as a stream, the rest as pages); ratio: %s / format (above 1: faster than %s)\n", rsRuns, base, base)
 	fmt.Fprintf(w, "%-48s %6s", "operation", "memory")
 	for _, f := range rsFormats {
 		fmt.Fprintf(w, " %10s", f)

@@ -132,9 +132,10 @@ func TestStateFormats(t *testing.T) {
 		setting, suspend, capture string
 		cfg                       Config
 	}{
-		{"", qemu.FormatMapped, qemu.FormatPages, Config{}},
-		{StateFormatAuto, qemu.FormatMapped, qemu.FormatPages, Config{}},
-		{StateFormatAuto, qemu.FormatStream, qemu.FormatPages, stored},
+		{"", qemu.FormatStream, qemu.FormatPages, Config{}},
+		{StateFormatAuto, qemu.FormatStream, qemu.FormatPages, Config{}},
+		{qemu.FormatMapped, qemu.FormatMapped, qemu.FormatPages, Config{}},
+		{qemu.FormatMapped, qemu.FormatStream, qemu.FormatPages, stored},
 		{qemu.FormatPages, qemu.FormatPages, qemu.FormatPages, Config{}},
 		{qemu.FormatStream, qemu.FormatStream, qemu.FormatStream, Config{}},
 		{qemu.FormatPages, qemu.FormatPages, qemu.FormatPages, stored},

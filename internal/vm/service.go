@@ -57,12 +57,13 @@ type Config struct {
 	// PoolSize is how many warm VMs to keep per recently created shape (0: none).
 	PoolSize int
 	// StateFormat is how saves of a VM's memory are written: "auto" (the
-	// default) writes suspends with QEMU's mapped-ram (qemu.FormatMapped:
-	// a wake reads only the pages the guest had, into anonymous memory; a
-	// stream on a QEMU before 9.0, and in a cluster that stores suspended
-	// VMs), and snapshots and forks in the page format, whose RAM file the
-	// VMs made from them map and share (measured: bench/RESULTS.md); or
-	// qemu.FormatPages or qemu.FormatStream for every save.
+	// default) writes suspends as a stream, which a wake reads whole, and
+	// snapshots and forks in the page format, whose RAM file the VMs made
+	// from them map and share; qemu.FormatMapped as auto but suspends with
+	// QEMU's mapped-ram (a wake reads only the pages the file holds, in
+	// place; a stream on a QEMU before 9.0, and in a cluster that stores
+	// suspended VMs); or qemu.FormatPages or qemu.FormatStream for every
+	// save. Measured: bench/RESULTS.md.
 	StateFormat string
 	// StateCat is the agentvm binary QEMU runs to read a saved state
 	// (qemu.Config.StateCat; "": plain cat).
@@ -84,7 +85,7 @@ type Config struct {
 	EnsureImage func(ctx context.Context, o image.Options) (*image.Image, error)
 }
 
-// StateFormatAuto: suspends as mapped-ram (or a stream), snapshots and forks as pages.
+// StateFormatAuto: suspends as a stream, snapshots and forks as pages.
 const StateFormatAuto = "auto"
 
 // ValidStateFormat checks a Config.StateFormat ("" is auto).
@@ -102,8 +103,10 @@ func ValidStateFormat(f string) error {
 // a snapshot or fork.
 func (s *Service) suspendFormat() string {
 	switch {
-	case s.cfg.StateFormat == qemu.FormatPages || s.cfg.StateFormat == qemu.FormatStream:
-		return s.cfg.StateFormat
+	case s.cfg.StateFormat == qemu.FormatPages:
+		return qemu.FormatPages
+	case s.cfg.StateFormat != qemu.FormatMapped:
+		return qemu.FormatStream
 	case s.cfg.Objects != nil && s.cfg.Node != "":
 		// A suspended VM is stored in the object store (vmstore.go), which
 		// reads and hashes every byte of a file: a mapped-ram file's
@@ -145,6 +148,9 @@ type Service struct {
 	pool *warmPool
 
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
+	// pendingLayers are disk layers made for a capture that no record
+	// names yet (path -> struct{}): gcLayers leaves them alone.
+	pendingLayers sync.Map
 
 	// Background work that stops with the daemon: snapshots and suspended
 	// VMs being stored in the object store (objects.go), by key, at most

@@ -47,6 +47,10 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 		return "", res, err
 	}
 	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
+	// No record names newTop until the capture is recorded: a long save
+	// must not see it collected as a stray.
+	s.pendingLayers.Store(newTop, struct{}{})
+	defer s.pendingLayers.Delete(newTop)
 	commit, abort, err := in.machine.PrepareFreeze(ctx, newTop)
 	if err != nil {
 		return "", res, s.noSpace(crashedDuring(in, v, fmt.Errorf("prepare the disk's new top: %w", err)))
@@ -348,6 +352,12 @@ func truncate(s string, n int) string {
 // gcLayers deletes frozen disk layers no VM or snapshot uses any more.
 func (s *Service) gcLayers(ctx context.Context) {
 	used := map[string]bool{}
+	// Pending layers first: one a capture records after this reads them
+	// is in the listing below.
+	s.pendingLayers.Range(func(k, _ any) bool {
+		used[k.(string)] = true
+		return true
+	})
 	vms, err := s.store.ListVMs(ctx)
 	if err != nil {
 		return

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,13 @@ func (m *Machine) PrepareFreeze(ctx context.Context, newTop string) (commit func
 	if err != nil {
 		return nil, nil, err
 	}
+	if !filepath.IsAbs(top) {
+		// A json: pseudo-filename (a node opened with options its file
+		// name does not say) would be no backing file for the overlay.
+		return nil, nil, fmt.Errorf("the disk's top %q is not a file path", top)
+	}
 	if err := disk.OverlayOfLive(ctx, top, newTop, size); err != nil {
+		os.Remove(newTop)
 		return nil, nil, err
 	}
 	node := "top" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -39,7 +46,11 @@ func (m *Machine) PrepareFreeze(ctx context.Context, newTop string) (commit func
 	}
 	var committed atomic.Bool
 	commit = func(ctx context.Context) error {
-		if _, err := m.qmp.Execute(ctx, "blockdev-snapshot", map[string]any{"node": "disk0", "overlay": node}); err != nil {
+		// Not cut short by the caller: QEMU may switch after a cancelled
+		// wait, and abort must then not take the file away.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := m.qmp.Execute(cctx, "blockdev-snapshot", map[string]any{"node": "disk0", "overlay": node}); err != nil {
 			return err
 		}
 		committed.Store(true)
@@ -49,8 +60,14 @@ func (m *Machine) PrepareFreeze(ctx context.Context, newTop string) (commit func
 		if committed.Load() {
 			return
 		}
-		m.qmp.Execute(context.Background(), "blockdev-del", map[string]any{"node-name": node})
-		os.Remove(newTop)
+		actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// A node QEMU will not let go of may be the guest's disk now
+		// (a switch whose answer was lost): its file stays, for the
+		// layer collector to judge by the records.
+		if _, err := m.qmp.Execute(actx, "blockdev-del", map[string]any{"node-name": node}); err == nil {
+			os.Remove(newTop)
+		}
 	}
 	return commit, abort, nil
 }

@@ -167,7 +167,8 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}
 	if cfg.Incoming != "" && cfg.RAMPath == "" {
 		// A page-format state brings its RAM file: QEMU maps it
-		// copy-on-write and loads only the rest from the stream.
+		// copy-on-write and loads only the rest from the stream. A
+		// mapped-ram state QEMU reads itself.
 		info, err := ReadStateInfo(cfg.Incoming)
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
@@ -434,7 +435,7 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 		if err := m.setMappedRAM(ctx, true, false); err != nil {
 			return fmt.Errorf("%w (a state saved with mapped-ram needs QEMU %d.%d or later)", err, mappedRAMMajor, mappedRAMMinor)
 		}
-		if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "file:" + m.cfg.Incoming}); err != nil {
+		if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"channels": fileChannel(m.cfg.Incoming)}); err != nil {
 			return err
 		}
 		if err := m.WaitIncoming(ctx); err != nil {

@@ -54,8 +54,9 @@ func (m *Machine) setMappedRAM(ctx context.Context, on, multifd bool) error {
 
 // saveMapped stops the guest and has QEMU write its state to path as
 // FormatMapped (QEMU opens the file itself, mode 0600). The guest is left
-// stopped; the capability is off again afterwards, for the saves of a QEMU
-// that runs on (a failed suspend), and so is multifd.
+// stopped. mapped-ram and multifd are turned off again afterwards, at best
+// (QEMU refuses while a cancelled save winds down): every other save sets
+// them off first (setFileMigration), for a QEMU that runs on.
 func (m *Machine) saveMapped(ctx context.Context, path string) (_ SaveResult, err error) {
 	defer func() {
 		if err != nil {
@@ -74,11 +75,18 @@ func (m *Machine) saveMapped(ctx context.Context, path string) (_ SaveResult, er
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return SaveResult{}, err
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "file:" + path}); err != nil {
+	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"channels": fileChannel(path)}); err != nil {
 		return SaveResult{}, err
 	}
 	bytes, err := m.waitMigration(ctx)
 	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: FormatMapped}, err
+}
+
+// fileChannel names a file as a migration's main channel: the structured
+// form of the "file:" URI, in which the path is not parsed (the URI takes
+// ",offset=N" after it).
+func fileChannel(path string) []map[string]any {
+	return []map[string]any{{"channel-type": "main", "addr": map[string]any{"transport": "file", "filename": path, "offset": 0}}}
 }
 
 // streamCapabilities reads the migration capabilities a QEMU stream records

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -30,8 +31,8 @@ type SaveResult struct {
 	Bytes int64
 	// Total is the whole save, precopy included.
 	Total time.Duration
-	// Format is how the state was written: FormatStream or FormatPages
-	// (then the guest's RAM is in <path>.ram).
+	// Format is how the state was written: FormatStream, FormatPages
+	// (then the guest's RAM is in <path>.ram) or FormatMapped.
 	Format string
 }
 
@@ -191,7 +192,8 @@ func (m *Machine) saveStoppedAndResume(ctx context.Context, path, format string,
 }
 
 // SaveStopped pauses the guest and writes its RAM and device state to path in
-// format (FormatStream or FormatPages); the guest is left paused (the caller
+// format (FormatStream, FormatPages, or FormatMapped where QEMU has it, else
+// a stream); the guest is left paused (the caller
 // quits QEMU for a suspend, or resumes it).
 func (m *Machine) SaveStopped(ctx context.Context, path, format string) (SaveResult, error) {
 	return m.saveStopped(ctx, path, false, format)
@@ -199,10 +201,20 @@ func (m *Machine) SaveStopped(ctx context.Context, path, format string) (SaveRes
 
 func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool, format string) (SaveResult, error) {
 	if format == FormatMapped {
-		if !ignoreShared && m.MappedRAM(ctx) {
-			return m.saveMapped(ctx, path)
+		if ignoreShared || !m.MappedRAM(ctx) {
+			format = FormatStream
+		} else if res, err := m.saveMapped(ctx, path); err == nil || ctx.Err() != nil ||
+			errors.Is(err, ErrExitedDuringSave) || strings.Contains(err.Error(), "No space left") {
+			return res, err
+		} else {
+			// As for the page format: QEMU is there and the disk has
+			// room, so a plain stream may still do.
+			m.logSave("mapped-ram save: %v; saving again as a plain stream", err)
+			if err := m.Repause(ctx); err != nil {
+				return res, err
+			}
+			format = FormatStream
 		}
-		format = FormatStream
 	}
 	pages := m.pagesFor(ignoreShared, format)
 	res, err := m.saveStoppedAs(ctx, path, ignoreShared, pages)
@@ -286,6 +298,13 @@ var ErrExitedDuringSave = errors.New("qemu exited during the save")
 // ignoreShared, no bandwidth cap (QEMU's default is 128 MiB/s).
 func (m *Machine) setFileMigration(ctx context.Context, ignoreShared bool, downtimeMs int) error {
 	if err := m.setIgnoreShared(ctx, ignoreShared); err != nil {
+		return err
+	}
+	// A mapped-ram save or restore this process did not see end (a
+	// daemon killed in between, a cancelled save whose turn-off QEMU
+	// refused) may have left mapped-ram and multifd on: every save here
+	// writes through a descriptor or a pipe, which they cannot.
+	if err := m.setMappedRAM(ctx, false, false); err != nil {
 		return err
 	}
 	p := map[string]any{"max-bandwidth": int64(64) << 30}

@@ -121,8 +121,8 @@ const (
 
 // ValidFormat checks a save format.
 func ValidFormat(f string) error {
-	if f != FormatStream && f != FormatPages {
-		return fmt.Errorf("state format %q: want %s or %s", f, FormatStream, FormatPages)
+	if f != FormatStream && f != FormatPages && f != FormatMapped {
+		return fmt.Errorf("state format %q: want %s, %s or %s", f, FormatStream, FormatPages, FormatMapped)
 	}
 	return nil
 }
