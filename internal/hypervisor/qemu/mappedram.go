@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"time"
 )
 
 // FormatMapped is QEMU's own page-for-page state file (the mapped-ram
@@ -50,36 +49,6 @@ func (m *Machine) setMappedRAM(ctx context.Context, on, multifd bool) error {
 	_, err := m.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{
 		"capabilities": []map[string]any{{"capability": "mapped-ram", "state": on}, {"capability": "multifd", "state": on && multifd}}})
 	return err
-}
-
-// saveMapped stops the guest and has QEMU write its state to path as
-// FormatMapped (QEMU opens the file itself, mode 0600). The guest is left
-// stopped. mapped-ram and multifd are turned off again afterwards, at best
-// (QEMU refuses while a cancelled save winds down): every other save sets
-// them off first (setFileMigration), for a QEMU that runs on.
-func (m *Machine) saveMapped(ctx context.Context, path string) (_ SaveResult, err error) {
-	defer func() {
-		if err != nil {
-			discardPartial(path)
-		}
-		err = m.exitedDuringSave(err)
-	}()
-	start := time.Now()
-	if err := m.setFileMigration(ctx, false, 0); err != nil {
-		return SaveResult{}, err
-	}
-	if err := m.setMappedRAM(ctx, true, true); err != nil {
-		return SaveResult{}, err
-	}
-	defer m.setMappedRAM(context.Background(), false, false)
-	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
-		return SaveResult{}, err
-	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"channels": fileChannel(path)}); err != nil {
-		return SaveResult{}, err
-	}
-	bytes, err := m.waitMigration(ctx)
-	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: FormatMapped}, err
 }
 
 // fileChannel names a file as a migration's main channel: the structured

@@ -47,16 +47,18 @@ func (m *Machine) SaveLive(ctx context.Context, path, format string, atStop func
 	if m.precopyUnreliable(ctx) || m.precopyAbortsOnPlugged(ctx) {
 		return m.saveStoppedAndResume(ctx, path, format, atStop)
 	}
-	pages := m.pagesFor(false, format)
-	res, err := m.saveLive(ctx, path, atStop, pages)
-	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
+	if !m.pagesFor(false, format) {
+		format = FormatStream // mapped-ram is for stopped saves (suspends)
+	}
+	res, err := m.saveLive(ctx, path, atStop, format)
+	if format == FormatPages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
 		m.logSave("live save: %v; saving again as a plain stream", err)
-		res, err = m.saveLive(ctx, path, atStop, false)
+		res, err = m.saveLive(ctx, path, atStop, FormatStream)
 	}
 	return res, err
 }
 
-func (m *Machine) saveLive(ctx context.Context, path string, atStop func() error, pages bool) (_ SaveResult, err error) {
+func (m *Machine) saveLive(ctx context.Context, path string, atStop func() error, format string) (_ SaveResult, err error) {
 	defer func() { err = m.exitedDuringSave(err) }()
 	stopped := make(chan time.Time, 1)
 	defer m.OnEvent(func(e Event) {
@@ -71,11 +73,11 @@ func (m *Machine) saveLive(ctx context.Context, path string, atStop func() error
 		return SaveResult{}, err
 	}
 	start := time.Now()
-	sink, err := m.openSink(ctx, path, pages)
+	sink, err := m.openSink(ctx, path, format)
 	if err != nil {
 		return SaveResult{}, err
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": sink.uri}); err != nil {
+	if _, err := m.qmp.Execute(ctx, "migrate", sink.args); err != nil {
 		return SaveResult{}, sink.finish(err)
 	}
 	bytes, err := m.waitMigration(ctx)
@@ -96,14 +98,7 @@ func (m *Machine) saveLive(ctx context.Context, path string, atStop func() error
 	if _, cerr := m.qmp.Execute(context.Background(), "cont", nil); cerr != nil && err == nil {
 		err = cerr
 	}
-	return SaveResult{Paused: time.Since(stopAt), Bytes: bytes, Total: time.Since(start), Format: formatName(pages)}, err
-}
-
-func formatName(pages bool) string {
-	if pages {
-		return FormatPages
-	}
-	return FormatStream
+	return SaveResult{Paused: time.Since(stopAt), Bytes: bytes, Total: time.Since(start), Format: format}, err
 }
 
 // logSave notes a save's fallback in the VM's log.
@@ -200,37 +195,39 @@ func (m *Machine) SaveStopped(ctx context.Context, path, format string) (SaveRes
 }
 
 func (m *Machine) saveStopped(ctx context.Context, path string, ignoreShared bool, format string) (SaveResult, error) {
-	if format == FormatMapped {
-		if ignoreShared || !m.MappedRAM(ctx) {
-			format = FormatStream
-		} else if res, err := m.saveMapped(ctx, path); err == nil || ctx.Err() != nil ||
-			errors.Is(err, ErrExitedDuringSave) || strings.Contains(err.Error(), "No space left") {
-			return res, err
-		} else {
-			// As for the page format: QEMU is there and the disk has
-			// room, so a plain stream may still do.
-			m.logSave("mapped-ram save: %v; saving again as a plain stream", err)
-			if err := m.Repause(ctx); err != nil {
-				return res, err
-			}
-			format = FormatStream
-		}
+	switch {
+	case format == FormatMapped && (ignoreShared || !m.MappedRAM(ctx)),
+		format == FormatPages && !m.pagesFor(ignoreShared, format):
+		format = FormatStream
 	}
-	pages := m.pagesFor(ignoreShared, format)
-	res, err := m.saveStoppedAs(ctx, path, ignoreShared, pages)
-	if pages && errors.Is(err, ErrUnsupportedStream) && ctx.Err() == nil {
-		m.logSave("save: %v; saving again as a plain stream", err)
+	res, err := m.saveStoppedAs(ctx, path, ignoreShared, format)
+	if err != nil && ctx.Err() == nil && fallsBackToStream(format, err) {
+		m.logSave("%s save: %v; saving again as a plain stream", format, err)
 		// A migration that completed left QEMU in postmigrate, where it
 		// refuses another: back to a plain pause first.
 		if err := m.Repause(ctx); err != nil {
 			return res, err
 		}
-		res, err = m.saveStoppedAs(ctx, path, ignoreShared, false)
+		res, err = m.saveStoppedAs(ctx, path, ignoreShared, FormatStream)
 	}
 	return res, err
 }
 
-func (m *Machine) saveStoppedAs(ctx context.Context, path string, ignoreShared, pages bool) (_ SaveResult, err error) {
+// fallsBackToStream says whether a save in format that failed with err is
+// tried again as a plain stream: a page-format save whose stream the
+// splitter does not know, and a mapped-ram save that failed while QEMU
+// lives and the disk has room.
+func fallsBackToStream(format string, err error) bool {
+	switch format {
+	case FormatPages:
+		return errors.Is(err, ErrUnsupportedStream)
+	case FormatMapped:
+		return !errors.Is(err, ErrExitedDuringSave) && !strings.Contains(err.Error(), "No space left")
+	}
+	return false
+}
+
+func (m *Machine) saveStoppedAs(ctx context.Context, path string, ignoreShared bool, format string) (_ SaveResult, err error) {
 	defer func() {
 		if err != nil {
 			discardPartial(path)
@@ -241,19 +238,19 @@ func (m *Machine) saveStoppedAs(ctx context.Context, path string, ignoreShared, 
 	if err := m.setFileMigration(ctx, ignoreShared, 0); err != nil {
 		return SaveResult{}, err
 	}
-	sink, err := m.openSink(ctx, path, pages)
+	sink, err := m.openSink(ctx, path, format)
 	if err != nil {
 		return SaveResult{}, err
 	}
 	if _, err := m.qmp.Execute(ctx, "stop", nil); err != nil {
 		return SaveResult{}, sink.finish(err)
 	}
-	if _, err := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": sink.uri}); err != nil {
+	if _, err := m.qmp.Execute(ctx, "migrate", sink.args); err != nil {
 		return SaveResult{}, sink.finish(err)
 	}
 	bytes, err := m.waitMigration(ctx)
 	err = sink.finish(err)
-	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: formatName(pages)}, err
+	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: format}, err
 }
 
 // discardPartial empties the file of a failed save before the guest may run

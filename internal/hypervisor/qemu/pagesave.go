@@ -11,22 +11,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// saveSink is where an outgoing migration goes: a file (the stream format)
-// or a pipe read by SplitState (the page format).
+// saveSink is where an outgoing migration goes: a file (the stream format),
+// a pipe read by SplitState (the page format), or a file QEMU opens itself
+// (FormatMapped).
 type saveSink struct {
-	uri string
+	args map[string]any // the migrate command's
 	// finish ends the sink once QEMU is done with the migration (migErr is
 	// how it ended) and returns the save's error.
 	finish func(migErr error) error
 }
 
-// openSink hands QEMU a descriptor for a save to path: the file itself, or,
-// with pages, a pipe whose other end the splitter reads into path (with the
-// page-format header) and a new RAM file at path+RAMSuffix.
-func (m *Machine) openSink(ctx context.Context, path string, pages bool) (*saveSink, error) {
-	if !pages {
+// openSink makes ready a save to path in format: QEMU gets the file itself
+// (a stream); or, for FormatPages, a pipe whose other end the splitter reads
+// into path (with the page-format header) and a new RAM file at
+// path+RAMSuffix; or, for FormatMapped, the file's name, with mapped-ram
+// and multifd on until the save ends (turned off then at best: QEMU refuses
+// while a cancelled save winds down, and every save turns them off first).
+func (m *Machine) openSink(ctx context.Context, path, format string) (*saveSink, error) {
+	switch format {
+	case FormatMapped:
+		if err := m.setMappedRAM(ctx, true, true); err != nil {
+			return nil, err
+		}
+		return &saveSink{args: map[string]any{"channels": fileChannel(path)}, finish: func(err error) error {
+			m.setMappedRAM(context.Background(), false, false)
+			return err
+		}}, nil
+	case FormatStream:
 		uri, err := m.passFile(ctx, path, true)
-		return &saveSink{uri: uri, finish: func(err error) error { return err }}, err
+		return &saveSink{args: map[string]any{"uri": uri}, finish: func(err error) error { return err }}, err
 	}
 	ramPath := path + RAMSuffix
 	ramSize := m.cfg.MemoryMiB << 20
@@ -128,7 +141,7 @@ func (m *Machine) openSink(ctx context.Context, path string, pages bool) (*saveS
 		}
 		return err
 	}
-	return &saveSink{uri: "fd:" + name, finish: finish}, nil
+	return &saveSink{args: map[string]any{"uri": "fd:" + name}, finish: finish}, nil
 }
 
 // pagesFor says whether a save of this machine's own memory uses the page
