@@ -73,12 +73,11 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 		// space the guests' disk writes wait for.
 		qemu.RemoveState(statePath)
 		s.resumeStoppedOnFullDisk(v.ID)
-		// If the freeze happened before a later step failed, QEMU writes to newTop now.
+		// If the freeze happened before a later step failed, QEMU writes to
+		// newTop now; if not, abort (deferred) removes it.
 		if top, qerr := in.machine.DiskTop(context.Background()); qerr == nil && top == newTop {
 			v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
 			s.store.UpdateVM(context.Background(), v)
-		} else {
-			os.Remove(newTop)
 		}
 		return "", res, s.noSpace(crashedDuring(in, v, err))
 	}

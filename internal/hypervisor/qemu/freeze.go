@@ -20,7 +20,8 @@ import (
 // which is all a live save's pause has to wait for: making the image there
 // (blockdev-snapshot-sync) held the guest stopped while qemu-img's work
 // and the image's first writes were done. abort undoes a freeze that was
-// not committed: the node is closed and the file removed.
+// not committed: the node is closed and the file removed (the only place a
+// capture's unused new top is removed).
 func (m *Machine) PrepareFreeze(ctx context.Context, newTop string) (commit func(context.Context) error, abort func(), err error) {
 	top, size, err := m.diskTop(ctx)
 	if err != nil {
@@ -62,14 +63,26 @@ func (m *Machine) PrepareFreeze(ctx context.Context, newTop string) (commit func
 		}
 		actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		// A node QEMU will not let go of may be the guest's disk now
-		// (a switch whose answer was lost): its file stays, for the
-		// layer collector to judge by the records.
-		if _, err := m.qmp.Execute(actx, "blockdev-del", map[string]any{"node-name": node}); err == nil {
+		// A node a live QEMU will not let go of may be the guest's disk
+		// now (a switch whose answer was lost): its file stays, for the
+		// layer collector to judge by the records. A QEMU that is gone
+		// holds nothing.
+		_, err := m.qmp.Execute(actx, "blockdev-del", map[string]any{"node-name": node})
+		if err == nil || m.qmpGone() {
 			os.Remove(newTop)
 		}
 	}
 	return commit, abort, nil
+}
+
+// qmpGone reports whether QEMU's QMP connection has closed (QEMU exited).
+func (m *Machine) qmpGone() bool {
+	select {
+	case <-m.qmp.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // DiskTop returns the file QEMU is writing the disk to (the top of its chain).

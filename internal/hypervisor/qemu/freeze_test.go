@@ -140,6 +140,18 @@ func TestPrepareFreeze(t *testing.T) {
 	if _, _, err := m.PrepareFreeze(ctx, filepath.Join(dir, "third.qcow2")); err == nil || !strings.Contains(err.Error(), "not a file path") {
 		t.Fatalf("json: top: %v", err)
 	}
+	// A QEMU that is gone holds nothing: its file goes.
+	topName = top
+	gone := filepath.Join(dir, "gone.qcow2")
+	if _, abort, err = m.PrepareFreeze(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	m.qmp.Close()
+	<-m.qmp.Done()
+	abort()
+	if _, err := os.Stat(gone); !os.IsNotExist(err) {
+		t.Fatalf("abort kept the file of a QEMU that is gone: %v", err)
+	}
 }
 
 // Every save turns mapped-ram and multifd off on a QEMU that has them; one

@@ -15,9 +15,9 @@ import (
 // reads only the pages the file holds, in place, into fresh anonymous
 // memory. Its cost follows the guest's data, not its size, and the
 // restored VM's next save reads untouched memory as cheaply as a VM that
-// never was restored (unlike a mapped RAM file, see bench/RESULTS.md). It
-// is the suspend format where QEMU has it; a QEMU before 9.0 saves a stream
-// instead.
+// never was restored (unlike a mapped RAM file, see bench/RESULTS.md).
+// Suspends use it with serve --state-format mapped-ram; a QEMU before 9.0
+// saves a stream instead.
 const FormatMapped = "mapped-ram"
 
 // mappedRAMMajor.mappedRAMMinor is the first QEMU with the mapped-ram capability.

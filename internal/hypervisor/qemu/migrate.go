@@ -272,9 +272,7 @@ func (m *Machine) exitedDuringSave(err error) error {
 	if err == nil || errors.Is(err, ErrExitedDuringSave) {
 		return err
 	}
-	select {
-	case <-m.qmp.Done():
-	default:
+	if !m.qmpGone() {
 		return err // QEMU is still there: the error is its own
 	}
 	select {
