@@ -97,6 +97,10 @@ func TestPauseSuspendWake(t *testing.T) {
 		t.Fatalf("resume: %v %+v", err, got)
 	}
 
+	// A guest clock gone wrong is set right by the wake.
+	if r := s.Exec(ctx, "life", "date -s @1000000000"); r.ExitCode != 0 {
+		t.Fatalf("date -s: %+v", r)
+	}
 	// suspend: QEMU exits, RAM is freed; concurrent requests share one wake
 	sv, err := s.Client.SuspendVM(ctx, "life")
 	if err != nil || sv.State != "suspended" || sv.Op == nil || sv.Op.Bytes == 0 {
@@ -123,6 +127,17 @@ func TestPauseSuspendWake(t *testing.T) {
 		if err != nil {
 			t.Fatalf("exec during wake: %v", err)
 		}
+	}
+	// The wake set the guest's clock to this host's (in the agent's
+	// handshake, or by an identity push to an older agent).
+	before := time.Now()
+	guestNow := strings.TrimSpace(s.Exec(ctx, "life", "date +%s.%N").Stdout)
+	var secs float64
+	if _, err := fmt.Sscanf(guestNow, "%f", &secs); err != nil {
+		t.Fatalf("guest date: %q", guestNow)
+	}
+	if gt := time.Unix(0, int64(secs*1e9)); gt.Before(before.Add(-2*time.Second)) || gt.After(time.Now().Add(2*time.Second)) {
+		t.Fatalf("guest clock %v after the wake, host %v: not set", gt, before)
 	}
 	logs, _, _ := s.CLI("", "logs", "life")
 	if n := strings.Count(logs, "woke from suspend"); n != 1 {

@@ -31,13 +31,13 @@ type Client struct {
 
 // Connect dials the unix socket, performs the handshake (bounded by ctx) and
 // starts a yamux client session.
-func Connect(ctx context.Context, sockPath string) (*Client, error) {
+func Connect(ctx context.Context, sockPath string, o HandshakeOptions) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", sockPath)
 	if err != nil {
 		return nil, fmt.Errorf("guest: dial %s: %w", sockPath, err)
 	}
-	c, err := NewClient(ctx, conn)
+	c, err := NewClient(ctx, conn, o)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -48,8 +48,8 @@ func Connect(ctx context.Context, sockPath string) (*Client, error) {
 // NewClient performs the handshake on an established connection (for tests
 // and other transports) and starts the yamux client session. The client owns
 // conn afterwards.
-func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
-	hc, res, err := HostHandshake(ctx, conn)
+func NewClient(ctx context.Context, conn net.Conn, o HandshakeOptions) (*Client, error) {
+	hc, res, err := HostHandshake(ctx, conn, o)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +89,10 @@ func NewClient(ctx context.Context, conn net.Conn) (*Client, error) {
 
 // AgentVersion is the version string the guest reported in the handshake.
 func (c *Client) AgentVersion() string { return c.hs.AgentVersion }
+
+// ClockSent says whether the handshake gave the agent the host's clock to
+// set (HandshakeOptions.SetClock, to an agent that sets it).
+func (c *Client) ClockSent() bool { return c.hs.ClockSent }
 
 // Close ends the session and the connection.
 func (c *Client) Close() error {

@@ -22,11 +22,17 @@ import (
 //
 //	host  -> guest: AGENTVM-HELLO <nonce> <hostProto>\n   (repeated every 25 ms)
 //	guest -> host : AGENTVM-READY <nonce> <agentVersion> <proto>\n  (once per nonce)
-//	host  -> guest: AGENTVM-START <nonce>\n
+//	host  -> guest: AGENTVM-START <nonce> [<unixnano>]\n
 //
 // then both ends run yamux (host = client, guest = server). Markers are
 // searched anywhere in a line, so garbage without a trailing newline in
 // front of a handshake line does not hide it.
+//
+// A START line may carry the host's wall clock (Unix nanoseconds), sent only
+// to an agent whose protocol is 1.1 or later: such an agent sets the guest's
+// clock to it before the session starts. A wake needs nothing else from the
+// guest, so it saves the round trip of an identity push. Older agents read
+// only the nonce, and a field they do not know is ignored.
 const (
 	helloMarker = "AGENTVM-HELLO "
 	readyMarker = "AGENTVM-READY "
@@ -55,11 +61,29 @@ func HelloLine(nonce string) string {
 
 // ReadyLine formats the guest's reply.
 func ReadyLine(nonce, agentVersion string) string {
-	return fmt.Sprintf("%s%s %s %d\n", readyMarker, nonce, agentVersion, ProtoVersion)
+	return fmt.Sprintf("%s%s %s %d.%d\n", readyMarker, nonce, agentVersion, ProtoVersion, ProtoMinor)
 }
 
-// StartLine formats the host's start line.
-func StartLine(nonce string) string { return startMarker + nonce + "\n" }
+// StartLine formats the host's start line; a non-zero clock is sent along.
+func StartLine(nonce string, clock time.Time) string {
+	if clock.IsZero() {
+		return startMarker + nonce + "\n"
+	}
+	return startMarker + nonce + " " + strconv.FormatInt(clock.UnixNano(), 10) + "\n"
+}
+
+// startClock reads the clock field of a START line's fields: zero when it
+// is absent or not a positive decimal number.
+func startClock(f []string) time.Time {
+	if len(f) < 2 {
+		return time.Time{}
+	}
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || ns <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
 
 // lineFields returns the fields following the last occurrence of marker in
 // line, or nil when the marker is absent.
@@ -93,18 +117,35 @@ func ProtoMajor(v string) (int, error) {
 	return strconv.Atoi(v)
 }
 
+// protoMinor returns the minor number of a protocol version string: 0 for
+// "1" and for anything it cannot read.
+func protoMinor(v string) int {
+	i := strings.IndexByte(v, '.')
+	if i < 0 {
+		return 0
+	}
+	n, err := strconv.Atoi(v[i+1:])
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
 // GuestHandshake is the guest side of the handshake ("scanning mode").
 // The zero value is ready to use; it remembers the last answered nonce across
 // calls so a nonce is never answered twice.
 type GuestHandshake struct {
 	AgentVersion string // defaults to Version
-	lastNonce    string
+	// Clock is the host's wall clock from the START line Scan returned
+	// after, zero when the host sent none.
+	Clock     time.Time
+	lastNonce string
 }
 
 // Scan reads lines from br (which must have a buffer of at least
 // MaxHandshakeLine bytes), answers each new hello on w and returns the nonce
-// once the matching START line has been consumed. Bytes after the START line
-// stay buffered in br.
+// once the matching START line has been consumed (and g.Clock set from it).
+// Bytes after the START line stay buffered in br.
 func (g *GuestHandshake) Scan(br *bufio.Reader, w io.Writer) (string, error) {
 	ver := g.AgentVersion
 	if ver == "" {
@@ -114,6 +155,7 @@ func (g *GuestHandshake) Scan(br *bufio.Reader, w io.Writer) (string, error) {
 		line, err := readLine(br)
 		if len(line) > 0 && line[len(line)-1] == '\n' {
 			if f := lineFields(line, startMarker); f != nil && g.lastNonce != "" && f[0] == g.lastNonce {
+				g.Clock = startClock(f)
 				return g.lastNonce, nil
 			}
 			if f := lineFields(line, helloMarker); f != nil && validNonce(f[0]) && f[0] != g.lastNonce {
@@ -147,6 +189,17 @@ type HandshakeResult struct {
 	Nonce        string
 	AgentVersion string
 	Proto        string
+	// ClockSent: the START line carried the host's clock, which the agent
+	// sets before it serves the session.
+	ClockSent bool
+}
+
+// HandshakeOptions are what the host asks of the guest in a handshake.
+type HandshakeOptions struct {
+	// SetClock sends the host's wall clock in the START line, to an agent
+	// that sets it (protocol 1.1 on); HandshakeResult.ClockSent says whether
+	// it went.
+	SetClock bool
 }
 
 // ErrProtoMismatch is wrapped by HostHandshake when the guest speaks another
@@ -156,7 +209,7 @@ var ErrProtoMismatch = errors.New("guest agent protocol mismatch")
 // HostHandshake performs the host side of the handshake on conn and returns
 // a net.Conn that yields every byte the guest sent after its READY line
 // (nothing is lost to buffering). ctx bounds the handshake.
-func HostHandshake(ctx context.Context, conn net.Conn) (net.Conn, *HandshakeResult, error) {
+func HostHandshake(ctx context.Context, conn net.Conn, o HandshakeOptions) (net.Conn, *HandshakeResult, error) {
 	nonce := NewNonce()
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
@@ -232,9 +285,14 @@ func HostHandshake(ctx context.Context, conn net.Conn) (net.Conn, *HandshakeResu
 		return nil, res, fmt.Errorf("%w: guest agent %s speaks protocol %q, host speaks %d",
 			ErrProtoMismatch, res.AgentVersion, res.Proto, ProtoVersion)
 	}
+	var clock time.Time
+	if o.SetClock && protoMinor(res.Proto) >= 1 {
+		res.ClockSent = true
+		clock = time.Now()
+	}
 	wmu.Lock()
 	stopped = true
-	_, err = io.WriteString(conn, StartLine(nonce))
+	_, err = io.WriteString(conn, StartLine(nonce, clock))
 	wmu.Unlock()
 	if err != nil {
 		return nil, nil, fmt.Errorf("guest handshake: write start: %w", err)

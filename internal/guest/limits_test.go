@@ -42,7 +42,7 @@ func newFakeGuest(t *testing.T, h http.Handler) (*Client, *yamux.Session) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := NewClient(ctx, hostEnd)
+	c, err := NewClient(ctx, hostEnd, HandshakeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,10 @@ import (
 // refuses a guest whose protocol major differs.
 const ProtoVersion = 1
 
+// ProtoMinor is this package's protocol minor: 1 sets the guest's clock from
+// the handshake's START line (handshake.go).
+const ProtoMinor = 1
+
 // Version is the agent version string; override with
 // -ldflags "-X github.com/agentvm/agentvm/internal/guest.Version=...".
 var Version = "0.1.0-dev"

@@ -17,17 +17,17 @@ func TestGuestScan(t *testing.T) {
 	in := garbage +
 		"noise" + HelloLine("aaaa") + // marker after garbage on the same line
 		HelloLine("aaaa") + // retransmission: not answered twice
-		StartLine("bbbb") + // start for a nonce never answered: ignored
+		StartLine("bbbb", time.Unix(5, 0)) + // start for a nonce never answered: ignored
 		"AGENTVM-HELLO zz-not-hex 1\n" +
-		StartLine("aaaa") + "YAMUX-BYTES"
+		StartLine("aaaa", time.Time{}) + "YAMUX-BYTES"
 	br := bufio.NewReaderSize(strings.NewReader(in), MaxHandshakeLine)
 	var out bytes.Buffer
 	g := GuestHandshake{AgentVersion: "v9"}
 	nonce, err := g.Scan(br, &out)
-	if err != nil || nonce != "aaaa" {
-		t.Fatalf("Scan = %q, %v", nonce, err)
+	if err != nil || nonce != "aaaa" || !g.Clock.IsZero() {
+		t.Fatalf("Scan = %q, %v, clock %v", nonce, err, g.Clock)
 	}
-	if want := "AGENTVM-READY aaaa v9 1\n"; out.String() != want {
+	if want := "AGENTVM-READY aaaa v9 1.1\n"; out.String() != want {
 		t.Fatalf("replies %q, want %q", out.String(), want)
 	}
 	rest, _ := io.ReadAll(br)
@@ -36,12 +36,67 @@ func TestGuestScan(t *testing.T) {
 	}
 	// The same nonce is never answered again, a new one is.
 	out.Reset()
-	br = bufio.NewReaderSize(strings.NewReader(HelloLine("aaaa")+HelloLine("cccc")+HelloLine("cccc")+StartLine("cccc")), MaxHandshakeLine)
-	if nonce, err := g.Scan(br, &out); err != nil || nonce != "cccc" {
-		t.Fatalf("second Scan = %q, %v", nonce, err)
+	clock := time.Unix(1_800_000_000, 123456789)
+	br = bufio.NewReaderSize(strings.NewReader(HelloLine("aaaa")+HelloLine("cccc")+HelloLine("cccc")+StartLine("cccc", clock)), MaxHandshakeLine)
+	if nonce, err := g.Scan(br, &out); err != nil || nonce != "cccc" || !g.Clock.Equal(clock) {
+		t.Fatalf("second Scan = %q, %v, clock %v", nonce, err, g.Clock)
 	}
-	if want := "AGENTVM-READY cccc v9 1\n"; out.String() != want {
+	if want := "AGENTVM-READY cccc v9 1.1\n"; out.String() != want {
 		t.Fatalf("replies %q, want %q", out.String(), want)
+	}
+	// A clock field that is not a positive number is no clock.
+	for _, bad := range []string{"-5", "0", "12x", "99999999999999999999"} {
+		g := GuestHandshake{}
+		br = bufio.NewReaderSize(strings.NewReader(HelloLine("dddd")+"AGENTVM-START dddd "+bad+"\n"), MaxHandshakeLine)
+		if nonce, err := g.Scan(br, io.Discard); err != nil || nonce != "dddd" || !g.Clock.IsZero() {
+			t.Fatalf("START with clock %q: %q, %v, clock %v", bad, nonce, err, g.Clock)
+		}
+	}
+}
+
+// TestHostHandshakeClock: the host's clock goes in the START line to an
+// agent of protocol 1.1 on when asked for, and never to an older one.
+func TestHostHandshakeClock(t *testing.T) {
+	for _, c := range []struct {
+		proto    string
+		setClock bool
+		want     bool
+	}{{"1.1", true, true}, {"1.2", true, true}, {"1", true, false}, {"1.x", true, false}, {"1.1", false, false}} {
+		h, g := net.Pipe()
+		starts := make(chan string, 1)
+		go func() {
+			br := bufio.NewReader(g)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if f := lineFields([]byte(line), helloMarker); f != nil {
+					g.Write([]byte(readyMarker + f[0] + " test " + c.proto + "\n"))
+				}
+				if strings.HasPrefix(line, startMarker) {
+					starts <- line
+					return
+				}
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		before := time.Now()
+		_, res, err := HostHandshake(ctx, h, HandshakeOptions{SetClock: c.setClock})
+		cancel()
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		line := <-starts
+		h.Close()
+		g.Close()
+		sent := startClock(strings.Fields(strings.TrimPrefix(line, startMarker)))
+		if res.ClockSent != c.want || sent.IsZero() == c.want {
+			t.Fatalf("%+v: ClockSent %v, START line %q", c, res.ClockSent, line)
+		}
+		if c.want && (sent.Before(before) || sent.After(time.Now())) {
+			t.Fatalf("%+v: clock %v is not the host's at the handshake (%v)", c, sent, before)
+		}
 	}
 }
 
@@ -78,7 +133,7 @@ func TestHostHandshake(t *testing.T) {
 	go fakeGuest(t, g, "1", "AFTER")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	conn, res, err := HostHandshake(ctx, h)
+	conn, res, err := HostHandshake(ctx, h, HandshakeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +160,7 @@ func TestHostHandshakeProtoMismatch(t *testing.T) {
 	go fakeGuest(t, g, "2.0", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _, err := HostHandshake(ctx, h)
+	_, _, err := HostHandshake(ctx, h, HandshakeOptions{})
 	if !errors.Is(err, ErrProtoMismatch) {
 		t.Fatalf("err = %v", err)
 	}
@@ -119,7 +174,7 @@ func TestHostHandshakeTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, _, err := HostHandshake(ctx, h)
+	_, _, err := HostHandshake(ctx, h, HandshakeOptions{})
 	// Without the deadline the handshake would wait for ever.
 	if err == nil || time.Since(start) > time.Minute {
 		t.Fatalf("err = %v after %v", err, time.Since(start))

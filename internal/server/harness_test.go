@@ -104,7 +104,7 @@ func fakeAgent(t *testing.T, h http.Handler) *guest.Client {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	gc, err := guest.NewClient(ctx, hostSide)
+	gc, err := guest.NewClient(ctx, hostSide, guest.HandshakeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

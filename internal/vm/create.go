@@ -347,7 +347,9 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
-	agent, err := connectAgent(actx, mc.AgentSock, m.Done())
+	// A wake asks only the clock of the guest: an agent that sets it from
+	// the handshake (protocol 1.1 on) then needs no identity push.
+	agent, err := connectAgent(actx, mc.AgentSock, m.Done(), guest.HandshakeOptions{SetClock: o.identity == identityClock})
 	if err != nil {
 		if actx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w: guest agent did not answer within %s (accel %s)", ErrUnavailable, agentTimeout, s.cfg.Accel)
@@ -361,6 +363,10 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		if err := m.BlockResize(ctx, v.DiskBytes); err != nil {
 			return fail(fmt.Errorf("grow disk: %w", err))
 		}
+	}
+	if o.identity == identityClock && agent.ClockSent() && !resize && !o.growFS {
+		s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "clock", "handshake", "restore", mc.Incoming != "")
+		return s.launched(v, in, m)
 	}
 	nc := net.Config()
 	id := guest.Identity{TimeUnixNano: time.Now().UnixNano(), DiskResize: resize || o.growFS}
@@ -376,6 +382,11 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		return fail(fmt.Errorf("set guest identity: %w", err))
 	}
 	s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "identity_ms", (time.Since(t0) - tAgent).Milliseconds(), "guest_identity_ms", idr.MS, "steps_us", idr.StepsUS, "restore", mc.Incoming != "")
+	return s.launched(v, in, m)
+}
+
+// launched publishes the instance of a VM whose guest answers.
+func (s *Service) launched(v *store.VM, in *instance, m Machine) error {
 	now := time.Now().UTC()
 	v.PID, v.StartedAt, v.Error = m.PID(), &now, "" // the caller records it running
 	if !s.setInstance(v.ID, in) {
@@ -409,7 +420,7 @@ func pushIdentity(ctx context.Context, in *instance, sock string, qemuDone <-cha
 		}
 		in.agent.Close()
 		actx, acancel := context.WithTimeout(ctx, agentTimeout)
-		c, cerr := connectAgent(actx, sock, qemuDone)
+		c, cerr := connectAgent(actx, sock, qemuDone, guest.HandshakeOptions{})
 		acancel()
 		if cerr != nil {
 			return nil, fmt.Errorf("%w (and reconnecting to the agent: %v)", err, cerr)

@@ -42,7 +42,7 @@ func (in *instance) guestClient(ctx context.Context) (*guest.Client, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	c, err := connectAgent(cctx, in.paths.Agent, in.machine.Done())
+	c, err := connectAgent(cctx, in.paths.Agent, in.machine.Done(), guest.HandshakeOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("%w: guest agent not reachable: %v", ErrUnavailable, err)
 	}
@@ -51,7 +51,7 @@ func (in *instance) guestClient(ctx context.Context) (*guest.Client, error) {
 }
 
 // connectAgent performs the agent handshake, giving up when QEMU exits.
-func connectAgent(ctx context.Context, sock string, qemuDone <-chan struct{}) (*guest.Client, error) {
+func connectAgent(ctx context.Context, sock string, qemuDone <-chan struct{}, o guest.HandshakeOptions) (*guest.Client, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -61,7 +61,7 @@ func connectAgent(ctx context.Context, sock string, qemuDone <-chan struct{}) (*
 		case <-ctx.Done():
 		}
 	}()
-	c, err := guest.Connect(ctx, sock)
+	c, err := guest.Connect(ctx, sock, o)
 	if err != nil {
 		select {
 		case <-qemuDone:

@@ -172,7 +172,7 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	}
 	bctx, cancel := context.WithTimeout(ctx, ts.bootTimeout)
 	defer cancel()
-	agent, err := connectAgent(bctx, p.Agent, m.Done())
+	agent, err := connectAgent(bctx, p.Agent, m.Done(), guest.HandshakeOptions{})
 	if err != nil {
 		if errors.Is(bctx.Err(), context.DeadlineExceeded) {
 			return nil, fmt.Errorf("%w: template cold boot (%s) did not reach the guest agent within %s; the accelerator may not run this kernel (try --accel tcg)%s",

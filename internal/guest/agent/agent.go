@@ -150,6 +150,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		if !a.hs.Clock.IsZero() && !a.opts.NoSystem {
+			a.setClock(a.hs.Clock)
+		}
 		v.ignoreEOF.Store(false)
 		conn := &sessConn{r: br, v: v, p: p}
 		sess, err := yamux.Server(conn, guest.YamuxConfig(false))

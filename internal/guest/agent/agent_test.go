@@ -87,7 +87,7 @@ func (e *env) connect(hostConn net.Conn, garbage string) *guest.Client {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := guest.NewClient(ctx, hostConn)
+	c, err := guest.NewClient(ctx, hostConn, guest.HandshakeOptions{})
 	if err != nil {
 		e.t.Fatalf("connect: %v", err)
 	}
@@ -517,7 +517,7 @@ func TestConnectUnixSocket(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := guest.Connect(ctx, sock)
+	c, err := guest.Connect(ctx, sock, guest.HandshakeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,6 +161,17 @@ func (a *Agent) applyIdentity(id *guest.Identity, steps map[string]int64) error 
 	return errors.Join(errs...)
 }
 
+// setClock sets the guest's wall clock to the host's clock from a
+// handshake's START line, before the session it starts serves anything: a
+// wake then needs no identity push. It runs before the first request, so a
+// failure can only be logged.
+func (a *Agent) setClock(host time.Time) {
+	ts := unix.NsecToTimespec(host.UnixNano())
+	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+		a.logf("set clock from the handshake: %v", err)
+	}
+}
+
 // writeFile writes path in place: overwrite, then shrink to the new length. It
 // avoids O_TRUNC on purpose: truncating an ext4 file to zero makes its close
 // start writeback (auto_da_alloc), which costs ~100 ms right after a restore
