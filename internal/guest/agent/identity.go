@@ -24,22 +24,28 @@ const envFile = "/etc/agentvm/env"
 const envReaders = "user"
 
 func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
-	info := guest.Info{Version: guest.Version, Proto: guest.ProtoVersion}
+	writeJSON(w, a.guestInfo())
+}
+
+// guestInfo says who the guest is: its hostname, boot, kernel taint and
+// uptime (the boot id and taint read under the agent's root).
+func (a *Agent) guestInfo() *guest.Info {
+	info := &guest.Info{Version: guest.Version, Proto: guest.ProtoVersion}
 	var uts unix.Utsname
 	if unix.Uname(&uts) == nil {
 		info.Hostname = unix.ByteSliceToString(uts.Nodename[:])
 	}
-	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+	if b, err := os.ReadFile(a.path("/proc/sys/kernel/random/boot_id")); err == nil {
 		info.BootID = strings.TrimSpace(string(b))
 	}
-	if b, err := os.ReadFile("/proc/sys/kernel/tainted"); err == nil {
+	if b, err := os.ReadFile(a.path("/proc/sys/kernel/tainted")); err == nil {
 		info.Tainted, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
 	var ts unix.Timespec
 	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) == nil {
 		info.UptimeMS = ts.Nano() / 1e6
 	}
-	writeJSON(w, info)
+	return info
 }
 
 func (a *Agent) handleIdentity(w http.ResponseWriter, r *http.Request) {
@@ -58,7 +64,7 @@ func (a *Agent) handleIdentity(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "identity_failed", err.Error())
 		return
 	}
-	writeJSON(w, guest.IdentityResult{OK: true, MS: time.Since(start).Milliseconds(), StepsUS: steps})
+	writeJSON(w, guest.IdentityResult{OK: true, MS: time.Since(start).Milliseconds(), StepsUS: steps, Info: a.guestInfo()})
 }
 
 func validateIdentity(id *guest.Identity) error {

@@ -40,6 +40,8 @@ type HV struct {
 	// started, when set, runs after each Start has made its machine, before
 	// Start returns it (a test holds a start there).
 	started func(qemu.Config)
+	// rebootNext makes the next restore come up with a new boot id.
+	rebootNext bool
 }
 
 // OnStarted sets a function that runs after each Start has made its
@@ -48,6 +50,10 @@ func (h *HV) OnStarted(fn func(qemu.Config)) { h.mu.Lock(); h.started = fn; h.mu
 
 // FailNextStart makes the next Start fail with err.
 func (h *HV) FailNextStart(err error) { h.mu.Lock(); h.failStart = err; h.mu.Unlock() }
+
+// RebootNextRestore makes the next restore's guest a fresh boot (a new boot
+// id), as a kernel that panicked on the restore and rebooted would be.
+func (h *HV) RebootNextRestore() { h.mu.Lock(); h.rebootNext = true; h.mu.Unlock() }
 
 // Starts returns the configuration of every Start so far, in order.
 func (h *HV) Starts() []qemu.Config {
@@ -75,6 +81,7 @@ type fakeState struct {
 	Memory  string `json:"memory"`
 	CPUs    int    `json:"cpus"`
 	Plugged int64  `json:"plugged_mib"`
+	BootID  string `json:"boot_id"`
 }
 
 // Start starts a machine: a restore of cfg.Incoming (a fake state) or a boot.
@@ -85,6 +92,10 @@ func (h *HV) Start(ctx context.Context, cfg qemu.Config) (*Machine, error) {
 	h.failStart = nil
 	h.nextPID++
 	pid := h.nextPID
+	reboot := h.rebootNext && cfg.Incoming != ""
+	if reboot {
+		h.rebootNext = false
+	}
 	h.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -99,9 +110,12 @@ func (h *HV) Start(ctx context.Context, cfg qemu.Config) (*Machine, error) {
 		if !bytes.HasPrefix(b, []byte("QEVM")) || json.Unmarshal(b[4:], &st) != nil {
 			return nil, fmt.Errorf("restore: %s is not a fake state", cfg.Incoming)
 		}
-		m.memory, m.cpus = st.Memory, st.CPUs
+		m.memory, m.cpus, m.bootID = st.Memory, st.CPUs, st.BootID
 	} else {
 		m.memory = "booted"
+	}
+	if m.bootID == "" || reboot {
+		m.bootID = fmt.Sprintf("boot-%d", pid)
 	}
 	if cfg.RAMPath != "" {
 		if f, err := os.OpenFile(cfg.RAMPath, os.O_CREATE|os.O_RDWR, 0o600); err == nil {
@@ -198,6 +212,7 @@ type Machine struct {
 	reason  string
 	ended   bool
 	done    chan struct{}
+	bootID  string
 	cancel  context.CancelFunc
 	lns     []net.Listener
 	port    *fakePort
@@ -229,6 +244,10 @@ func (m *Machine) run() error {
 		}
 	}
 	os.WriteFile(filepath.Join(root, "etc/hosts"), []byte("127.0.0.1\tlocalhost\n"), 0o644)
+	// The guest's boot id, which a restore keeps (the agent reads it under
+	// its root).
+	os.MkdirAll(filepath.Join(root, "proc/sys/kernel/random"), 0o755)
+	os.WriteFile(filepath.Join(root, "proc/sys/kernel/random/boot_id"), []byte(m.bootID+"\n"), 0o444)
 	// A template build runs systemctl and sync in the guest: stubs, found
 	// first on the agent's PATH, answer for this host's.
 	bin := filepath.Join(root, "stubbin")
@@ -357,7 +376,7 @@ func (m *Machine) write(path string) (qemu.SaveResult, error) {
 		return qemu.SaveResult{}, err
 	}
 	m.mu.Lock()
-	b, _ := json.Marshal(fakeState{Memory: m.memory, CPUs: m.cpus, Plugged: m.plugged})
+	b, _ := json.Marshal(fakeState{Memory: m.memory, CPUs: m.cpus, Plugged: m.plugged, BootID: m.bootID})
 	m.mu.Unlock()
 	b = append([]byte("QEVM"), b...)
 	if err := os.WriteFile(path, b, 0o600); err != nil {
