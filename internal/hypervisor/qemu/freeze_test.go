@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,4 +187,47 @@ func TestSaveResetsMappedRAM(t *testing.T) {
 func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// A live save whose guest dirties memory faster than it is written is made
+// to finish: after convergeSyncs passes the downtime limit goes to QEMU's
+// maximum. A stopped save is never touched.
+func TestLiveSaveConverges(t *testing.T) {
+	for _, live := range []bool{true, false} {
+		var mu sync.Mutex
+		syncs, forced, polls := 0, false, 0
+		m, rec := fakeMachine(t, func(q qmpCall) string {
+			mu.Lock()
+			defer mu.Unlock()
+			switch q.Execute {
+			case "migrate-set-parameters":
+				if d, ok := q.Arguments["downtime-limit"].(float64); ok && d == maxDowntimeMs {
+					forced = true
+				}
+			case "query-migrate":
+				polls++
+				// The guest never converges by itself; the stopped save
+				// completes after as many polls as the live one needs.
+				if forced || (!live && polls > convergeSyncs+2) {
+					return qmpReturn(q, `{"status": "completed", "ram": {"transferred": 4096}}`)
+				}
+				syncs++
+				return qmpReturn(q, fmt.Sprintf(`{"status": "active", "ram": {"dirty-sync-count": %d}}`, syncs))
+			}
+			return ""
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		n, err := m.waitMigration(ctx, live)
+		cancel()
+		if err != nil || n != 4096 {
+			t.Fatalf("live %v: %d bytes, %v", live, n, err)
+		}
+		raised := len(rec.named("migrate-set-parameters"))
+		if live && (raised != 1 || syncs != convergeSyncs) {
+			t.Fatalf("live save: downtime raised %d times, after %d passes", raised, syncs)
+		}
+		if !live && raised != 0 {
+			t.Fatal("a stopped save's downtime limit was raised")
+		}
+	}
 }

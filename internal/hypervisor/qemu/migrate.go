@@ -80,7 +80,7 @@ func (m *Machine) saveLive(ctx context.Context, path string, atStop func() error
 	if _, err := m.qmp.Execute(ctx, "migrate", sink.args); err != nil {
 		return SaveResult{}, sink.finish(err)
 	}
-	bytes, err := m.waitMigration(ctx)
+	bytes, err := m.waitMigration(ctx, true)
 	err = sink.finish(err)
 	var stopAt time.Time
 	select {
@@ -248,7 +248,7 @@ func (m *Machine) saveStoppedAs(ctx context.Context, path string, ignoreShared b
 	if _, err := m.qmp.Execute(ctx, "migrate", sink.args); err != nil {
 		return SaveResult{}, sink.finish(err)
 	}
-	bytes, err := m.waitMigration(ctx)
+	bytes, err := m.waitMigration(ctx, false)
 	err = sink.finish(err)
 	return SaveResult{Paused: time.Since(start), Bytes: bytes, Total: time.Since(start), Format: format}, err
 }
@@ -310,8 +310,23 @@ func (m *Machine) setFileMigration(ctx context.Context, ignoreShared bool, downt
 	return err
 }
 
-// waitMigration polls until the outgoing migration ends and returns the bytes sent.
-func (m *Machine) waitMigration(ctx context.Context) (int64, error) {
+// convergeSyncs bounds the passes of a live save over the memory the guest
+// dirtied during the previous one. A guest that dirties memory faster than
+// the save writes it never leaves so few dirty pages that the rest fits in
+// the downtime limit, and the save would run until its caller gave up.
+// After this many passes (a guest that slows down enough needs a few) the
+// downtime limit is raised to QEMU's maximum: QEMU stops the guest and
+// writes the rest, a longer pause instead of a fork that never happens.
+const convergeSyncs = 8
+
+// maxDowntimeMs is QEMU's upper bound for downtime-limit.
+const maxDowntimeMs = 2_000_000
+
+// waitMigration polls until the outgoing migration ends and returns the
+// bytes sent. A live save that has not converged after convergeSyncs passes
+// is made to finish (see convergeSyncs).
+func (m *Machine) waitMigration(ctx context.Context, live bool) (int64, error) {
+	forced := false
 	for {
 		r, err := m.qmp.Execute(ctx, "query-migrate", nil)
 		if err != nil {
@@ -323,6 +338,7 @@ func (m *Machine) waitMigration(ctx context.Context) (int64, error) {
 			RAM       struct {
 				Total       int64 `json:"total"`
 				Transferred int64 `json:"transferred"`
+				Syncs       int64 `json:"dirty-sync-count"`
 			} `json:"ram"`
 		}
 		json.Unmarshal(r, &s)
@@ -331,6 +347,13 @@ func (m *Machine) waitMigration(ctx context.Context) (int64, error) {
 			return s.RAM.Transferred, nil
 		case "failed", "cancelled":
 			return 0, fmt.Errorf("migration %s: %s", s.Status, s.ErrorDesc)
+		}
+		if live && !forced && s.RAM.Syncs >= convergeSyncs {
+			forced = true
+			m.logSave("live save: the guest still dirtied memory faster than it was written after %d passes (%d MiB written); stopping it for the rest", s.RAM.Syncs, s.RAM.Transferred>>20)
+			if _, err := m.qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"downtime-limit": maxDowntimeMs}); err != nil {
+				m.logSave("live save: raising the downtime limit: %v", err) // it goes on as it was
+			}
 		}
 		select {
 		case <-ctx.Done():
