@@ -81,10 +81,6 @@ type IdentityResult struct {
 	MS int64 `json:"ms"`
 	// StepsUS is the time each step took, in microseconds (diagnostics).
 	StepsUS map[string]int64 `json:"steps_us,omitempty"`
-	// Info is who the guest is once the identity is applied, what GET
-	// /v1/info answers (nil from agents before it): a fork child's check
-	// needs no request of its own.
-	Info *Info `json:"info,omitempty"`
 }
 
 // ExecRequest is the JSON body of POST /v1/exec.

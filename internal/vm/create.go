@@ -381,7 +381,6 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	if err != nil {
 		return fail(fmt.Errorf("set guest identity: %w", err))
 	}
-	in.launchInfo = idr.Info
 	s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "identity_ms", (time.Since(t0) - tAgent).Milliseconds(), "guest_identity_ms", idr.MS, "steps_us", idr.StepsUS, "restore", mc.Incoming != "")
 	return s.launched(v, in, m)
 }

@@ -219,8 +219,7 @@ func (s *Service) parentInfo(ctx context.Context, parent *store.VM) *guest.Info 
 // reboots, and its agent answers again from a fresh boot, every process gone)
 // and the kernel must not have oopsed since the parent's state was taken.
 // A child that passes has already taken its identity (the handshake and the
-// identity push of the launch). The agent says who the guest is in its
-// answer to that push; an older agent is asked.
+// identity push of the launch).
 func (s *Service) checkChild(ctx context.Context, v *store.VM, want *guest.Info) error {
 	if want == nil {
 		return nil
@@ -229,17 +228,15 @@ func (s *Service) checkChild(ctx context.Context, v *store.VM, want *guest.Info)
 	if in == nil {
 		return fmt.Errorf("%w: fork child %s is not attached", ErrUnavailable, v.Name)
 	}
-	got := in.launchInfo
-	if got == nil {
-		ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		c, err := in.guestClient(ictx)
-		if err != nil {
-			return err
-		}
-		if got, err = c.Info(ictx); err != nil {
-			return fmt.Errorf("fork child %s: guest info: %w", v.Name, err)
-		}
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, err := in.guestClient(ictx)
+	if err != nil {
+		return err
+	}
+	got, err := c.Info(ictx)
+	if err != nil {
+		return fmt.Errorf("fork child %s: guest info: %w", v.Name, err)
 	}
 	logf := s.paths(v.ID).Log
 	if want.BootID != "" && got.BootID != want.BootID {

@@ -8,8 +8,7 @@ import (
 
 // TestForkChildThatRebootedIsRemade: a fork child whose guest came up from a
 // fresh boot (a kernel that panicked on the restore reboots) is no copy of
-// its parent. It is deleted and made again from a new capture; the check
-// reads who the guest is from its answer to the launch's identity push.
+// its parent. It is deleted and made again from a new capture.
 func TestForkChildThatRebootedIsRemade(t *testing.T) {
 	e := newFakeEnv(t)
 	p := e.create("parent")

@@ -17,10 +17,6 @@ type instance struct {
 	paths   paths
 	machine Machine
 	net     *network.Network
-	// launchInfo is who the guest said it was in its launch's identity push
-	// (nil for a launch without one, or an agent before it); set before
-	// the instance is published.
-	launchInfo *guest.Info
 
 	mu       sync.Mutex
 	agent    *guest.Client

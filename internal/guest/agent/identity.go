@@ -64,7 +64,7 @@ func (a *Agent) handleIdentity(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "identity_failed", err.Error())
 		return
 	}
-	writeJSON(w, guest.IdentityResult{OK: true, MS: time.Since(start).Milliseconds(), StepsUS: steps, Info: a.guestInfo()})
+	writeJSON(w, guest.IdentityResult{OK: true, MS: time.Since(start).Milliseconds(), StepsUS: steps})
 }
 
 func validateIdentity(id *guest.Identity) error {
