@@ -94,6 +94,26 @@ func (c *Client) AgentVersion() string { return c.hs.AgentVersion }
 // set (HandshakeOptions.SetClock, to an agent that sets it).
 func (c *Client) ClockSent() bool { return c.hs.ClockSent }
 
+// Ping makes a round trip through the session (a yamux ping, no stream):
+// once it returns, the agent serves the session, having set the clock the
+// handshake gave it.
+func (c *Client) Ping(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { // yamux's ping gives up by itself after ConnectionWriteTimeout
+		_, err := c.sess.Ping()
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if err != nil {
+			return fmt.Errorf("guest: ping: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Close ends the session and the connection.
 func (c *Client) Close() error {
 	c.closeMu.Do(func() {

@@ -65,13 +65,17 @@ func TestHostHandshakeClock(t *testing.T) {
 		h, g := net.Pipe()
 		starts := make(chan string, 1)
 		go func() {
+			// Answer the first hello only: net.Pipe's writes wait for the
+			// reader, and the host reads nothing while it writes START.
 			br := bufio.NewReader(g)
+			answered := false
 			for {
 				line, err := br.ReadString('\n')
 				if err != nil {
 					return
 				}
-				if f := lineFields([]byte(line), helloMarker); f != nil {
+				if f := lineFields([]byte(line), helloMarker); f != nil && !answered {
+					answered = true
 					g.Write([]byte(readyMarker + f[0] + " test " + c.proto + "\n"))
 				}
 				if strings.HasPrefix(line, startMarker) {

@@ -347,9 +347,12 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)
 	defer cancel()
-	// A wake asks only the clock of the guest: an agent that sets it from
-	// the handshake (protocol 1.1 on) then needs no identity push.
-	agent, err := connectAgent(actx, mc.AgentSock, m.Done(), guest.HandshakeOptions{SetClock: o.identity == identityClock})
+	// A wake that grows nothing asks only the clock of the guest: an agent
+	// that sets it from the handshake (protocol 1.1 on) then needs no
+	// identity push.
+	resize := v.DiskBytes > baseDisk
+	clockOnly := o.identity == identityClock && !resize && !o.growFS
+	agent, err := connectAgent(actx, mc.AgentSock, m.Done(), guest.HandshakeOptions{SetClock: clockOnly})
 	if err != nil {
 		if actx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w: guest agent did not answer within %s (accel %s)", ErrUnavailable, agentTimeout, s.cfg.Accel)
@@ -358,15 +361,21 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	}
 	in.agent = agent
 	tAgent := time.Since(t0)
-	resize := v.DiskBytes > baseDisk
+	if clockOnly && agent.ClockSent() {
+		// The agent sets the clock before it serves the session: one
+		// round trip through the session says it has, before the VM is
+		// called awake (a proxied connection reaches the guest's servers
+		// without the agent), and that the session works.
+		if err := agent.Ping(actx); err != nil {
+			return fail(fmt.Errorf("guest agent after the handshake: %w%s", err, qemu.LogTail(mc.LogPath)))
+		}
+		s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "clock", "handshake", "restore", mc.Incoming != "")
+		return s.launched(v, in, m)
+	}
 	if resize {
 		if err := m.BlockResize(ctx, v.DiskBytes); err != nil {
 			return fail(fmt.Errorf("grow disk: %w", err))
 		}
-	}
-	if o.identity == identityClock && agent.ClockSent() && !resize && !o.growFS {
-		s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "clock", "handshake", "restore", mc.Incoming != "")
-		return s.launched(v, in, m)
 	}
 	nc := net.Config()
 	id := guest.Identity{TimeUnixNano: time.Now().UnixNano(), DiskResize: resize || o.growFS}

@@ -28,10 +28,12 @@ type Options struct {
 	DevicePath string
 	// Open overrides how the port is opened (tests).
 	Open func() (io.ReadWriteCloser, error)
-	// Root prefixes the /etc files the agent reads and writes (default "/").
+	// Root prefixes the /etc files the agent reads and writes, and the
+	// /proc/sys/kernel files GET /v1/info reads (default "/").
 	Root string
 	// NoSystem skips changes to the running machine in SetIdentity
-	// (hostname syscall, clock, network, journald, resize2fs).
+	// (hostname syscall, clock, network, journald, resize2fs) and the
+	// clock a handshake's START line carries.
 	NoSystem bool
 	// Logf logs (default log.Printf).
 	Logf func(format string, args ...any)

@@ -23,14 +23,10 @@ const envFile = "/etc/agentvm/env"
 // envReaders is the group that may read envFile (the code interpreter's user).
 const envReaders = "user"
 
-func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, a.guestInfo())
-}
-
-// guestInfo says who the guest is: its hostname, boot, kernel taint and
+// handleInfo says who the guest is: its hostname, boot, kernel taint and
 // uptime (the boot id and taint read under the agent's root).
-func (a *Agent) guestInfo() *guest.Info {
-	info := &guest.Info{Version: guest.Version, Proto: guest.ProtoVersion}
+func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
+	info := guest.Info{Version: guest.Version, Proto: guest.ProtoVersion}
 	var uts unix.Utsname
 	if unix.Uname(&uts) == nil {
 		info.Hostname = unix.ByteSliceToString(uts.Nodename[:])
@@ -45,7 +41,7 @@ func (a *Agent) guestInfo() *guest.Info {
 	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) == nil {
 		info.UptimeMS = ts.Nano() / 1e6
 	}
-	return info
+	writeJSON(w, info)
 }
 
 func (a *Agent) handleIdentity(w http.ResponseWriter, r *http.Request) {

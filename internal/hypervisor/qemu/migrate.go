@@ -314,9 +314,11 @@ func (m *Machine) setFileMigration(ctx context.Context, ignoreShared bool, downt
 // dirtied during the previous one. A guest that dirties memory faster than
 // the save writes it never leaves so few dirty pages that the rest fits in
 // the downtime limit, and the save would run until its caller gave up.
-// After this many passes (a guest that slows down enough needs a few) the
-// downtime limit is raised to QEMU's maximum: QEMU stops the guest and
-// writes the rest, a longer pause instead of a fork that never happens.
+// When QEMU has synced the dirty bitmap this many times (once at the start,
+// then about once per pass; a guest that slows down enough needs two or
+// three) the downtime limit is raised to QEMU's maximum: QEMU stops the
+// guest and writes the rest, a longer pause instead of a fork that never
+// happens.
 const convergeSyncs = 8
 
 // maxDowntimeMs is QEMU's upper bound for downtime-limit.
