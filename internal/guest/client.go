@@ -99,7 +99,7 @@ func (c *Client) ClockSent() bool { return c.hs.ClockSent }
 // handshake gave it.
 func (c *Client) Ping(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { // yamux's ping gives up by itself after ConnectionWriteTimeout
+	go func() { // yamux's ping ends with the session, or after twice ConnectionWriteTimeout
 		_, err := c.sess.Ping()
 		errc <- err
 	}()

@@ -367,9 +367,12 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		// called awake (a proxied connection reaches the guest's servers
 		// without the agent), and that the session works.
 		if err := agent.Ping(actx); err != nil {
+			if actx.Err() != nil && ctx.Err() == nil {
+				err = fmt.Errorf("%w: guest agent did not answer within %s (accel %s)", ErrUnavailable, agentTimeout, s.cfg.Accel)
+			}
 			return fail(fmt.Errorf("guest agent after the handshake: %w%s", err, qemu.LogTail(mc.LogPath)))
 		}
-		s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "clock", "handshake", "restore", mc.Incoming != "")
+		s.log.Info("launched", "vm", v.ID, "qemu_ms", tStart.Milliseconds(), "agent_ms", tAgent.Milliseconds(), "ping_ms", (time.Since(t0) - tAgent).Milliseconds(), "clock", "handshake", "restore", mc.Incoming != "")
 		return s.launched(v, in, m)
 	}
 	if resize {

@@ -35,6 +35,9 @@ type Options struct {
 	// (hostname syscall, clock, network, journald, resize2fs) and the
 	// clock a handshake's START line carries.
 	NoSystem bool
+	// SetClock, when set, is called instead of clock_settime with the
+	// clock of a handshake's START line, NoSystem or not (tests).
+	SetClock func(time.Time)
 	// Logf logs (default log.Printf).
 	Logf func(format string, args ...any)
 	// TermKillGrace is the time a deleted terminal's processes get between
@@ -152,7 +155,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		if !a.hs.Clock.IsZero() && !a.opts.NoSystem {
+		if !a.hs.Clock.IsZero() {
 			a.setClock(a.hs.Clock)
 		}
 		v.ignoreEOF.Store(false)

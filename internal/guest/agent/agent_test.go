@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -528,5 +529,47 @@ func TestConnectUnixSocket(t *testing.T) {
 	r := e.mustRun(guest.ExecRequest{Argv: []string{"echo", "via", "socket"}}, nil)
 	if r.stdout != "via socket\n" {
 		t.Fatalf("got %+v", r)
+	}
+}
+
+// The clock a handshake carries is set before the session serves anything:
+// a ping through the session comes back only once it is.
+func TestHandshakeClockBeforeSession(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	got := make(chan time.Time, 1)
+	e := startAgentWith(t, Options{SetClock: func(c time.Time) { got <- c; <-release }})
+	t.Cleanup(unblock) // runs before the agent's own cleanup waits for it
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	before := time.Now()
+	c, err := guest.NewClient(ctx, e.port.Attach(t), guest.HandshakeOptions{SetClock: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	if !c.ClockSent() {
+		t.Fatal("the agent was not sent the clock")
+	}
+	select {
+	case clock := <-got:
+		if clock.Before(before) || clock.After(time.Now()) {
+			t.Fatalf("clock %v is not the host's at the handshake (%v)", clock, before)
+		}
+	case <-ctx.Done():
+		t.Fatal("the agent did not set the clock")
+	}
+	// However long this waits, the ping cannot come back while the clock
+	// is being set.
+	pctx, pcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = c.Ping(pctx)
+	pcancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ping while the clock is being set: %v", err)
+	}
+	unblock()
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("ping once the clock is set: %v", err)
 	}
 }

@@ -168,6 +168,13 @@ func (a *Agent) applyIdentity(id *guest.Identity, steps map[string]int64) error 
 // wake then needs no identity push. It runs before the first request, so a
 // failure can only be logged.
 func (a *Agent) setClock(host time.Time) {
+	if a.opts.SetClock != nil {
+		a.opts.SetClock(host)
+		return
+	}
+	if a.opts.NoSystem {
+		return
+	}
 	ts := unix.NsecToTimespec(host.UnixNano())
 	if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
 		a.logf("set clock from the handshake: %v", err)

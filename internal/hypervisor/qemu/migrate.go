@@ -325,7 +325,7 @@ const convergeSyncs = 8
 const maxDowntimeMs = 2_000_000
 
 // waitMigration polls until the outgoing migration ends and returns the
-// bytes sent. A live save that has not converged after convergeSyncs passes
+// bytes sent. A live save that has not converged by convergeSyncs syncs
 // is made to finish (see convergeSyncs).
 func (m *Machine) waitMigration(ctx context.Context, live bool) (int64, error) {
 	forced := false
@@ -352,7 +352,7 @@ func (m *Machine) waitMigration(ctx context.Context, live bool) (int64, error) {
 		}
 		if live && !forced && s.RAM.Syncs >= convergeSyncs {
 			forced = true
-			m.logSave("live save: the guest still dirtied memory faster than it was written after %d passes (%d MiB written); stopping it for the rest", s.RAM.Syncs, s.RAM.Transferred>>20)
+			m.logSave("live save: the guest still dirtied memory faster than it was written after %d dirty-bitmap syncs (%d MiB written); stopping it for the rest", s.RAM.Syncs, s.RAM.Transferred>>20)
 			if _, err := m.qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"downtime-limit": maxDowntimeMs}); err != nil {
 				m.logSave("live save: raising the downtime limit: %v", err) // it goes on as it was
 			}
