@@ -1,43 +1,33 @@
 package vm
 
 import (
-	"bytes"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the service's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestWakeSetsClockInHandshake: a wake gives the agent the clock in the
 // handshake and pushes no identity; a create pushes one.
 func TestWakeSetsClockInHandshake(t *testing.T) {
 	e := newFakeEnv(t)
-	var logs lockedBuffer
+	logf, err := os.Create(filepath.Join(t.TempDir(), "daemon.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
 	e.s.Close()
-	e.cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	e.cfg.Log = slog.New(slog.NewTextHandler(logf, nil))
 	e.s = e.newService()
 	v := e.create("w")
 	launched := func() []string {
+		b, err := os.ReadFile(logf.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
 		var out []string
-		for _, l := range strings.Split(logs.String(), "\n") {
+		for _, l := range strings.Split(string(b), "\n") {
 			if strings.Contains(l, "msg=launched vm="+v.ID) {
 				out = append(out, l)
 			}
