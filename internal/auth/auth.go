@@ -320,6 +320,22 @@ func (s *Service) List(ctx context.Context, vmID string) ([]api.Token, error) {
 	return out, nil
 }
 
+// Keys are the principals of the live tokens that reach the VM vmID: its
+// own and the stored admin keys.
+func (s *Service) Keys(ctx context.Context, vmID string) ([]*Principal, error) {
+	ts, err := s.store.ListTokens(ctx, "", s.now())
+	if err != nil {
+		return nil, err
+	}
+	var out []*Principal
+	for _, t := range ts {
+		if p := principalOf(t); t.VMID == vmID || (p.Admin && t.VMID == "") {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
 // Revoke deletes a token; store.ErrNotFound if unknown. The connections
 // opened with it (see Track) are closed too: a revoke that only stopped new
 // logins would leave an attacker's open shell running.

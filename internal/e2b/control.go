@@ -197,7 +197,7 @@ func timeoutOf(sec *int64, def time.Duration) (time.Duration, error) {
 	return time.Duration(*sec) * time.Second, nil
 }
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
 	var req createRequest
 	if !decode(w, r, &req) {
 		return
@@ -276,7 +276,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, _ *auth.Principa
 		apiError(w, http.StatusInternalServerError, "record sandbox: %v", err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.sandboxJSON(v, sb))
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(v, sb, p))
 }
 
 // sandbox is the answer of create, connect and fork.
@@ -290,9 +290,10 @@ type sandbox struct {
 	Alias           string `json:"alias,omitempty"`
 }
 
-func (s *Server) sandboxJSON(v *store.VM, sb *store.Sandbox) sandbox {
+// sandboxJSON is the answer for caller p, whose key the envd token is bound to.
+func (s *Server) sandboxJSON(v *store.VM, sb *store.Sandbox, p *auth.Principal) sandbox {
 	return sandbox{TemplateID: sb.TemplateID, SandboxID: v.Name, ClientID: clientID, EnvdVersion: EnvdVersion,
-		EnvdAccessToken: s.envdToken(v.ID), Domain: s.cfg.Domain}
+		EnvdAccessToken: s.envdToken(v.ID, p), Domain: s.cfg.Domain}
 }
 
 type lifecycle struct {
@@ -324,7 +325,8 @@ type detail struct {
 // crashed VM is started again by connect).
 func paused(v *store.VM) bool { return v.State != store.StateRunning }
 
-func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, full bool) detail {
+func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, p *auth.Principal) detail {
+	full := p != nil
 	d := detail{TemplateID: sb.TemplateID, SandboxID: v.Name, ClientID: clientID, StartedAt: v.CreatedAt, EndAt: sb.EndAt,
 		EnvdVersion: EnvdVersion, CPUCount: v.CPUs, MemoryMB: v.MemoryMiB, DiskSizeMB: v.DiskBytes >> 20,
 		State: "running", Metadata: sb.Metadata}
@@ -343,7 +345,7 @@ func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, full bool) detail {
 		d.Metadata = map[string]string{}
 	}
 	if full {
-		d.EnvdAccessToken, d.Domain = s.envdToken(v.ID), s.cfg.Domain
+		d.EnvdAccessToken, d.Domain = s.envdToken(v.ID, p), s.cfg.Domain
 		d.Lifecycle = &lifecycle{OnTimeout: "kill"}
 		if sb.AutoPause {
 			d.Lifecycle.OnTimeout = "pause"
@@ -357,7 +359,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, p *auth.Principal)
 	if !ok {
 		return
 	}
-	writeJSON(w, http.StatusOK, s.detailJSON(v, sb, true))
+	writeJSON(w, http.StatusOK, s.detailJSON(v, sb, p))
 }
 
 // metadataFilter parses the list's metadata query: a form-encoded string
@@ -453,7 +455,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, _ *auth.Principal)
 		if err != nil {
 			continue
 		}
-		d := s.detailJSON(v, sb, false)
+		d := s.detailJSON(v, sb, nil)
 		if len(states) > 0 && !states[d.State] {
 			continue
 		}
@@ -552,8 +554,8 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, p *auth.Principal
 		vmError(w, err)
 		return
 	}
-	// A paused sandbox does not time out; connect sets a new end.
-	s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Time{})
+	// A paused sandbox does not time out (expire skips it) and keeps its
+	// end: the connect that resumes it extends that.
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -581,13 +583,16 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 		}
 		status = http.StatusCreated
 	}
-	// Connect only ever extends the end.
-	if end := time.Now().Add(d); d > 0 && (sb.EndAt.IsZero() || end.After(sb.EndAt)) {
+	// Connect only ever extends an end: a sandbox without one keeps none,
+	// and a shorter timeout than what is left changes nothing (a scoped
+	// key must not shorten a life, which only kill and the timeout
+	// endpoint, both the admin's, may do).
+	if end := time.Now().Add(d); d > 0 && !sb.EndAt.IsZero() && end.After(sb.EndAt) {
 		sb.EndAt = end
 		if err := s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, end); err != nil {
 			vmError(w, err)
 			return
 		}
 	}
-	writeJSON(w, status, s.sandboxJSON(v, sb))
+	writeJSON(w, status, s.sandboxJSON(v, sb, p))
 }

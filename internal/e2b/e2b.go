@@ -6,10 +6,7 @@ package e2b
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -48,6 +45,8 @@ type VMs interface {
 	ForkWith(ctx context.Context, idOrName string, o vm.ForkOptions) (*vm.ForkResult, error)
 	Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error)
 	Hold(id string) func()
+	// Event records what happened to a VM, and who did it.
+	Event(vmID, typ, actor, format string, args ...any)
 }
 
 // Config configures the E2B layer.
@@ -59,8 +58,9 @@ type Config struct {
 	// domain with the proxy's port, e.g. localhost:7080, so that the SDK's
 	// getHost(port) names a working preview host.
 	Domain string
-	// Key signs envd access tokens (HMAC of the VM id): stable across
-	// restarts, never stored.
+	// Key signs envd access tokens (HMAC of the VM id and the id of the
+	// API key they were given to, envdtoken.go): stable across restarts,
+	// never stored.
 	Key []byte
 	// Forward, when set, may pass a request about sandbox v, made by p,
 	// to the cluster node that runs it, and reports whether it did.
@@ -97,13 +97,6 @@ func New(cfg Config) *Server {
 
 // SetDomain sets the domain sandboxes report (known once the proxy listens).
 func (s *Server) SetDomain(d string) { s.cfg.Domain = d }
-
-// envdToken is the access token of a sandbox's envd.
-func (s *Server) envdToken(vmID string) string {
-	m := hmac.New(sha256.New, s.cfg.Key)
-	m.Write([]byte("envd:" + vmID))
-	return hex.EncodeToString(m.Sum(nil))[:40]
-}
 
 const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 
@@ -164,16 +157,15 @@ func (s *Server) expire(ctx context.Context, sb *store.Sandbox) {
 		s.cfg.Store.DeleteSandbox(ctx, sb.VMID)
 		return
 	}
+	// A paused sandbox does not time out; it keeps its end, which a
+	// connect that resumes it moves (connect only extends an end).
+	if v.State == store.StateSuspended || v.State == store.StatePaused {
+		return
+	}
 	if sb.AutoPause {
-		if paused(v) {
-			s.cfg.Store.SetSandboxEnd(ctx, sb.VMID, time.Time{})
-			return
-		}
 		if _, err := s.cfg.VMs.Suspend(vm.WithActor(ctx, "e2b timeout"), sb.VMID); err != nil {
 			s.log.Warn("e2b: auto-pause at timeout failed", "vm", sb.VMID, "err", err)
-			return
 		}
-		s.cfg.Store.SetSandboxEnd(ctx, sb.VMID, time.Time{})
 		return
 	}
 	if err := s.cfg.VMs.Delete(vm.WithActor(ctx, "e2b timeout"), sb.VMID); err != nil {

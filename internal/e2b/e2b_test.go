@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
 )
 
@@ -48,7 +49,8 @@ func TestSandboxIDs(t *testing.T) {
 		seen[id] = true
 	}
 	s := New(Config{Key: []byte("k")})
-	if a, b := s.envdToken("vm-1"), s.envdToken("vm-2"); a == b || len(a) != 40 || a != s.envdToken("vm-1") {
+	k := &auth.Principal{TokenID: "k1"}
+	if a, b := s.envdToken("vm-1", k), s.envdToken("vm-2", k); a == b || a != s.envdToken("vm-1", k) || a == s.envdToken("vm-1", auth.Admin) || !strings.HasPrefix(a, "k1.") {
 		t.Fatalf("envd tokens %q %q", a, b)
 	}
 }

@@ -2,11 +2,10 @@ package e2b
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"github.com/agentvm/agentvm/internal/image"
+	"fmt"
 	"io"
 	"net/http"
 	"path"
@@ -14,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -26,6 +27,7 @@ import (
 type envdCall struct {
 	s    *Server
 	vm   *store.VM
+	p    *auth.Principal // the key the envd token or signature is bound to
 	user string
 	g    *guest.Client
 	ka   time.Duration // keepalive interval of streams
@@ -74,10 +76,25 @@ func portClosed(w http.ResponseWriter, id string, port int) {
 // record is not looked up a second time on this hot path.
 func (s *Server) Envd(w http.ResponseWriter, r *http.Request, v *store.VM) {
 	signed := r.URL.Path == "/files" && r.URL.Query().Has("signature") && r.Header.Get("X-Access-Token") == ""
-	if !signed && subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(s.envdToken(v.ID))) != 1 {
-		envdHTTPError(w, http.StatusUnauthorized, "invalid or missing X-Access-Token: use the sandbox's envdAccessToken")
+	var p *auth.Principal
+	var err error
+	if signed {
+		p, err = s.signer(r, v.ID)
+	} else {
+		p, err = s.envdPrincipal(r.Context(), v.ID, r.Header.Get("X-Access-Token"))
+	}
+	if err != nil {
+		envdAuthError(w, err)
 		return
 	}
+	// Tracked under its key: a revoke or expiry ends the request, and any
+	// stream it holds open, at once.
+	w, r, done, err := s.cfg.Tokens.TrackHTTP(w, r, p)
+	if err != nil {
+		envdHTTPError(w, http.StatusTooManyRequests, err.Error())
+		return
+	}
+	defer done()
 	if r.URL.Path == "/health" {
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -92,7 +109,7 @@ func (s *Server) Envd(w http.ResponseWriter, r *http.Request, v *store.VM) {
 		notFound(w, v.Name)
 		return
 	}
-	c := &envdCall{s: s, vm: v, user: user, g: g, ka: keepalive(r)}
+	c := &envdCall{s: s, vm: v, p: p, user: user, g: g, ka: keepalive(r)}
 	switch r.URL.Path {
 	case "/files":
 		switch r.Method {
@@ -251,6 +268,8 @@ func (c *envdCall) start(ctx context.Context, req *startRequest, st *stream) err
 	if err != nil {
 		return guestRPCError(err)
 	}
+	// Who ran what as whom, as the native exec records it.
+	c.s.cfg.VMs.Event(c.vm.ID, "exec", actor(c.p), "envd: %s (user %s)", strings.Join(ps.Argv, " "), c.user)
 	return c.relay(ctx, ps2, st)
 }
 
@@ -558,11 +577,9 @@ func (p Proxy) Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port i
 	if port != image.CodeInterpreterPort || v.Image != image.CodeInterpreter || path.Clean("/"+r.URL.Path) != "/execute" {
 		return true
 	}
-	if subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(p.envdToken(v.ID))) == 1 {
-		return true
+	if _, err := p.envdPrincipal(r.Context(), v.ID, r.Header.Get("X-Access-Token")); err != nil {
+		envdAuthError(w, fmt.Errorf("running code needs the sandbox's envdAccessToken: %w", err))
+		return false
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(http.StatusUnauthorized)
-	io.WriteString(w, "invalid or missing X-Access-Token: running code needs the sandbox's envdAccessToken\n")
-	return false
+	return true
 }

@@ -4,7 +4,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/agentvm/agentvm/internal/guest"
 )
@@ -50,30 +48,6 @@ func signature(path, op, user, token string, exp int64) string {
 	}
 	sum := sha256.Sum256([]byte(raw))
 	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
-}
-
-// checkSignature verifies a signed file URL; it answers the request itself
-// when the signature does not hold.
-func (c *envdCall) checkSignature(w http.ResponseWriter, r *http.Request, op string) bool {
-	q := r.URL.Query()
-	var exp int64
-	if e := q.Get("signature_expiration"); e != "" {
-		var err error
-		if exp, err = strconv.ParseInt(e, 10, 64); err != nil || exp <= 0 {
-			envdHTTPError(w, http.StatusBadRequest, "bad signature_expiration")
-			return false
-		}
-		if time.Now().Unix() > exp {
-			envdHTTPError(w, http.StatusUnauthorized, "signature is already expired")
-			return false
-		}
-	}
-	want := signature(q.Get("path"), op, q.Get("username"), c.s.envdToken(c.vm.ID), exp)
-	if subtle.ConstantTimeCompare([]byte(q.Get("signature")), []byte(want)) != 1 {
-		envdHTTPError(w, http.StatusUnauthorized, "invalid signature")
-		return false
-	}
-	return true
 }
 
 // fileUser is the user of a file request: the username parameter, or the
@@ -115,9 +89,6 @@ func fileHTTPError(w http.ResponseWriter, err error) {
 }
 
 func (c *envdCall) download(w http.ResponseWriter, r *http.Request, signed bool) {
-	if signed && !c.checkSignature(w, r, "read") {
-		return
-	}
 	p := r.URL.Query().Get("path")
 	if p == "" {
 		envdHTTPError(w, http.StatusBadRequest, "path is required")
@@ -160,9 +131,6 @@ type writeInfo struct {
 }
 
 func (c *envdCall) upload(w http.ResponseWriter, r *http.Request, signed bool) {
-	if signed && !c.checkSignature(w, r, "write") {
-		return
-	}
 	// X-Metadata-<key>: value headers become the files' metadata.
 	var meta map[string]string
 	for k, vs := range r.Header {

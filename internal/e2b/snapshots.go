@@ -150,7 +150,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, p *auth.Principal)
 			out = append(out, forkResult{Error: &apiErr{Code: http.StatusInternalServerError, Message: "record sandbox: " + err.Error()}})
 			continue
 		}
-		sbx := s.sandboxJSON(c, csb)
+		sbx := s.sandboxJSON(c, csb, p)
 		out = append(out, forkResult{Sandbox: &sbx})
 	}
 	writeJSON(w, http.StatusCreated, out)

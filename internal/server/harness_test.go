@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -14,9 +12,9 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/guest/guesttest"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
-	"github.com/hashicorp/yamux"
 )
 
 const testAdmin = "avm_admin"
@@ -85,29 +83,5 @@ func (ts *testServer) do(t *testing.T, method, path, secret string) *http.Respon
 	return resp
 }
 
-// fakeAgent serves h as a guest agent would, over an in-process pipe, and
-// returns the host's client for it.
-func fakeAgent(t *testing.T, h http.Handler) *guest.Client {
-	t.Helper()
-	hostSide, guestSide := net.Pipe()
-	go func() {
-		br := bufio.NewReaderSize(guestSide, guest.MaxHandshakeLine)
-		var hs guest.GuestHandshake
-		if _, err := hs.Scan(br, guestSide); err != nil {
-			return
-		}
-		sess, err := yamux.Server(readerConn{guestSide, br}, guest.YamuxConfig(false))
-		if err != nil {
-			return
-		}
-		http.Serve(sess, h)
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	gc, err := guest.NewClient(ctx, hostSide, guest.HandshakeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gc.Close() })
-	return gc
-}
+// fakeAgent serves h as a guest agent would (guesttest.Agent).
+func fakeAgent(t *testing.T, h http.Handler) *guest.Client { return guesttest.Agent(t, h) }

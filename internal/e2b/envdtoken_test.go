@@ -1,0 +1,239 @@
+package e2b
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/guest/guesttest"
+	"github.com/agentvm/agentvm/internal/store"
+)
+
+// envdVMs is the VM service as envd needs it: one sandbox whose agent is a
+// fake, and the events it records.
+type envdVMs struct {
+	VMs
+	g      *guest.Client
+	mu     sync.Mutex
+	events []string
+}
+
+func (f *envdVMs) Guest(ctx context.Context, ref string) (*store.VM, *guest.Client, error) {
+	return &store.VM{ID: ref}, f.g, nil
+}
+
+func (f *envdVMs) Event(vmID, typ, actor, format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, typ+" "+actor+" "+format)
+}
+
+type envdHarness struct {
+	s      *Server
+	tokens *auth.Service
+	vms    *envdVMs
+	url    string
+	vm     *store.VM
+}
+
+// newEnvdHarness serves envd for sandbox vm1 over a fake agent whose
+// process starts stream until the request ends.
+func newEnvdHarness(t *testing.T) *envdHarness {
+	t.Helper()
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	agent := http.NewServeMux()
+	agent.HandleFunc("POST "+guest.PathProcs, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.Write([]byte(`{"type":"start","pid":7}` + "\n"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	h := &envdHarness{tokens: auth.New(st, "admin-secret"), vms: &envdVMs{g: guesttest.Agent(t, agent)}, vm: &store.VM{ID: "vm1", Name: "sb1"}}
+	h.s = New(Config{VMs: h.vms, Store: st, Tokens: h.tokens, Key: []byte("key")})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.s.Envd(w, r, h.vm) }))
+	t.Cleanup(srv.Close)
+	h.url = srv.URL
+	return h
+}
+
+func (h *envdHarness) key(t *testing.T, vmID string, req api.CreateTokenRequest) *auth.Principal {
+	t.Helper()
+	tok, err := h.tokens.Create(context.Background(), vmID, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := h.tokens.Authenticate(context.Background(), tok.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (h *envdHarness) health(t *testing.T, tok string) int {
+	t.Helper()
+	req, _ := http.NewRequest("GET", h.url+"/health", nil)
+	req.Header.Set("X-Access-Token", tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func TestEnvdTokenBoundToKey(t *testing.T) {
+	h := newEnvdHarness(t)
+	ctx := context.Background()
+	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
+	tokA := h.s.envdToken("vm1", a)
+	if code := h.health(t, tokA); code != http.StatusNoContent {
+		t.Fatalf("a live exec key's envd token: %d", code)
+	}
+	if code := h.health(t, h.s.envdToken("vm1", auth.Admin)); code != http.StatusNoContent {
+		t.Fatalf("the admin's envd token: %d", code)
+	}
+	// The token of one sandbox opens no other, and the old form (an HMAC
+	// of the VM id alone) and forgeries are refused.
+	if code := h.health(t, h.s.envdToken("vm2", a)); code != http.StatusUnauthorized {
+		t.Fatalf("another sandbox's token: %d", code)
+	}
+	mac := tokA[strings.Index(tokA, ".")+1:]
+	for _, bad := range []string{"", mac, "admin." + mac, a.TokenID + ".x", "nokey." + h.s.envdMAC("vm1", "nokey")} {
+		if code := h.health(t, bad); code != http.StatusUnauthorized {
+			t.Fatalf("token %q: %d", bad, code)
+		}
+	}
+	// A key with a user limit, or without exec, never gets envd.
+	for _, req := range []api.CreateTokenRequest{{Allow: []string{api.PermExec}, User: "user"}, {Allow: []string{api.PermPreview, api.PermFiles}}} {
+		p := h.key(t, "vm1", req)
+		if code := h.health(t, h.s.envdToken("vm1", p)); code != http.StatusForbidden {
+			t.Fatalf("%+v: %d", req, code)
+		}
+	}
+	// Revoking the key ends its envd token, and a stream it opened before.
+	body := envelope(0, `{"process":{"cmd":"/bin/sleep","args":["1000"]}}`)
+	req, _ := http.NewRequest("POST", h.url+"/process.Process/Start", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("X-Access-Token", tokA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.Peek(5); err != nil { // the start event
+		t.Fatalf("stream: %v", err)
+	}
+	if err := h.tokens.Revoke(ctx, a.TokenID); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := br.ReadBytes(0xff) // reads until the stream ends
+		ended <- err
+	}()
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a stream opened with a revoked key's envd token is still open")
+	}
+	if code := h.health(t, tokA); code != http.StatusUnauthorized {
+		t.Fatalf("after revoke: %d", code)
+	}
+	h.vms.mu.Lock()
+	defer h.vms.mu.Unlock()
+	if len(h.vms.events) != 1 || !strings.HasPrefix(h.vms.events[0], "exec token:"+a.TokenID) {
+		t.Fatalf("events: %q", h.vms.events)
+	}
+}
+
+func TestSignedURLsDieWithTheirKey(t *testing.T) {
+	h := newEnvdHarness(t)
+	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
+	sign := func(p *auth.Principal, op string) *http.Request {
+		q := url.Values{"path": {"/home/user/x"}, "username": {"user"}}
+		q.Set("signature", signature("/home/user/x", op, "user", h.s.envdToken("vm1", p), 0))
+		method := "GET"
+		if op == "write" {
+			method = "POST"
+		}
+		return httptest.NewRequest(method, "/files?"+q.Encode(), nil)
+	}
+	for _, p := range []*auth.Principal{a, auth.Admin} {
+		if got, err := h.s.signer(sign(p, "read"), "vm1"); err != nil || got.TokenID != p.TokenID {
+			t.Fatalf("signed by %q: %v %v", p.TokenID, got, err)
+		}
+	}
+	// A read signature does not write.
+	r := sign(a, "read")
+	r.Method = "POST"
+	if _, err := h.s.signer(r, "vm1"); err == nil {
+		t.Fatal("a read signature wrote")
+	}
+	if err := h.tokens.Revoke(context.Background(), a.TokenID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.s.signer(sign(a, "read"), "vm1"); err == nil {
+		t.Fatal("a revoked key's signed URL still works")
+	}
+}
+
+func (f *envdVMs) Get(ctx context.Context, ref string) (*store.VM, error) {
+	return &store.VM{ID: "vm1", Name: "sb1", State: store.StateRunning}, nil
+}
+
+// TestConnectOnlyExtends: a connect with a short timeout neither shortens
+// a sandbox's end nor gives an end to one that has none.
+func TestConnectOnlyExtends(t *testing.T) {
+	h := newEnvdHarness(t)
+	ctx := context.Background()
+	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
+	connect := func(timeout string) {
+		t.Helper()
+		r := httptest.NewRequest("POST", "/sandboxes/sb1/connect", strings.NewReader(`{"timeout":`+timeout+`}`))
+		r.SetPathValue("id", "sb1")
+		w := httptest.NewRecorder()
+		h.s.connect(w, r, a)
+		if w.Code != http.StatusOK {
+			t.Fatalf("connect: %d %s", w.Code, w.Body)
+		}
+	}
+	end := func() time.Time {
+		sb, err := h.s.cfg.Store.GetSandbox(ctx, "vm1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.EndAt
+	}
+	if err := h.s.cfg.Store.PutSandbox(ctx, &store.Sandbox{VMID: "vm1", TemplateID: "base", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	connect("1")
+	if e := end(); !e.IsZero() {
+		t.Fatalf("a sandbox without an end got one: %v", e)
+	}
+	later := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	h.s.cfg.Store.SetSandboxEnd(ctx, "vm1", later)
+	connect("1")
+	if e := end(); !e.Equal(later) {
+		t.Fatalf("connect moved the end from %v to %v", later, e)
+	}
+	connect("7200")
+	if e := end(); !e.After(later) {
+		t.Fatalf("a longer connect did not extend: %v", e)
+	}
+}
