@@ -94,7 +94,7 @@ PGPASSWORD=qa psql -q -h 127.0.0.1 -U qa -d qa -c "create table items (id serial
 		}
 		return nil
 	})
-	tok, err := c.CreateToken(b.ctx, api.CreateTokenRequest{VM: "qa", Allow: []string{api.PermPreview, api.PermDisplay}})
+	tok, err := c.CreateToken(b.ctx, api.CreateTokenRequest{VM: "qa", Allow: []string{api.PermPreview, api.PermExec, api.PermDisplay}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -261,7 +261,7 @@ const appURL = "http://localhost:8000/"
 
 func (b *browserRun) driveOverCDP(t *testing.T) {
 	c := b.s.Client
-	preview, err := c.CreateToken(b.ctx, api.CreateTokenRequest{VM: "b1", Allow: []string{api.PermPreview}})
+	previewOnly, err := c.CreateToken(b.ctx, api.CreateTokenRequest{VM: "b1", Allow: []string{api.PermPreview}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,11 +269,17 @@ func (b *browserRun) driveOverCDP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The DevTools port is private: no token, or one without preview, is refused.
+	preview, err := c.CreateToken(b.ctx, api.CreateTokenRequest{VM: "b1", Allow: []string{api.PermPreview, api.PermExec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The DevTools port is private: no token, or one without preview, is
+	// refused; and it listens on the guest's loopback, which only a token
+	// that may also run commands reaches (DevTools runs code as the user).
 	for _, tc := range []struct {
 		token string
 		want  int
-	}{{"", http.StatusUnauthorized}, {execOnly.Secret, http.StatusForbidden}, {preview.Secret, http.StatusOK}} {
+	}{{"", http.StatusUnauthorized}, {execOnly.Secret, http.StatusForbidden}, {previewOnly.Secret, http.StatusBadGateway}, {preview.Secret, http.StatusOK}} {
 		req, _ := http.NewRequestWithContext(b.ctx, "GET", "http://"+b.proxy+"/json/version", nil)
 		req.Host = strings.TrimPrefix(b.cdpURL("b1"), "http://")
 		if tc.token != "" {

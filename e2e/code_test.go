@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"image/png"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -237,6 +239,43 @@ func TestCodeInterpreter(t *testing.T) {
 		lc := &client.Client{BaseURL: s.URL, Token: limited.Secret, HTTP: http.DefaultClient}
 		if _, err := lc.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "1"}, nil); !isStatus(err, http.StatusForbidden) {
 			t.Fatalf("a token limited to user agent ran code: %v", err)
+		}
+		// Through the preview proxy (Host 49999-<vm>), the server, which
+		// listens on the guest's loopback, is reached only by a token that
+		// may run commands as any user: a preview-only token, even with
+		// files, gets a 502 and no code run.
+		h, err := c.Health(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		previewExec := func(secret string) (int, string) {
+			req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+h.Proxy+"/execute", strings.NewReader(`{"code":"import os; os.getuid()"}`))
+			req.Host = fmt.Sprintf("%d-ci.%s", 49999, h.Domain)
+			req.Header.Set("Authorization", "Bearer "+secret)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		for _, allow := range [][]string{{api.PermPreview}, {api.PermPreview, api.PermFiles}} {
+			tok, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: allow})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code, body := previewExec(tok.Secret); code != http.StatusBadGateway || !strings.Contains(body, "exec permission") {
+				t.Fatalf("a %v token through the preview proxy's /execute: %d %s", allow, code, body)
+			}
+		}
+		pe, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: []string{api.PermPreview, api.PermExec}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, body := previewExec(pe.Secret); code != 200 || !strings.Contains(body, "1000") {
+			t.Fatalf("a preview+exec token through the preview proxy's /execute: %d %s", code, body)
 		}
 		// Inside the VM, the server answers root (the agent relays for the
 		// host) and its own user, not other users.

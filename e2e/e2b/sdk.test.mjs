@@ -188,6 +188,19 @@ test('getHost reaches a server in the sandbox', async () => {
   const closed = await get(sbx.getHost(8001), '/')
   assert.equal(closed.status, 502)
   assert.match(closed.body, /port is not open/)
+  // A server on the sandbox's loopback only (as DevTools and the code
+  // interpreter are) is not public: it needs the sandbox's traffic (or
+  // envd) access token, which a shared preview URL does not carry.
+  await sbx.commands.run('cd /tmp && python3 -m http.server 8002 --bind 127.0.0.1', { background: true, timeoutMs: 0 })
+  await waitFor('the loopback server', async () => (await sbx.commands.run('curl -sf http://127.0.0.1:8002/index.html')).stdout === 'served\n', 60_000)
+  const anon = await get(sbx.getHost(8002), '/index.html')
+  assert.equal(anon.status, 502)
+  assert.match(anon.body, /port is not open/)
+  assert.ok(sbx.trafficAccessToken, 'create answers a trafficAccessToken')
+  const withToken = await get(sbx.getHost(8002), '/index.html', { 'E2B-Traffic-Access-Token': sbx.trafficAccessToken })
+  assert.equal(withToken.body, 'served\n')
+  const forgedTraffic = await get(sbx.getHost(8002), '/index.html', { 'E2B-Traffic-Access-Token': 'admin.' + '0'.repeat(40) })
+  assert.equal(forgedTraffic.status, 401)
 })
 
 test('info, list, timeout, metrics', async () => {

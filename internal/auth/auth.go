@@ -74,6 +74,16 @@ func (p *Principal) Can(vmID, perm string) error {
 	return nil
 }
 
+// ReachesLoopback reports whether p may reach the servers that listen only
+// on the VM's own loopback (the agent dials them from inside the guest):
+// the admin, or exec with no user limit. Such servers trust the guest's
+// users (DevTools, the code interpreter, a VNC server, a dev server's debug
+// port) and run code for whoever reaches them, so nothing weaker than
+// unlimited exec may.
+func (p *Principal) ReachesLoopback(vmID string) bool {
+	return p != nil && (p.Admin || (p.Can(vmID, api.PermExec) == nil && p.User == ""))
+}
+
 // RunPerms are the permissions that run programs in a VM. Every program the
 // agent starts gets the VM's environment, and can list processes and read
 // their command lines, so a token holding any of these can already learn

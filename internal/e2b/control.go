@@ -286,14 +286,18 @@ type sandbox struct {
 	ClientID        string `json:"clientID"`
 	EnvdVersion     string `json:"envdVersion"`
 	EnvdAccessToken string `json:"envdAccessToken"`
-	Domain          string `json:"domain,omitempty"`
-	Alias           string `json:"alias,omitempty"`
+	// TrafficAccessToken opens the servers on the sandbox's loopback
+	// through its preview host (the code interpreter, DevTools); the
+	// code-interpreter SDKs send it on every call.
+	TrafficAccessToken string `json:"trafficAccessToken"`
+	Domain             string `json:"domain,omitempty"`
+	Alias              string `json:"alias,omitempty"`
 }
 
 // sandboxJSON is the answer for caller p, whose key the envd token is bound to.
 func (s *Server) sandboxJSON(v *store.VM, sb *store.Sandbox, p *auth.Principal) sandbox {
 	return sandbox{TemplateID: sb.TemplateID, SandboxID: v.Name, ClientID: clientID, EnvdVersion: EnvdVersion,
-		EnvdAccessToken: s.envdToken(v.ID, p), Domain: s.cfg.Domain}
+		EnvdAccessToken: s.envdToken(v.ID, p), TrafficAccessToken: s.trafficToken(v.ID, p), Domain: s.cfg.Domain}
 }
 
 type lifecycle struct {

@@ -569,17 +569,37 @@ func (p Proxy) Serve(w http.ResponseWriter, r *http.Request, v *store.VM) { p.En
 func (Proxy) NotFound(w http.ResponseWriter, ref string)                  { notFound(w, ref) }
 func (Proxy) PortClosed(w http.ResponseWriter, ref string, port int)      { portClosed(w, ref, port) }
 
+// Principal is the key behind the envd or traffic access token a request
+// for another port of sandbox v carries (X-Access-Token, or
+// E2B-Traffic-Access-Token, which the code-interpreter SDKs send on every
+// call): with one, the caller reaches the sandbox's loopback too (DevTools,
+// the code interpreter, VNC), as with the envd token it can run anything
+// anyway. Without one the port is public, as E2B's are, on the sandbox's
+// address only. A token that does not hold is refused, not ignored.
+func (p Proxy) Principal(w http.ResponseWriter, r *http.Request, v *store.VM) (*auth.Principal, bool) {
+	purpose, tok := purposeTraffic, r.Header.Get("E2B-Traffic-Access-Token")
+	if tok == "" {
+		purpose, tok = purposeEnvd, r.Header.Get("X-Access-Token")
+	}
+	if tok == "" {
+		return nil, true
+	}
+	pr, err := p.tokenPrincipal(r.Context(), purpose, v.ID, tok)
+	if err != nil {
+		envdAuthError(w, err)
+		return nil, false
+	}
+	return pr, true
+}
+
 // Allow guards the code interpreter: its /execute runs code, so it needs
-// the sandbox's envdAccessToken, which E2B's code-interpreter SDKs send on
-// it (their context calls carry none, and only manage kernels). Other ports
-// are public, as E2B's are.
-func (p Proxy) Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port int) bool {
-	if port != image.CodeInterpreterPort || v.Image != image.CodeInterpreter || path.Clean("/"+r.URL.Path) != "/execute" {
+// the sandbox's access token, which E2B's code-interpreter SDKs send on it.
+// The interpreter listens on the guest's loopback, so every call of its
+// needs one (Principal); /execute gets the clearer refusal.
+func (p Proxy) Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port int, loopback bool) bool {
+	if loopback || port != image.CodeInterpreterPort || v.Image != image.CodeInterpreter || path.Clean("/"+r.URL.Path) != "/execute" {
 		return true
 	}
-	if _, err := p.envdPrincipal(r.Context(), v.ID, r.Header.Get("X-Access-Token")); err != nil {
-		envdAuthError(w, fmt.Errorf("running code needs the sandbox's envdAccessToken: %w", err))
-		return false
-	}
-	return true
+	envdAuthError(w, fmt.Errorf("%w: running code needs the sandbox's envdAccessToken or trafficAccessToken", errEnvdToken))
+	return false
 }

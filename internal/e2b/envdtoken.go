@@ -40,16 +40,33 @@ func keyRef(p *auth.Principal) string {
 	return p.TokenID
 }
 
-func (s *Server) envdMAC(vmID, ref string) string {
+// The purposes of a token: envd runs anything; traffic opens the servers
+// on the sandbox's loopback through its preview host (which run code too,
+// so both are checked alike, but one does not open the other's door).
+const (
+	purposeEnvd    = "envd"
+	purposeTraffic = "traffic"
+)
+
+func (s *Server) mac(purpose, vmID, ref string) string {
 	m := hmac.New(sha256.New, s.cfg.Key)
-	m.Write([]byte("envd:" + vmID + ":" + ref))
+	m.Write([]byte(purpose + ":" + vmID + ":" + ref))
 	return hex.EncodeToString(m.Sum(nil))[:40]
 }
+
+// envdMAC is the MAC of an envd token.
+func (s *Server) envdMAC(vmID, ref string) string { return s.mac(purposeEnvd, vmID, ref) }
 
 // envdToken is the envd access token of sandbox vmID for the key of p.
 func (s *Server) envdToken(vmID string, p *auth.Principal) string {
 	ref := keyRef(p)
-	return ref + "." + s.envdMAC(vmID, ref)
+	return ref + "." + s.mac(purposeEnvd, vmID, ref)
+}
+
+// trafficToken is the traffic access token of sandbox vmID for the key of p.
+func (s *Server) trafficToken(vmID string, p *auth.Principal) string {
+	ref := keyRef(p)
+	return ref + "." + s.mac(purposeTraffic, vmID, ref)
 }
 
 // actor names p in a VM's events, as the native API does.
@@ -64,8 +81,14 @@ func actor(p *auth.Principal) string {
 // was given to, as that key is now. A key that is gone, expired, or no
 // longer allowed to run commands in the sandbox gives an error.
 func (s *Server) envdPrincipal(ctx context.Context, vmID, tok string) (*auth.Principal, error) {
+	return s.tokenPrincipal(ctx, purposeEnvd, vmID, tok)
+}
+
+// tokenPrincipal checks a token of the purpose for sandbox vmID and returns
+// the key it was given to, as envdPrincipal does.
+func (s *Server) tokenPrincipal(ctx context.Context, purpose, vmID, tok string) (*auth.Principal, error) {
 	ref, mac, ok := strings.Cut(tok, ".")
-	if !ok || ref == "" || subtle.ConstantTimeCompare([]byte(mac), []byte(s.envdMAC(vmID, ref))) != 1 {
+	if !ok || ref == "" || subtle.ConstantTimeCompare([]byte(mac), []byte(s.mac(purpose, vmID, ref))) != 1 {
 		return nil, errEnvdToken
 	}
 	claim := "token:" + ref

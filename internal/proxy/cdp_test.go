@@ -135,3 +135,8 @@ func TestRewriteCDPJSON(t *testing.T) {
 		t.Fatal("bad JSON accepted")
 	}
 }
+
+// DialGuest: the VMs' ports listen on their address.
+func (f imageVMs) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
+	return f.DialPort(ctx, id, port)
+}

@@ -92,3 +92,7 @@ func FuzzPreviewHost(f *testing.F) {
 		}
 	})
 }
+
+func (v anyVMs) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
+	return v.DialPort(ctx, id, port)
+}

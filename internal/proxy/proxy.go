@@ -28,8 +28,12 @@ import (
 // VMs is what the proxy needs from the VM service.
 type VMs interface {
 	Get(ctx context.Context, idOrName string) (*store.VM, error)
-	// DialPort connects to a TCP port inside a VM, waking it first.
+	// DialPort connects to a TCP port inside a VM, waking it first: on
+	// its network address, or else on the guest's loopback (loopback.go).
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+	// DialGuest connects to a TCP port on the VM's network address only,
+	// waking it first; vm.ErrNoListener when nothing listens there.
+	DialGuest(ctx context.Context, id string, port int) (net.Conn, error)
 	// Hold marks the VM in use until the returned func is called (idle policy).
 	Hold(id string) func()
 }
@@ -46,9 +50,14 @@ type Compat interface {
 	Serve(w http.ResponseWriter, r *http.Request, v *store.VM)
 	NotFound(w http.ResponseWriter, ref string)
 	PortClosed(w http.ResponseWriter, ref string, port int)
-	// Allow vets a request for another port of a VM it owns; when it
-	// refuses, it has answered.
-	Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port int) bool
+	// Principal is the key behind the layer's own credential that r
+	// carries, when that key may reach the VM's loopback (nil when r
+	// carries none); when it refuses r, it has answered.
+	Principal(w http.ResponseWriter, r *http.Request, v *store.VM) (*auth.Principal, bool)
+	// Allow vets a request for another port of a VM it owns, by a caller
+	// who may reach the VM's loopback or not; when it refuses, it has
+	// answered.
+	Allow(w http.ResponseWriter, r *http.Request, v *store.VM, port int, loopback bool) bool
 }
 
 // Config configures a Proxy.
@@ -121,6 +130,17 @@ type target struct {
 	port   int
 	compat bool // a VM the compatibility layer owns
 	cdp    bool // the browser image's DevTools port (cdp.go)
+	// loopback: the caller may reach servers on the guest's loopback
+	// (loopback.go).
+	loopback bool
+}
+
+// host is the transport's address for t.
+func (t target) host() string {
+	if t.loopback {
+		return t.vm.ID + hostLoopback + ":" + strconv.Itoa(t.port)
+	}
+	return t.vm.ID + hostAddress + ":" + strconv.Itoa(t.port)
 }
 
 // New binds the listener.
@@ -150,7 +170,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(ctxKey{}).(target)
-			pr.SetURL(&url.URL{Scheme: "http", Host: t.vm.ID + ".vm:" + strconv.Itoa(t.port)})
+			pr.SetURL(&url.URL{Scheme: "http", Host: t.host()})
 			pr.Out.Host = pr.In.Host // the app sees the preview host it was called by
 			if t.cdp {
 				pr.Out.Host = cdpHost
@@ -228,15 +248,6 @@ func (p *Proxy) Close() error {
 	}
 	p.tcpMu.Unlock()
 	return err
-}
-
-func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
-	host, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	port, _ := strconv.Atoi(portStr)
-	return p.cfg.VMs.DialPort(ctx, strings.TrimSuffix(host, ".vm"), port)
 }
 
 // route finds the VM and port a request is for.
@@ -353,10 +364,29 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 		c.Serve(w, r, v)
 		return true
 	}
-	if !c.Allow(w, r, v, port) {
+	// Its ports are public, but its loopback is reached only with the
+	// layer's own credential or an agentvm token that may (loopback.go),
+	// tracked under its key.
+	pr := p.callerReachesLoopback(r, v)
+	if pr == nil {
+		var ok bool
+		if pr, ok = c.Principal(w, r, v); !ok {
+			return true
+		}
+	}
+	if pr != nil {
+		var done func()
+		var err error
+		if w, r, done, err = p.cfg.Auth.TrackHTTP(w, r, pr); err != nil {
+			page(w, http.StatusTooManyRequests, "Too Many Requests", err.Error())
+			return true
+		}
+		defer done()
+	}
+	if !c.Allow(w, r, v, port, pr != nil) {
 		return true
 	}
-	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port)}))
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port), loopback: pr != nil}))
 	return true
 }
 
@@ -376,13 +406,16 @@ func (p *Proxy) hostRef(r *http.Request) (int, string) {
 	return port, ref
 }
 
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.serve(w, r, false) }
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.serve(w, r, false, false) }
 
 // ServeForwarded serves a preview request another cluster node forwarded
-// (Config.Forward there) after it checked the caller's token itself.
-func (p *Proxy) ServeForwarded(w http.ResponseWriter, r *http.Request) { p.serve(w, r, true) }
+// (Config.Forward there) after it checked the caller's token itself, and
+// found whether the caller may reach the VM's loopback (Loopback).
+func (p *Proxy) ServeForwarded(w http.ResponseWriter, r *http.Request, loopback bool) {
+	p.serve(w, r, true, loopback)
+}
 
-func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized bool) {
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopback bool) {
 	v, port, status, msg := p.route(r)
 	if !authorized && p.cfg.Compat != nil && p.serveCompat(w, r, p.cfg.Compat, v, port) {
 		return
@@ -403,7 +436,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized bool) {
 		http.Redirect(w, r, sameHostTarget(r.URL, q), http.StatusFound)
 		return
 	}
-	if !authorized && !p.public(r.Context(), v.ID, port) {
+	public := !authorized && p.public(r.Context(), v.ID, port)
+	if public {
+		// A port the admin made public is served as a private one is to
+		// the admin: the port record is the grant.
+		loopback = true
+	}
+	if !authorized && !public {
 		pr, err := p.cfg.Auth.Authenticate(r.Context(), secret(r))
 		if err != nil {
 			page(w, http.StatusUnauthorized, "Unauthorized", fmt.Sprintf("port %d of %s is private: send Authorization: Bearer <token> (a token with the preview permission), or open the URL once with ?%s=<token>; `agentvm expose %s %d --public` makes it public", port, v.Name, TokenParam, v.Name, port))
@@ -413,6 +452,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized bool) {
 			page(w, http.StatusForbidden, "Forbidden", strings.TrimPrefix(err.Error(), auth.ErrForbidden.Error()+": "))
 			return
 		}
+		loopback = pr.ReachesLoopback(v.ID)
 		// Revoking or expiring the token ends its open streams and
 		// WebSockets too, not only its next request.
 		var done func()
@@ -422,7 +462,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized bool) {
 		}
 		defer done()
 	}
-	if !authorized && p.cfg.Forward != nil && p.cfg.Forward(w, r, v) {
+	if !authorized && p.cfg.Forward != nil && p.cfg.Forward(w, withLoopback(r, loopback), v) {
 		return
 	}
 	if !vm.Reachable(v.State) {
@@ -430,7 +470,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized bool) {
 		return
 	}
 	defer p.cfg.VMs.Hold(v.ID)() // preview traffic keeps the VM awake
-	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port)}))
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port), loopback: loopback}))
 }
 
 // sameHostTarget is where a URL that carried a token redirects to: its path
@@ -470,6 +510,8 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	switch {
+	case errors.Is(err, errAddressOnly):
+		page(w, http.StatusBadGateway, "Nothing is listening on the VM's address", fmt.Sprintf("nothing is listening on port %d on the network address of %s. A server bound only to the guest's loopback (127.0.0.1) is served only to a token with the exec permission and no user limit, since such servers trust whoever reaches them: start it on 0.0.0.0:%d to preview it with this token", t.port, name, t.port))
 	case errors.Is(err, vm.ErrNoListener):
 		page(w, http.StatusBadGateway, "Nothing is listening", fmt.Sprintf("nothing is listening on port %d in %s (start your server on 0.0.0.0:%d or 127.0.0.1:%d)", t.port, name, t.port, t.port))
 	case (errors.Is(err, vm.ErrConflict) || errors.Is(err, vm.ErrUnavailable)) && !errors.Is(err, vm.ErrGuestDial):

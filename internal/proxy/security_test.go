@@ -16,10 +16,12 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
-// fakeVMs is one running VM ("web", id vm1) whose ports are all backend.
-type fakeVMs struct{ backend string }
+// fakeVMs is one running VM ("web", id vm1) whose ports are all backend,
+// on its address; or, when lo is set, on its loopback only.
+type fakeVMs struct{ backend, lo string }
 
 func (f fakeVMs) Get(_ context.Context, ref string) (*store.VM, error) {
 	if ref != "web" && ref != "vm1" {
@@ -28,7 +30,18 @@ func (f fakeVMs) Get(_ context.Context, ref string) (*store.VM, error) {
 	return &store.VM{ID: "vm1", Name: "web", State: "running"}, nil
 }
 
-func (f fakeVMs) DialPort(ctx context.Context, _ string, _ int) (net.Conn, error) {
+func (f fakeVMs) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	if f.lo != "" {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", f.lo)
+	}
+	return f.DialGuest(ctx, id, port)
+}
+
+func (f fakeVMs) DialGuest(ctx context.Context, _ string, port int) (net.Conn, error) {
+	if f.backend == "" {
+		return nil, fmt.Errorf("%w: port %d: connection refused", vm.ErrNoListener, port)
+	}
 	var d net.Dialer
 	return d.DialContext(ctx, "tcp", f.backend)
 }
@@ -37,13 +50,22 @@ func (fakeVMs) Hold(string) func() { return func() {} }
 
 func newTestProxy(t *testing.T, backend string) (*Proxy, *auth.Service) {
 	t.Helper()
+	return newProxyOn(t, fakeVMs{backend: backend}, nil)
+}
+
+func newProxyOn(t *testing.T, vms VMs, c Compat) (*Proxy, *auth.Service) {
+	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
 	as := auth.New(st, "avm_admin")
-	p, err := New(Config{Listen: "127.0.0.1:0", Domain: "localhost", Auth: as, Store: st, VMs: fakeVMs{backend}})
+	cfg := Config{Listen: "127.0.0.1:0", Domain: "localhost", Auth: as, Store: st, VMs: vms}
+	if c != nil {
+		cfg.Compat, cfg.CompatPort = c, 49983
+	}
+	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

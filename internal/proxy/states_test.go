@@ -121,3 +121,8 @@ func TestPreviewInEveryState(t *testing.T) {
 		}
 	}
 }
+
+// DialGuest: the VM's ports listen on its address.
+func (f *stateVMs) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
+	return f.DialPort(ctx, id, port)
+}

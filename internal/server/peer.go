@@ -16,6 +16,7 @@ import (
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/cluster"
 	"github.com/agentvm/agentvm/internal/e2b"
+	"github.com/agentvm/agentvm/internal/proxy"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
@@ -48,8 +49,9 @@ type previewKey struct{}
 // node's proxy checked, or a request of the E2B layer (envd), which the
 // owner's proxy serves as its own, checking its credentials there.
 const (
-	previewChecked = "1"
-	previewCompat  = "compat"
+	previewChecked  = "1"
+	previewLoopback = "loopback" // checked, and the caller may reach the VM's loopback (proxy.Loopback)
+	previewCompat   = "compat"
 )
 
 // forwarded reports whether r came from another node.
@@ -188,7 +190,7 @@ func (s *Server) peerAuth(next http.Handler) http.Handler {
 				s.proxy.ServeHTTP(w, r)
 				return
 			}
-			s.proxy.ServeForwarded(w, r)
+			s.proxy.ServeForwarded(w, r, mode == previewLoopback)
 			return
 		}
 		p, err := s.tokens.Claimed(r.Context(), r.Header.Get(principalHeader))
@@ -255,6 +257,9 @@ func (s *Server) otherLiveNode(id string) *store.Node {
 // forwardPreview passes a preview request for another node's VM to that
 // node's preview proxy (proxy.Config.Forward).
 func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, v *store.VM) bool {
+	if proxy.Loopback(r) {
+		return s.forwardToProxy(w, r, v, previewLoopback)
+	}
 	return s.forwardToProxy(w, r, v, previewChecked)
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
 // tcpVM connects the caller to a TCP port inside the VM, dialed through the VM's
@@ -30,15 +32,32 @@ func (s *Server) tcpVM(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, "this endpoint needs Upgrade: "+api.TCPUpgrade)
 		return
 	}
-	if p := principal(r); port == image.CodeInterpreterPort && p.User != "" && p.User != codeUser {
-		// The code interpreter runs code as its user: the same rule as /code.
-		if v, err := s.svc.Get(r.Context(), r.PathValue("id")); err == nil && v.Image == image.CodeInterpreter {
-			writeError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf(
-				"this token is limited to user %q; the code interpreter on port %d runs code as %q", p.User, port, codeUser))
-			return
-		}
+	v, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
 	}
-	gc, err := s.svc.DialPort(r.Context(), r.PathValue("id"), port)
+	// The guest's loopback is reached from the agent, as root: only for a
+	// token that may act as any user there (auth.Principal.ReachesLoopback),
+	// or one limited to the user the code interpreter runs code as, for
+	// that port (the same rule as /code).
+	p := principal(r)
+	codeInterp := port == image.CodeInterpreterPort && v.Image == image.CodeInterpreter
+	if codeInterp && p.User != "" && p.User != codeUser {
+		writeError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf(
+			"this token is limited to user %q; the code interpreter on port %d runs code as %q", p.User, port, codeUser))
+		return
+	}
+	dial := s.svc.DialGuest
+	if p.ReachesLoopback(v.ID) || codeInterp {
+		dial = s.svc.DialPort
+	}
+	gc, err := dial(r.Context(), v.ID, port)
+	if errors.Is(err, vm.ErrNoListener) && !p.ReachesLoopback(v.ID) {
+		writeError(w, http.StatusBadGateway, api.CodeUnavailable, fmt.Sprintf(
+			"nothing listens on port %d on the address of %s; this token is limited to user %q, so it does not reach servers bound only to the guest's loopback (the agent dials them as root)", port, v.Name, p.User))
+		return
+	}
 	if err != nil {
 		writeErr(w, err)
 		return

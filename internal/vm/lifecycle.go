@@ -240,6 +240,9 @@ func (s *Service) DialGuest(ctx context.Context, idOrName string, port int) (net
 		return nil, err
 	}
 	c, err := in.net.DialGuest(ctx, port)
+	if errors.Is(err, network.ErrRefused) {
+		return nil, fmt.Errorf("%w: %w: %w: connect to port %d on the address of %s: %w", ErrUnavailable, ErrGuestDial, ErrNoListener, port, v.Name, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w: connect to port %d in %s: %w", ErrUnavailable, ErrGuestDial, port, v.Name, err)
 	}
