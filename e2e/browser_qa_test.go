@@ -222,7 +222,9 @@ func toolText(r *sdk.CallToolResult) string {
 
 // liveView opens the display on its own in the web console (#/display/b1)
 // signed in with a token that may only use the display, checks that the
-// noVNC canvas shows the screen, and types into the page through it.
+// noVNC canvas shows the screen and that keys typed into it do not reach
+// the VM (the display permission is view-only), then with a token that may
+// also run commands, whose keys do.
 func (b *browserRun) liveView(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -231,26 +233,53 @@ func (b *browserRun) liveView(t *testing.T) {
 	if resp, err := http.Get(b.s.URL + "/"); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("GET / = %v %v: the console is not built into this binary (run scripts/setup.sh, or: cd web && npm ci && npm run build)", resp, err)
 	}
-	tok, err := b.s.Client.CreateToken(b.ctx, api.CreateTokenRequest{VM: "b1", Allow: []string{api.PermDisplay}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	before := b.cdp(t, b.cdpURL("b1"), b.s.Token, appURL, "state")
 	// The page's field has the focus in the VM's browser.
 	b.cdp(t, b.cdpURL("b1"), b.s.Token, appURL, "type", "")
+	for _, tc := range []struct {
+		allow []string
+		keys  string
+		shot  string
+	}{
+		{[]string{api.PermDisplay}, " blocked", "console-live-view"},
+		{[]string{api.PermDisplay, api.PermExec}, " via vnc", "console-live-view-typed"},
+	} {
+		tok, err := b.s.Client.CreateToken(b.ctx, api.CreateTokenRequest{VM: "b1", Allow: tc.allow})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Each view stays open to the end: the first one's keys are on
+		// the wire long before the second view has connected.
+		defer b.typeInLiveView(t, chromium, tok.Secret, tc.keys, tc.shot)()
+	}
+	// Only the second token's keys reached the page: the first view's were
+	// dropped on the host.
+	b.eventually(t, "the keys in the VM's page", time.Minute, func() error {
+		st := b.cdp(t, b.cdpURL("b1"), b.s.Token, appURL, "state")
+		if strings.Contains(st.Name, "blocked") {
+			t.Fatalf("keys typed into a display-only live view reached the VM's page: field %q", st.Name)
+		}
+		if st.Name != before.Name+" via vnc" {
+			return fmt.Errorf("field %q", st.Name)
+		}
+		return nil
+	})
+}
 
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
-	defer cancel()
+// typeInLiveView signs in to the console's live view of b1 with secret in a
+// fresh browser, waits for the screen in the canvas and types keys into it.
+// The returned func closes the browser.
+func (b *browserRun) typeInLiveView(t *testing.T, chromium, secret, keys, shot string) func() {
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Minute)
 	actx, acancel := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000),
 		chromedp.Flag("disable-gpu", true), chromedp.Flag("disable-dev-shm-usage", true))...)
-	defer acancel()
 	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer bcancel()
+	closeAll := func() { bcancel(); acancel(); cancel() }
 	c := &consoleRun{t: t, s: b.s, ctx: bctx, dir: b.art, meas: map[string]any{}}
 	start := time.Now()
 	c.run("open the display page", chromedp.Navigate(b.s.URL+"/#/display/b1"), chromedp.WaitVisible(`input[name="token"]`, chromedp.ByQuery))
-	c.run("sign in with a display token", chromedp.KeyEvent(tok.Secret+"\r"))
+	c.run("sign in with a display token", chromedp.KeyEvent(secret+"\r"))
 	c.waitJS("the live view connects", `document.querySelector('[data-display-status]')?.textContent === 'Live: b1'`, 2*time.Minute)
 	// noVNC draws the framebuffer into its canvas: wait until it shows the app.
 	c.waitJS("the screen in the canvas", `(() => {
@@ -259,16 +288,8 @@ func (b *browserRun) liveView(t *testing.T) {
 		for (let i = 0; i < d.length; i += 4 * 7) { seen.add(d[i] << 16 | d[i+1] << 8 | d[i+2]); if (d[i] > 180 && d[i+1] < 90 && d[i+2] < 90) red++; }
 		return seen.size > 30 && red > 500; })()`, 2*time.Minute)
 	b.measure("live_view_open_to_screen_s", time.Since(start).Seconds())
-	c.screenshot("console-live-view")
-	// Keys typed into the view reach the browser in the VM.
 	c.run("focus the view", chromedp.Evaluate(`document.querySelector('.display canvas').focus()`, nil))
-	c.run("type through VNC", chromedp.KeyEvent(" via vnc"))
-	b.eventually(t, "the keys in the VM's page", time.Minute, func() error {
-		st := b.cdp(t, b.cdpURL("b1"), b.s.Token, appURL, "state")
-		if st.Name != before.Name+" via vnc" {
-			return fmt.Errorf("field %q", st.Name)
-		}
-		return nil
-	})
-	c.screenshot("console-live-view-typed")
+	c.run("type through VNC", chromedp.KeyEvent(keys))
+	c.screenshot(shot)
+	return closeAll
 }

@@ -113,14 +113,26 @@ func (s *Server) vncVM(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	nc := websocket.NetConn(ctx, ws, websocket.MessageBinary)
 	who, start := actor(r), time.Now()
-	s.svc.Event(v.ID, "display", who, "opened the live view")
+	// The display permission shows the screen; typing, clicking and
+	// pasting into it (a browser can open file:///etc/agentvm/env) need a
+	// token that may run commands as any user.
+	input := principal(r).ReachesLoopback(v.ID)
+	mode := "view only"
+	if input {
+		mode = "with input"
+	}
+	s.svc.Event(v.ID, "display", who, "opened the live view (%s)", mode)
 	done := make(chan struct{})
 	go func() {
 		io.Copy(nc, conn) // the VNC server's side, until it closes
 		cancel()
 		close(done)
 	}()
-	io.Copy(conn, nc) // the viewer's side, until it leaves
+	if input {
+		io.Copy(conn, nc) // the viewer's side, until it leaves
+	} else if err := display.ViewOnly(conn, nc); err != nil {
+		s.log.Info("live view: the viewer's stream ended", "vm", v.ID, "err", err)
+	}
 	conn.Close()
 	<-done
 	ws.Close(websocket.StatusNormalClosure, "")
