@@ -306,6 +306,10 @@ type ExecResult struct {
 	// the streaming modes have no such cap.
 	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool `json:"stderr_truncated,omitempty"`
+	// TruncatedBy says why output was cut: "cap" (16 MiB per stream) or
+	// "memory_budget" (the daemon-wide budget, serve --memory-budget, was
+	// in use by other requests: stream the output instead).
+	TruncatedBy string `json:"truncated_by,omitempty"`
 }
 
 // Health is returned by GET /v1/health (no auth).

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/server"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -23,7 +24,7 @@ func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var noWarm bool
 	var warmImages []string
-	var tlsMode string
+	var tlsMode, memBudget string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the agentvm daemon",
@@ -38,6 +39,19 @@ func serveCmd() *cobra.Command {
 				cfg.TLSAuto = true
 			default:
 				return fmt.Errorf("--tls: want auto (or --tls-cert/--tls-key), got %q", tlsMode)
+			}
+			switch strings.ToLower(strings.TrimSpace(memBudget)) {
+			case "0", "off", "none", "unlimited":
+				cfg.MemoryBudget = -1
+			default:
+				n, err := api.ParseSize(memBudget)
+				if err != nil {
+					return fmt.Errorf("--memory-budget: %w", err)
+				}
+				if n < 64<<20 {
+					return fmt.Errorf("--memory-budget: %s is less than 64 MiB, too little for one screenshot (0 or off: unlimited)", memBudget)
+				}
+				cfg.MemoryBudget = int64(n)
 			}
 			for _, name := range warmImages {
 				if _, err := image.Resolve(name); err != nil {
@@ -106,6 +120,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.PeerListen, "peer-listen", os.Getenv("AGENTVM_PEER_LISTEN"), "with --cluster: the node-to-node listener other nodes forward requests to, TLS with the cluster CA's certificates both ways (default 127.0.0.1:0; listen on an address the other nodes reach, e.g. 0.0.0.0:7071, whose host part is then --advertise's)")
 	f.StringVar(&cfg.Objects, "objects", os.Getenv("AGENTVM_OBJECTS"), "keep snapshots in an S3-compatible object store too, s3://BUCKET[/PREFIX][?endpoint=http://HOST:PORT&region=R] (keys from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; endpoint default AWS_ENDPOINT_URL or AWS): any node of a cluster with the same QEMU and accelerator then restores them, also after their node is lost")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 0, "the node's lease in the cluster (default 15s): renewed every third of it; the node kills its VMs a quarter of it before a lease it could not renew may run out")
+	f.StringVar(&memBudget, "memory-budget", envOr("AGENTVM_MEMORY_BUDGET", "1G"), "the most that requests may hold in the daemon's memory at once, across all tokens (buffered exec output, screenshots), e.g. 512M or 2G; past it they are refused with 503 or keep less, saying why (0 or off: unlimited)")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the templates of --warm-images at start-up")
 	return c
 }

@@ -36,7 +36,12 @@ const (
 
 // DecodeXWD reads a true-colour ZPixmap XWD image (what Xvfb writes at
 // depth 15, 16 or 24) into RGBA.
-func DecodeXWD(r io.Reader) (*image.RGBA, error) {
+func DecodeXWD(r io.Reader) (*image.RGBA, error) { return DecodeXWDReserving(r, nil) }
+
+// DecodeXWDReserving is DecodeXWD, calling reserve with the image's size
+// once the header is checked and before the image is allocated: an error
+// from it ends the decode (the caller's memory budget has no room).
+func DecodeXWDReserving(r io.Reader, reserve func(width, height int) error) (*image.RGBA, error) {
 	var h xwdHeader
 	if err := binary.Read(r, binary.BigEndian, &h); err != nil {
 		return nil, fmt.Errorf("xwd header: %w", err)
@@ -65,6 +70,11 @@ func DecodeXWD(r io.Reader) (*image.RGBA, error) {
 	// Skip the window name and the colour map: a true-colour image does not use it.
 	if _, err := io.CopyN(io.Discard, r, int64(h.HeaderSize)-100+int64(h.NColors)*12); err != nil {
 		return nil, fmt.Errorf("xwd header: %w", err)
+	}
+	if reserve != nil {
+		if err := reserve(w, ht); err != nil {
+			return nil, err
+		}
 	}
 	chans := [3]channel{newChannel(h.RedMask), newChannel(h.GreenMask), newChannel(h.BlueMask)}
 	img := image.NewRGBA(image.Rect(0, 0, w, ht))

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/budget"
 	"github.com/agentvm/agentvm/internal/display"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/image"
@@ -64,20 +64,35 @@ func (s *Server) screenshotVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer rc.Close()
-	img, err := display.DecodeXWD(io.LimitReader(rc, maxFramebuffer))
+	// The decoded screen, its scaled copy and the PNG encoder's rows are
+	// taken from the daemon's memory budget before they are allocated.
+	var release func()
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	img, err := display.DecodeXWDReserving(io.LimitReader(rc, maxFramebuffer), func(width, height int) error {
+		px := int64(width) * int64(height) * 4
+		var err error
+		release, err = s.mem.Take(px+int64(float64(px)*scale*scale)+1<<20, "a screenshot")
+		return err
+	})
+	if errors.Is(err, budget.ErrExhausted) {
+		writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadGateway, api.CodeUnavailable, fmt.Sprintf("the display of %s: %v", v.Name, err))
 		return
 	}
-	var b bytes.Buffer
-	if err := display.EncodePNG(&b, display.Scale(img, scale)); err != nil {
-		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
-		return
-	}
+	// Straight into the response: a PNG of a noisy screen is as large as
+	// the screen, and holding it would double what the budget counts.
 	w.Header().Set("Content-Type", "image/png")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Length", strconv.Itoa(b.Len()))
-	w.Write(b.Bytes())
+	if err := display.EncodePNG(w, display.Scale(img, scale)); err != nil {
+		s.log.Info("screenshot: writing the PNG", "vm", v.ID, "err", err)
+	}
 }
 
 // vncVM carries the display's RFB (VNC) stream over a WebSocket, one binary

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/budget"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/image"
 )
@@ -73,6 +74,16 @@ func TestScreenshot(t *testing.T) {
 	display := ts.token(t, api.CreateTokenRequest{Allow: []string{api.PermDisplay}})
 	if resp, _ := get("/v1/vms/web/screenshot", display.Secret); resp.StatusCode != 200 {
 		t.Fatalf("with display: %d", resp.StatusCode)
+	}
+	// A screenshot takes the screen's size from the daemon's memory
+	// budget before it decodes it, and gives it back.
+	ts.mem = budget.New(512 << 10)
+	if resp, body := get("/v1/vms/web/screenshot", testAdmin); resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(body, []byte("memory budget")) {
+		t.Fatalf("over the budget: %d %s", resp.StatusCode, body)
+	}
+	ts.mem = budget.New(8 << 20)
+	if resp, _ := get("/v1/vms/web/screenshot", testAdmin); resp.StatusCode != 200 || ts.mem.Used() != 0 {
+		t.Fatalf("within the budget: %d, %d bytes still held", resp.StatusCode, ts.mem.Used())
 	}
 	// A VM without a display: 409 naming the image that has one.
 	fb = nil

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/budget"
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/vm"
 )
@@ -74,7 +76,18 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	upgrade := strings.EqualFold(r.Header.Get("Upgrade"), api.ExecUpgrade)
+	streamed := strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") || r.URL.Query().Get("stream") == "1" || r.URL.Query().Get("stream") == "true"
 	greq.Stdin = upgrade || req.Stdin != ""
+	if !upgrade && !streamed {
+		// A buffered exec holds its output: refused before it runs when
+		// the daemon's memory budget has no room left for it.
+		rel, err := s.mem.Take(2*budgetChunk, "a buffered exec")
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error()+", or stream the output (Accept: application/x-ndjson)")
+			return
+		}
+		rel()
+	}
 	vmRec, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
@@ -106,12 +119,12 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case upgrade:
 		s.execUpgraded(w, stream)
-	case strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") || r.URL.Query().Get("stream") == "1" || r.URL.Query().Get("stream") == "true":
+	case streamed:
 		go feedStdin(stream, req.Stdin)
 		execNDJSON(w, r, stream)
 	default:
 		go feedStdin(stream, req.Stdin)
-		execBuffered(w, r, stream)
+		execBuffered(w, r, stream, s.mem)
 	}
 }
 
@@ -224,21 +237,50 @@ const maxBufferedOutput = 16 << 20
 // cappedBuffer keeps the first max bytes written to it and discards the
 // rest, still reporting every write as complete: the exec stream must be
 // drained to the exit frame, or the guest's process would block on a full
-// pipe instead of running to its end (or its timeout).
+// pipe instead of running to its end (or its timeout). What it keeps is
+// taken from the daemon's memory budget a chunk at a time; when the budget
+// is spent it keeps no more, and says so.
 type cappedBuffer struct {
 	b         strings.Builder
 	max       int
 	truncated bool
+	by        string // why it truncated: "cap" or "memory_budget"
+	mem       *budget.Memory
+	held      int // bytes of the budget taken
+	releases  []func()
 }
+
+// budgetChunk is how much of the budget a buffer takes at a time.
+const budgetChunk = 1 << 20
 
 func (c *cappedBuffer) Write(p []byte) (int, error) {
 	n := len(p)
 	if room := c.max - c.b.Len(); len(p) > room {
-		c.truncated = true
+		c.truncated, c.by = true, "cap"
+		p = p[:max(room, 0)]
+	}
+	for c.b.Len()+len(p) > c.held && c.by != "memory_budget" {
+		rel, err := c.mem.Take(budgetChunk, "a buffered exec's output")
+		if err != nil {
+			c.truncated, c.by = true, "memory_budget"
+			break
+		}
+		c.releases = append(c.releases, rel)
+		c.held += budgetChunk
+	}
+	if room := c.held - c.b.Len(); c.by == "memory_budget" && len(p) > room {
 		p = p[:max(room, 0)]
 	}
 	c.b.Write(p)
 	return n, nil
+}
+
+// release gives the buffer's share of the budget back.
+func (c *cappedBuffer) release() {
+	for _, rel := range c.releases {
+		rel()
+	}
+	c.releases = nil
 }
 
 // execWaiter is the part of *guest.ExecStream a buffered exec uses.
@@ -247,9 +289,12 @@ type execWaiter interface {
 	Close() error
 }
 
-func execBuffered(w http.ResponseWriter, r *http.Request, st execWaiter) {
+func execBuffered(w http.ResponseWriter, r *http.Request, st execWaiter, mem *budget.Memory) {
 	go func() { <-r.Context().Done(); st.Close() }()
-	out, errb := &cappedBuffer{max: maxBufferedOutput}, &cappedBuffer{max: maxBufferedOutput}
+	out := &cappedBuffer{max: maxBufferedOutput, mem: mem}
+	errb := &cappedBuffer{max: maxBufferedOutput, mem: mem}
+	defer out.release()
+	defer errb.release()
 	es, err := st.Wait(out, errb)
 	var ee *guest.ExecError
 	if err != nil && !errors.As(err, &ee) {
@@ -261,8 +306,37 @@ func execBuffered(w http.ResponseWriter, r *http.Request, st execWaiter) {
 		// explains the failure, e.g. "command not found".
 		errb.b.WriteString(ee.Message + "\n")
 	}
-	writeJSON(w, 200, api.ExecResult{Stdout: out.b.String(), Stderr: errb.b.String(), ExitCode: es.ExitCode, Signal: es.Signal,
-		TimedOut: es.TimedOut, DurationMs: es.DurationMS, StdoutTruncated: out.truncated, StderrTruncated: errb.truncated})
+	by := out.by
+	if errb.by == "memory_budget" || by == "" {
+		by = errb.by
+	}
+	writeExecResult(w, api.ExecResult{Stdout: out.b.String(), Stderr: errb.b.String(), ExitCode: es.ExitCode, Signal: es.Signal,
+		TimedOut: es.TimedOut, DurationMs: es.DurationMS, StdoutTruncated: out.truncated, StderrTruncated: errb.truncated, TruncatedBy: by})
+}
+
+// writeExecResult answers res as JSON, escaping its output straight into
+// the connection (writeJSONString) rather than into a copy in memory.
+func writeExecResult(w http.ResponseWriter, res api.ExecResult) {
+	stdout, stderr := res.Stdout, res.Stderr
+	res.Stdout, res.Stderr = "", ""
+	rest, err := json.Marshal(res)
+	tail, ok := strings.CutPrefix(string(rest), `{"stdout":"","stderr":"",`)
+	if err != nil || !ok {
+		res.Stdout, res.Stderr = stdout, stderr
+		writeJSON(w, http.StatusOK, res)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteString(`{"stdout":`)
+	writeJSONString(bw, stdout)
+	bw.WriteString(`,"stderr":`)
+	writeJSONString(bw, stderr)
+	bw.WriteByte(',')
+	bw.WriteString(tail)
+	bw.WriteByte('\n')
+	bw.Flush()
 }
 
 // describeCmd is the command of an exec request as one line (bounded).

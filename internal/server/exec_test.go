@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/budget"
 	"github.com/agentvm/agentvm/internal/guest"
 )
 
@@ -51,7 +52,7 @@ func TestExecBufferedCapsOutput(t *testing.T) {
 			defer cancel()
 			rec := httptest.NewRecorder()
 			req := httptest.NewRequestWithContext(ctx, "POST", "/v1/vms/x/exec", nil)
-			execBuffered(rec, req, &floodExec{t: t, stdout: tc.stdout, stderr: "warning\n"})
+			execBuffered(rec, req, &floodExec{t: t, stdout: tc.stdout, stderr: "warning\n"}, nil)
 			var res api.ExecResult
 			if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil {
 				t.Fatalf("%d %.200s: %v", rec.Code, rec.Body, err)
@@ -63,5 +64,45 @@ func TestExecBufferedCapsOutput(t *testing.T) {
 				t.Fatalf("stderr %q (truncated %v), exit %d", res.Stderr, res.StderrTruncated, res.ExitCode)
 			}
 		})
+	}
+}
+
+// nulExec writes n NUL bytes, which JSON escapes six times over.
+type nulExec struct{ n int }
+
+func (f nulExec) Wait(stdout, stderr io.Writer) (*guest.ExitStatus, error) {
+	stdout.Write(make([]byte, f.n))
+	return &guest.ExitStatus{}, nil
+}
+
+func (nulExec) Close() error { return nil }
+
+// A buffered exec takes what it keeps from the daemon's memory budget: with
+// the budget held by others it keeps less and says why, gives back what it
+// took, and its output is escaped into the response, not into a copy.
+func TestExecBufferedBudget(t *testing.T) {
+	mem := budget.New(8 << 20)
+	other, err := mem.Take(5<<20, "another request")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	execBuffered(rec, httptest.NewRequest("POST", "/v1/vms/x/exec", nil), &floodExec{t: t, stdout: 12 << 20, stderr: "warning\n"}, mem)
+	var res api.ExecResult
+	if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil {
+		t.Fatalf("%.200s: %v", rec.Body, err)
+	}
+	if !res.StdoutTruncated || res.TruncatedBy != "memory_budget" || len(res.Stdout) > 3<<20 || len(res.Stdout) == 0 || res.ExitCode != 3 {
+		t.Fatalf("kept %d bytes, truncated %v by %q, exit %d", len(res.Stdout), res.StdoutTruncated, res.TruncatedBy, res.ExitCode)
+	}
+	if mem.Used() != 5<<20 {
+		t.Fatalf("the exec kept %d bytes of the budget after it answered", mem.Used()-5<<20)
+	}
+	other()
+	rec = httptest.NewRecorder()
+	execBuffered(rec, httptest.NewRequest("POST", "/v1/vms/x/exec", nil), nulExec{4 << 20}, mem)
+	res = api.ExecResult{}
+	if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil || res.Stdout != string(make([]byte, 4<<20)) || res.StdoutTruncated || res.TruncatedBy != "" {
+		t.Fatalf("NUL output: %v, %d bytes, truncated %v %q", err, len(res.Stdout), res.StdoutTruncated, res.TruncatedBy)
 	}
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/budget"
 	"github.com/agentvm/agentvm/internal/cluster"
 	"github.com/agentvm/agentvm/internal/console"
 	"github.com/agentvm/agentvm/internal/e2b"
@@ -94,7 +95,11 @@ type Config struct {
 	// local CA in the data dir instead.
 	TLSCert, TLSKey string
 	TLSAuto         bool
-	Log             *slog.Logger
+	// MemoryBudget bounds what requests hold in the daemon's memory at once
+	// (buffered exec output, screenshots): 0 is budget.DefaultLimit, < 0
+	// unlimited.
+	MemoryBudget int64
+	Log          *slog.Logger
 }
 
 // DefaultDataDir is $AGENTVM_DATA_DIR or ~/.local/share/agentvm.
@@ -117,6 +122,9 @@ type Server struct {
 	proxy   *proxy.Proxy
 	e2b     *e2b.Server
 	metrics metrics
+	// mem is the daemon-wide memory budget of what requests hold (nil:
+	// unlimited; serve --memory-budget).
+	mem     *budget.Memory
 	console *console.Console // the web console (console.go)
 	usage   *vmstats.Sampler // each running VM's recent CPU and memory
 	lock    *os.File
@@ -183,6 +191,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("another agentvm server is already using data dir %s", cfg.DataDir)
 	}
 	s := &Server{cfg: cfg, lock: lock, log: cfg.Log, accel: accel}
+	switch {
+	case cfg.MemoryBudget == 0:
+		s.mem = budget.New(budget.DefaultLimit)
+	case cfg.MemoryBudget > 0:
+		s.mem = budget.New(cfg.MemoryBudget)
+	}
 	ok := false
 	defer func() {
 		if !ok {
