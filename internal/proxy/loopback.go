@@ -67,11 +67,7 @@ func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 // callerReachesLoopback authenticates the agentvm token a request carries,
 // if any, and reports the caller when it may reach the VM's loopback.
 func (p *Proxy) callerReachesLoopback(r *http.Request, v *store.VM) *auth.Principal {
-	sec := secret(r)
-	if sec == "" {
-		return nil
-	}
-	pr, err := p.cfg.Auth.Authenticate(r.Context(), sec)
+	pr, err := p.caller(r)
 	if err != nil || !pr.ReachesLoopback(v.ID) {
 		return nil
 	}

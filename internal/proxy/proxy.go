@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -73,6 +74,10 @@ type Config struct {
 	CompatPort int
 	// TLS, when set, makes the proxy HTTPS only (with HTTP/2 by ALPN).
 	TLS *tls.Config
+	// Key signs preview cookies (cookie.go): the same on every node of a
+	// cluster, so a cookie works wherever the preview host leads. Nil: a
+	// random key (cookies end with the process).
+	Key []byte
 	// Forward, when set, may serve a request for a VM that another
 	// cluster node runs, once this proxy has checked the caller (by
 	// passing it to that node, whose ServeForwarded serves it), and
@@ -93,6 +98,7 @@ type Proxy struct {
 	rp   *httputil.ReverseProxy
 	log  *slog.Logger
 	port string // the listener's port, for URLs
+	key  []byte // preview cookies' MAC key (cookie.go)
 
 	tcpMu sync.Mutex
 	tcp   map[tcpKey]*tcpListener
@@ -156,7 +162,11 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("preview proxy: listen %s: %w", cfg.Listen, err)
 	}
-	p := &Proxy{cfg: cfg, ln: ln, log: cfg.Log, tcp: map[tcpKey]*tcpListener{}}
+	p := &Proxy{cfg: cfg, ln: ln, log: cfg.Log, tcp: map[tcpKey]*tcpListener{}, key: cfg.Key}
+	if len(p.key) == 0 {
+		p.key = make([]byte, 32)
+		rand.Read(p.key)
+	}
 	_, p.port, _ = net.SplitHostPort(ln.Addr().String())
 	tr := &http.Transport{
 		DialContext:           p.dial,
@@ -177,6 +187,11 @@ func New(cfg Config) (*Proxy, error) {
 			}
 			pr.SetXForwarded()
 			stripToken(pr.Out)
+			if t.compat {
+				// The sandbox's own credentials, checked here (Compat.Principal).
+				pr.Out.Header.Del("X-Access-Token")
+				pr.Out.Header.Del("E2B-Traffic-Access-Token")
+			}
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			if t, _ := resp.Request.Context().Value(ctxKey{}).(target); t.cdp {
@@ -250,6 +265,17 @@ func (p *Proxy) Close() error {
 	return err
 }
 
+// statusNoVM is route's status for a preview host of a VM that does not
+// exist: a 404 only for a caller with a valid token (unknownVM).
+const statusNoVM = -http.StatusNotFound
+
+// unauthorizedMsg is what a caller without a valid token learns of a
+// private preview, or of one whose VM does not exist: the same words, so
+// that it cannot tell the two apart or learn a VM's name from its id.
+func unauthorizedMsg(port int) string {
+	return fmt.Sprintf("this preview (port %d) is private or does not exist: send Authorization: Bearer <token> (a token with the preview permission), or open the URL once with ?%s=<token>; `agentvm expose VM %d --public` makes a port public", port, TokenParam, port)
+}
+
 // route finds the VM and port a request is for.
 func (p *Proxy) route(r *http.Request) (*store.VM, int, int, string) {
 	host := strings.ToLower(r.Host)
@@ -265,7 +291,7 @@ func (p *Proxy) route(r *http.Request) (*store.VM, int, int, string) {
 		}
 		v, err := p.cfg.VMs.Get(r.Context(), ref)
 		if err != nil {
-			return nil, 0, http.StatusNotFound, fmt.Sprintf("no VM %q", ref)
+			return nil, 0, statusNoVM, fmt.Sprintf("no VM %q", ref)
 		}
 		return v, port, 0, ""
 	}
@@ -293,26 +319,34 @@ func (p *Proxy) public(ctx context.Context, vmID string, port int) bool {
 	return false
 }
 
-// secret is the token a preview request carries: Authorization, the
-// cookie, or (once) the query parameter.
-func secret(r *http.Request) string {
+// bearer is the agentvm token of a request's Authorization header ("" when
+// it carries none, or an app's own).
+func bearer(r *http.Request) string {
 	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		if t := strings.TrimSpace(h[7:]); strings.HasPrefix(t, auth.TokenPrefix) || strings.HasPrefix(t, "avm_") {
+		if t := strings.TrimSpace(h[7:]); agentvmSecret(t) {
 			return t
 		}
-	}
-	if c, err := r.Cookie(cookieName); err == nil {
-		return c.Value
 	}
 	return ""
 }
 
-// stripToken removes agentvm's credentials before the request reaches the app.
+// agentvmSecret reports whether t looks like one of agentvm's secrets: a
+// token, the admin token or an E2B API key.
+func agentvmSecret(t string) bool {
+	return strings.HasPrefix(t, auth.TokenPrefix) || strings.HasPrefix(t, "avm_") || strings.HasPrefix(t, auth.E2BPrefix)
+}
+
+// stripToken removes agentvm's credentials before the request reaches the
+// app: its bearer tokens and E2B keys, its cookies, and the token query
+// parameter (a request that still has it was not redirected, e.g. an E2B
+// sandbox's public port).
 func stripToken(r *http.Request) {
-	if h := r.Header.Get("Authorization"); len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		if t := strings.TrimSpace(h[7:]); strings.HasPrefix(t, auth.TokenPrefix) || strings.HasPrefix(t, "avm_") {
-			r.Header.Del("Authorization")
-		}
+	if bearer(r) != "" {
+		r.Header.Del("Authorization")
+	}
+	if q := r.URL.Query(); q.Has(TokenParam) {
+		q.Del(TokenParam)
+		r.URL.RawQuery = q.Encode()
 	}
 	if cs := r.Cookies(); len(cs) > 0 {
 		r.Header.Del("Cookie")
@@ -420,6 +454,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopba
 	if !authorized && p.cfg.Compat != nil && p.serveCompat(w, r, p.cfg.Compat, v, port) {
 		return
 	}
+	if v == nil && status == statusNoVM {
+		if _, err := p.caller(r); err != nil && !authorized {
+			hostPort, _ := p.hostRef(r)
+			page(w, http.StatusUnauthorized, "Unauthorized", unauthorizedMsg(hostPort))
+			return
+		}
+		status = http.StatusNotFound
+	}
 	if v == nil {
 		page(w, status, "Not found", msg)
 		return
@@ -427,11 +469,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopba
 	if q := r.URL.Query(); !authorized && q.Has(TokenParam) {
 		// Move the token into a cookie for this host and drop it from the URL.
 		tok := q.Get(TokenParam)
-		if pr, err := p.cfg.Auth.Authenticate(r.Context(), tok); err != nil || pr.Can(v.ID, "preview") != nil {
-			page(w, http.StatusUnauthorized, "Unauthorized", "this token does not open previews of "+v.Name)
+		pr, err := p.cfg.Auth.Authenticate(r.Context(), tok)
+		if err != nil || pr.Can(v.ID, "preview") != nil {
+			page(w, http.StatusUnauthorized, "Unauthorized", "this token does not open previews of this VM")
 			return
 		}
-		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
+		http.SetCookie(w, p.previewCookie(r, pr))
 		q.Del(TokenParam)
 		http.Redirect(w, r, sameHostTarget(r.URL, q), http.StatusFound)
 		return
@@ -443,9 +486,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopba
 		loopback = true
 	}
 	if !authorized && !public {
-		pr, err := p.cfg.Auth.Authenticate(r.Context(), secret(r))
+		pr, err := p.caller(r)
 		if err != nil {
-			page(w, http.StatusUnauthorized, "Unauthorized", fmt.Sprintf("port %d of %s is private: send Authorization: Bearer <token> (a token with the preview permission), or open the URL once with ?%s=<token>; `agentvm expose %s %d --public` makes it public", port, v.Name, TokenParam, v.Name, port))
+			page(w, http.StatusUnauthorized, "Unauthorized", unauthorizedMsg(port))
 			return
 		}
 		if err := pr.Can(v.ID, "preview"); err != nil {

@@ -11,28 +11,30 @@ import (
 func TestTokenHandling(t *testing.T) {
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("Authorization", "Bearer avt_abc")
-	r.Header.Set("Cookie", cookieName+"=avt_cookie; app=1")
-	if got := secret(r); got != "avt_abc" {
-		t.Fatalf("secret = %q", got)
+	r.Header.Set("Cookie", cookieName+"=v1.admin.1.x; app=1")
+	if got := bearer(r); got != "avt_abc" {
+		t.Fatalf("bearer = %q", got)
 	}
 	stripToken(r)
 	if r.Header.Get("Authorization") != "" || r.Header.Get("Cookie") != "app=1" {
 		t.Fatalf("after strip: %v", r.Header)
 	}
+	// E2B keys and the token query parameter are agentvm's too.
+	r = httptest.NewRequest("GET", "/p?a=1&"+TokenParam+"=avt_x", nil)
+	r.Header.Set("Authorization", "Bearer e2b_0123")
+	stripToken(r)
+	if r.Header.Get("Authorization") != "" || r.URL.RawQuery != "a=1" {
+		t.Fatalf("after strip: %v %q", r.Header, r.URL.RawQuery)
+	}
 	// an app's own bearer token is not agentvm's: it passes through
 	r = httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("Authorization", "Bearer app-jwt")
-	if secret(r) != "" {
+	if bearer(r) != "" {
 		t.Fatal("the app's token was taken for agentvm's")
 	}
 	stripToken(r)
 	if r.Header.Get("Authorization") != "Bearer app-jwt" {
 		t.Fatal("the app's Authorization header was removed")
-	}
-	r = httptest.NewRequest("GET", "/", nil)
-	r.Header.Set("Cookie", cookieName+"=avt_cookie")
-	if secret(r) != "avt_cookie" {
-		t.Fatal("cookie token")
 	}
 }
 

@@ -167,3 +167,82 @@ func TestRevokeEndsPreviewStream(t *testing.T) {
 		t.Fatal("the preview stream outlived the revoked token")
 	}
 }
+
+// The cookie ?agentvm_token= leaves holds no token, works only on its host
+// and only while its token lives.
+func TestPreviewCookie(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "cookie=%q auth=%q query=%q", r.Header.Get("Cookie"), r.Header.Get("Authorization"), r.URL.RawQuery)
+	}))
+	defer backend.Close()
+	p, as := newTestProxy(t, backend.Listener.Addr().String())
+	tok, err := as.Create(context.Background(), "vm1", api.CreateTokenRequest{Allow: []string{api.PermPreview}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("GET", "/?"+TokenParam+"="+tok.Secret, nil)
+	r.Host = "3000-web.localhost"
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, r)
+	cs := rec.Result().Cookies()
+	if rec.Code != http.StatusFound || len(cs) != 1 || strings.Contains(cs[0].Value, tok.Secret) || !cs[0].HttpOnly || cs[0].Secure {
+		t.Fatalf("%d cookies %+v", rec.Code, cs)
+	}
+	ck := cs[0]
+	do := func(host string) (int, string) {
+		r := httptest.NewRequest("GET", "/x?y=1", nil)
+		r.Host = host
+		r.AddCookie(ck)
+		r.AddCookie(&http.Cookie{Name: "app", Value: "1"})
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := do("3000-web.localhost"); code != 200 || body != `cookie="app=1" auth="" query="y=1"` {
+		t.Fatalf("with the cookie: %d %s", code, body)
+	}
+	if code, _ := do("3001-web.localhost"); code != http.StatusUnauthorized {
+		t.Fatalf("the cookie on another host: %d", code)
+	}
+	if err := as.Revoke(context.Background(), tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := do("3000-web.localhost"); code != http.StatusUnauthorized {
+		t.Fatalf("the cookie of a revoked token: %d", code)
+	}
+}
+
+// A caller without a valid token cannot tell a private preview from one of
+// a VM that does not exist, nor learn a VM's name from its id.
+func TestPreviewHidesVMs(t *testing.T) {
+	p, as := newTestProxy(t, "127.0.0.1:1")
+	get := func(host, secret string) (int, string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = host
+		if secret != "" {
+			r.Header.Set("Authorization", "Bearer "+secret)
+		}
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		return rec.Code, rec.Body.String()
+	}
+	c1, b1 := get("3000-vm1.localhost", "")
+	c2, b2 := get("3000-nosuchvm.localhost", "")
+	if c1 != http.StatusUnauthorized || c1 != c2 || b1 != b2 || strings.Contains(b1, "web") {
+		t.Fatalf("existing %d %q, missing %d %q", c1, b1, c2, b2)
+	}
+	tok, err := as.Create(context.Background(), "vm1", api.CreateTokenRequest{Allow: []string{api.PermPreview}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := get("3000-nosuchvm.localhost", tok.Secret); code != http.StatusNotFound {
+		t.Fatalf("a missing VM with a valid token: %d", code)
+	}
+	r := httptest.NewRequest("GET", "/?"+TokenParam+"=avt_wrong", nil)
+	r.Host = "3000-vm1.localhost"
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, r)
+	if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "web") {
+		t.Fatalf("a wrong token in the URL: %d %s", rec.Code, rec.Body)
+	}
+}

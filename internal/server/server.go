@@ -320,7 +320,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.proxy, err = proxy.New(proxy.Config{Listen: cfg.ProxyListen, Domain: cfg.Domain, Auth: s.tokens, Store: s.store, VMs: s.svc, Log: cfg.Log,
-			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg, Forward: s.forwardPreview, ForwardCompat: s.forwardCompat})
+			Compat: e2b.Proxy{Server: s.e2b}, CompatPort: e2b.EnvdPort, TLS: tlsCfg, Forward: s.forwardPreview, ForwardCompat: s.forwardCompat,
+			Key: ec.Key})
 		if err != nil {
 			return nil, err
 		}
