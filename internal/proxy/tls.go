@@ -77,6 +77,10 @@ func covers(ca *x509.Certificate, domain string, ips []net.IP) bool {
 	if len(ca.PermittedDNSDomains) != 1 || ca.PermittedDNSDomains[0] != domain {
 		return false
 	}
+	// Only server certificates: a CA from before this limit is made anew.
+	if len(ca.ExtKeyUsage) != 1 || ca.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth {
+		return false
+	}
 	for _, ip := range ips {
 		ok := false
 		for _, n := range ca.PermittedIPRanges {
@@ -95,6 +99,15 @@ func covers(ca *x509.Certificate, domain string, ips []net.IP) bool {
 // it trusts nothing else.
 func loadOrCreateCA(dir, domain string, ips []net.IP) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	// The key's mode is enforced on every start: a key another user could
+	// read (copied, restored from a backup) would let them sign for the
+	// preview domain.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, nil, err
+	}
+	if err := os.Chmod(keyPath, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, err
+	}
 	if ca, key, err := readCA(certPath, keyPath); err == nil && covers(ca, domain, ips) {
 		return ca, key, nil
 	}
@@ -121,6 +134,7 @@ func loadOrCreateCA(dir, domain string, ips []net.IP) (*x509.Certificate, *ecdsa
 		BasicConstraintsValid:       true,
 		MaxPathLenZero:              true,
 		KeyUsage:                    x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		ExtKeyUsage:                 []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		PermittedDNSDomainsCritical: true,
 		PermittedDNSDomains:         []string{domain},
 		PermittedIPRanges:           ranges,
@@ -134,6 +148,9 @@ func loadOrCreateCA(dir, domain string, ips []net.IP) (*x509.Certificate, *ecdsa
 		return nil, nil, err
 	}
 	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		return nil, nil, err
+	}
+	if err := os.Chmod(keyPath, 0o600); err != nil { // WriteFile keeps an old file's mode
 		return nil, nil, err
 	}
 	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {

@@ -31,8 +31,23 @@ func TestAutoTLS(t *testing.T) {
 	if !ca.PermittedDNSDomainsCritical || len(ca.PermittedDNSDomains) != 1 || ca.PermittedDNSDomains[0] != "sbx.test" {
 		t.Fatalf("CA constraints: %v", ca.PermittedDNSDomains)
 	}
-	// The same CA next time; a new one for another domain.
+	// It signs server certificates only (EKU), and its key is the owner's.
+	if len(ca.ExtKeyUsage) != 1 || ca.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth {
+		t.Fatalf("CA extended key usage: %v", ca.ExtKeyUsage)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "sbx.test", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Fatal("the CA's certificate passes as a client certificate")
+	}
+	keyPath := filepath.Join(dir, "tls", "ca-key.pem")
+	if err := os.Chmod(keyPath, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The same CA next time, its key's mode put back; a new one for
+	// another domain.
 	cfg2, _ := AutoTLS(dir, "sbx.test", ips)
+	if st, err := os.Stat(keyPath); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("CA key mode after a start: %v %v", st.Mode(), err)
+	}
 	if string(cfg2.Certificates[0].Certificate[1]) != string(ca.Raw) {
 		t.Fatal("the CA was not kept")
 	}
