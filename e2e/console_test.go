@@ -31,6 +31,9 @@ type consoleRun struct {
 	dir  string
 	shot int
 	meas map[string]any
+	// expectFailure lets waits pass a failed create's row (the test makes
+	// one on purpose).
+	expectFailure bool
 }
 
 // TestConsole drives the web console in Debian's headless Chromium against
@@ -120,7 +123,12 @@ func pageTail(s string, n int) string {
 	return s
 }
 
-// waitJS waits (polling) until the expression is true, for at most d.
+// failedCreate is the text of a failed create's row in the VM list ("" when
+// there is none): a terminal failure every wait stops at.
+const failedCreate = `(document.querySelector('tr[data-state="failed"] td.error') || {}).textContent || ''`
+
+// waitJS waits (polling) until the expression is true, for at most d, and
+// fails at once when the console shows a failed create.
 func (c *consoleRun) waitJS(what, expr string, d time.Duration) {
 	c.t.Helper()
 	deadline := time.Now().Add(d)
@@ -128,6 +136,11 @@ func (c *consoleRun) waitJS(what, expr string, d time.Duration) {
 		var ok bool
 		if err := chromedp.Run(c.ctx, chromedp.Evaluate(expr, &ok)); err == nil && ok {
 			return
+		}
+		var failed string
+		if err := chromedp.Run(c.ctx, chromedp.Evaluate(failedCreate, &failed)); err == nil && failed != "" && !c.expectFailure {
+			c.screenshot("failed-create")
+			c.t.Fatalf("%s: the console shows a failed create: %s\n%s", what, failed, tail(c.s.Logs()))
 		}
 		if time.Now().After(deadline) {
 			c.run(what, chromedp.ActionFunc(func(context.Context) error {
@@ -222,6 +235,18 @@ func (c *consoleRun) createVM(name string) *api.VM {
 	c.click(`form.create button[type="submit"]`)
 	c.waitJS("the new VM's row", fmt.Sprintf(`!!document.querySelector('tr[data-vm-name=%q][data-state="running"]')`, name), 5*time.Minute)
 	c.measure("create_from_ui_s", time.Since(start).Round(10*time.Millisecond).Seconds())
+	// A create that fails shows its row with the error, and can be dismissed.
+	c.expectFailure = true
+	var open bool
+	c.eval(`document.querySelector('details.panel').open = true`, &open)
+	c.run("fill the create form with a bad name", chromedp.SetValue(`form.create input[name="name"]`, "Bad Name!", chromedp.ByQuery))
+	c.click(`form.create button[type="submit"]`)
+	c.waitJS("the failed create's row", `(document.querySelector('tr[data-create-failed="Bad Name!"] td.error') || {}).textContent?.includes('name') === true`, time.Minute)
+	c.screenshot("create-failed")
+	c.click(`tr[data-create-failed="Bad Name!"] button:last-child`)
+	c.waitJS("the failed row dismissed", `!document.querySelector('tr[data-state="failed"]')`, time.Minute)
+	c.eval(`document.querySelector('details.panel').open = false`, &open)
+	c.expectFailure = false
 	v, err := c.s.Client.GetVM(c.ctx, name)
 	if err != nil {
 		c.t.Fatal(err)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,6 +128,13 @@ func waitState(t *testing.T, s *testenv.Server, vm string, state api.State, time
 		v, err := s.Client.GetVM(context.Background(), vm)
 		if err == nil && v.State == state {
 			return v
+		}
+		// States nothing leaves on its own end the wait at once.
+		if err == nil && v.State == api.StateError && state != api.StateError {
+			t.Fatalf("%s is in state error, waiting for %s: %s", vm, state, v.Error)
+		}
+		if isStatus(err, http.StatusNotFound) {
+			t.Fatalf("%s is gone, waiting for %s", vm, state)
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s did not become %s: %+v %v", vm, state, v, err)

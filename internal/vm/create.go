@@ -277,12 +277,41 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	if err := s.store.UpdateVM(ctx, v); err != nil { // record the layer before making it
 		return err
 	}
-	if err := disk.Overlay(ctx, t.disk(), v.Disk, 0); err != nil {
-		return err
-	}
 	mc := s.machineConfig(v, p, img)
 	mc.RAMPath, mc.Incoming, mc.IncomingShared = t.ram(), t.state(), true
-	return s.launch(ctx, v, mc, launchOpts{agentTimeout: 30 * time.Second, baseDisk: t.DiskBytes, identity: identityNew})
+	return s.launchOnOverlay(ctx, v, t.disk(), mc, launchOpts{agentTimeout: 30 * time.Second, baseDisk: t.DiskBytes, identity: identityNew})
+}
+
+// crashError is a launch whose QEMU exited on its own before the VM was up
+// (a crash during or right after the state load).
+type crashError struct{ err error }
+
+func (e *crashError) Error() string { return e.err.Error() }
+func (e *crashError) Unwrap() error { return e.err }
+
+// launchOnOverlay launches v from a saved state on a new private overlay of
+// base (v.Disk). A QEMU that crashes before the guest is up is retried once,
+// in a fresh QEMU on a fresh overlay (the crashed guest may have written to
+// the first), and the crash is logged with QEMU's exit status and the state
+// file; only a second failure reaches the caller. A wake is not retried: its
+// disk is the VM's own, which the crashed guest may have changed after the
+// state was saved.
+func (s *Service) launchOnOverlay(ctx context.Context, v *store.VM, base string, mc qemu.Config, o launchOpts) error {
+	for attempt := 1; ; attempt++ {
+		if err := disk.Overlay(ctx, base, v.Disk, 0); err != nil {
+			return err
+		}
+		err := s.launch(ctx, v, mc, o)
+		var ce *crashError
+		if err == nil || attempt == 2 || !errors.As(err, &ce) || ctx.Err() != nil {
+			return err
+		}
+		s.log.Warn("restore crashed: qemu exited before the guest was up; retrying once in a fresh qemu", "vm", v.ID, "state", mc.Incoming, "ram", mc.RAMPath, "err", err)
+		s.Event(v.ID, "lifecycle", ActorSystem, "restore from %s crashed (%v); retrying once in a fresh QEMU", mc.Incoming, err)
+		if err := os.Remove(v.Disk); err != nil {
+			return fmt.Errorf("restore crashed (%w) and its overlay could not be removed for the retry: %w", ce, err)
+		}
+	}
 }
 
 // Kinds of identity pushed after a launch.
@@ -318,6 +347,10 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		mc.MemoryMiB, mc.PluggedMiB, v.HotMemoryMiB = v.MemoryMiB, 0, 0
 	}
 	m, err := s.hv.Start(ctx, mc)
+	if errors.Is(err, qemu.ErrExited) {
+		net.Close()
+		return &crashError{err: err}
+	}
 	if err != nil && mc.Incoming != "" && mc.Layout != qemu.LegacyDeviceSet && layoutMismatch(err) {
 		// A state saved by an agentvm from before vCPU hot-add (its QEMU
 		// may have run on across the upgrade) needs that device set.
@@ -339,10 +372,29 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	s.store.UpdateVM(ctx, v)
 	in := &instance{id: v.ID, paths: s.paths(v.ID), machine: m, net: net}
 	fail := func(err error) error {
+		select {
+		case <-m.Done(): // it exited on its own before the VM was up
+			in.kill()
+			return &crashError{err: fmt.Errorf("%w (%s): %w", qemu.ErrExited, m.ExitStatus(), err)}
+		default:
+		}
 		in.kill()
 		return err
 	}
-	if err := net.Attach(ctx, mc.NetSock); err != nil {
+	// The attach re-dials QEMU's socket until it answers: it stops when
+	// QEMU exits (a crash right after the restore) instead of waiting out
+	// the caller's deadline.
+	nctx, ncancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-m.Done():
+			ncancel()
+		case <-nctx.Done():
+		}
+	}()
+	err = net.Attach(nctx, mc.NetSock)
+	ncancel()
+	if err != nil {
 		return fail(fmt.Errorf("attach network: %w", err))
 	}
 	actx, cancel := context.WithTimeout(ctx, agentTimeout)

@@ -333,12 +333,9 @@ func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, 
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return err
 	}
-	if err := disk.Overlay(ctx, frozen, v.Disk, 0); err != nil {
-		return err
-	}
 	mc := s.machineConfig(v, p, img)
 	mc.Incoming = state
-	return s.launch(ctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: baseDisk, identity: identityNew})
+	return s.launchOnOverlay(ctx, v, frozen, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: baseDisk, identity: identityNew})
 }
 
 func truncate(s string, n int) string {

@@ -105,15 +105,30 @@ export function renderVMList(main: HTMLElement): () => void {
   // long) shows within half a minute.
   const timer = setInterval(() => refreshAll(), 30000);
 
+  // A create that failed leaves no VM (the server removes what it made):
+  // its row stays here, with the error and a way to retry or dismiss it.
+  const failedRow = (body: Record<string, unknown>, err: string, retry: (body: Record<string, unknown>) => void) => {
+    const label = typeof body.name === 'string' && body.name ? body.name : '(new VM)';
+    const tr = h('tr', { 'data-state': 'failed', 'data-create-failed': label },
+      h('td', null, label),
+      h('td', { class: 'state' }, stateBadge('failed')),
+      h('td', { colspan: 6, class: 'error', role: 'alert' }, `Create failed: ${err}`),
+      h('td', null,
+        h('button', { type: 'button', class: 'small', onclick: () => { tr.remove(); retry(body); } }, 'Retry'),
+        h('button', { type: 'button', class: 'small', onclick: () => { tr.remove(); empty.hidden = rows.size > 0 || !!tbody.querySelector('tr'); } }, 'Dismiss')));
+    tbody.appendChild(tr);
+    empty.hidden = true;
+  };
+
   clear(main,
     h('div', { class: 'titlebar' }, h('h1', null, s.admin ? 'Virtual machines' : 'Your VM')),
-    s.admin ? createForm(refreshAll) : null,
+    s.admin ? createForm(refreshAll, failedRow) : null,
     table, empty);
   refreshAll();
   return () => { unsub(); unopen(); clearInterval(timer); };
 }
 
-function createForm(done: () => void): HTMLElement {
+function createForm(done: () => void, failed: (body: Record<string, unknown>, err: string, retry: (body: Record<string, unknown>) => void) => void): HTMLElement {
   const name = h('input', { name: 'name', autocomplete: 'off', placeholder: 'auto' });
   const cpus = h('input', { name: 'cpus', type: 'number', min: 1, value: '1' });
   const memory = h('input', { name: 'memory', value: '512M' });
@@ -154,19 +169,23 @@ function createForm(done: () => void): HTMLElement {
       if (k.trim()) l[k.trim()] = v.join('=').trim();
     }
     if (Object.keys(l).length) body.labels = l;
+    name.value = '';
+    await create(body);
+  });
+  const create = async (body: Record<string, unknown>) => {
     submit.disabled = true;
     submit.textContent = 'Creating…';
     try {
       const vm = await api<VM>('POST', '/v1/vms', body);
       toast(`Created ${vm.name} in ${(vm as unknown as { create_ms?: number }).create_ms ?? '?'} ms`);
-      name.value = '';
       done();
     } catch (e) {
       toast(`Create: ${(e as Error).message}`, 'error');
+      failed(body, (e as Error).message, create);
     } finally {
       submit.disabled = false;
       submit.textContent = 'Create VM';
     }
-  });
+  };
   return details;
 }

@@ -211,6 +211,14 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}
 	if cfg.Incoming != "" {
 		if err := m.startIncoming(ctx); err != nil {
+			// QEMU that died on its own (a crash while or right after it
+			// loaded the state) is told apart from one that is still up
+			// and refused the state: the caller may retry the first.
+			select {
+			case <-m.done:
+				return nil, fmt.Errorf("restore %s: %w (%s): %w%s", cfg.Incoming, ErrExited, m.ExitStatus(), err, LogTail(cfg.LogPath))
+			case <-time.After(time.Second):
+			}
 			m.Kill()
 			<-m.done
 			return nil, fmt.Errorf("restore %s: %w%s", cfg.Incoming, err, LogTail(cfg.LogPath))
@@ -218,6 +226,10 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}
 	return m, nil
 }
+
+// ErrExited is a QEMU that exited on its own (a crash) before it was
+// called up.
+var ErrExited = errors.New("qemu exited")
 
 // Attach re-finds a QEMU started by an earlier daemon: the pid must be alive and its
 // command line must carry this VM's -name.
