@@ -11,6 +11,7 @@
 //	go run ./bench -tssdk [-execs 50]  # exec round trip through sdk/typescript vs the Go client (tssdk.go)
 //	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
 //	go run ./bench -browser [-creates 10] [-execs 50]  # browser image: create to CDP, screenshots, fork with an open page (browser.go)
+//	go run ./bench -memory  # daemon RSS under parallel buffered execs and screenshots, default --memory-budget vs off (memory.go)
 //	go run ./bench -memgrow  # live memory grow of a running VM, 1 GiB -> 4 GiB, against stop/resize/start (memgrow.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
@@ -53,6 +54,7 @@ type options struct {
 	code         bool
 	browser      bool
 	memgrow      bool
+	memory       bool
 }
 
 func main() {
@@ -76,12 +78,13 @@ func main() {
 	flag.BoolVar(&o.browser, "browser", false, "run only the browser benchmark (create to a CDP answer from the template and the warm pool vs a Chromium start, screenshots vs CDP's, fork of a VM with an open page vs a default fork); implies -keep-template unless it is given")
 	flag.BoolVar(&o.cluster, "cluster", false, "run only the cluster benchmark (create p50 on 1, 2 and 3 nodes of a cluster on a PostgreSQL the run starts, against this run's single-node server; exec of true sent to its VM's node vs to another node, which forwards it); implies -keep-template unless it is given")
 	flag.BoolVar(&o.memgrow, "memgrow", false, "run only the live memory grow benchmark (resize of a running 1 GiB VM to 4 GiB until the guest's MemTotal shows it, against stop/resize/start); implies -keep-template unless it is given")
+	flag.BoolVar(&o.memory, "memory", false, "run only the memory benchmark (daemon RSS under 8 parallel buffered execs of 16 MiB of NULs and 8 parallel screenshots of a 4096x4096 framebuffer, default --memory-budget against off); implies -keep-template unless it is given")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.Parse()
-	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster {
+	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster || o.memory {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -185,6 +188,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.memgrow {
 		phases = b.runMemGrow
 	}
+	if o.memory {
+		phases = b.runMemory
+	}
 	if o.restore {
 		phases = b.runRestore
 	}
@@ -226,6 +232,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.memgrow:
 		r.PrintMemGrow(os.Stdout)
 		out = modeJSON(r, "memgrow", r.MemGrow)
+	case o.memory:
+		r.PrintMemory(os.Stdout)
+		out = modeJSON(r, "memory", r.Memory)
 	case o.browser:
 		r.PrintBrowser(os.Stdout)
 		out = modeJSON(r, "browser", r.Browser)

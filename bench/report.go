@@ -131,6 +131,7 @@ type Report struct {
 	Code      *CodeReport      `json:"code,omitempty"`
 	Browser   *BrowserReport   `json:"browser,omitempty"`
 	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`
+	Memory    *MemoryReport    `json:"memory,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Cluster   *ClusterReport   `json:"cluster,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
