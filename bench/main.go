@@ -12,6 +12,7 @@
 //	go run ./bench -stress [-stress-vms 50] [-stress-suspended 200]  # parallel creates/execs, memory and idle CPU per VM, list and wake of many suspended (stress.go)
 //	go run ./bench -browser [-creates 10] [-execs 50]  # browser image: create to CDP, screenshots, fork with an open page (browser.go)
 //	go run ./bench -memory  # daemon RSS under parallel buffered execs and screenshots, default --memory-budget vs off (memory.go)
+//	go run ./bench -crashloop [-crashloop-creates 500]  # creates in a loop on the distribution's QEMU and AGENTVM_QEMU: restores that crashed, creates that failed (crashloop.go)
 //	go run ./bench -memgrow  # live memory grow of a running VM, 1 GiB -> 4 GiB, against stop/resize/start (memgrow.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
@@ -55,6 +56,7 @@ type options struct {
 	browser      bool
 	memgrow      bool
 	memory       bool
+	crashLoop    bool
 }
 
 func main() {
@@ -79,12 +81,14 @@ func main() {
 	flag.BoolVar(&o.cluster, "cluster", false, "run only the cluster benchmark (create p50 on 1, 2 and 3 nodes of a cluster on a PostgreSQL the run starts, against this run's single-node server; exec of true sent to its VM's node vs to another node, which forwards it); implies -keep-template unless it is given")
 	flag.BoolVar(&o.memgrow, "memgrow", false, "run only the live memory grow benchmark (resize of a running 1 GiB VM to 4 GiB until the guest's MemTotal shows it, against stop/resize/start); implies -keep-template unless it is given")
 	flag.BoolVar(&o.memory, "memory", false, "run only the memory benchmark (daemon RSS under 8 parallel buffered execs of 16 MiB of NULs and 8 parallel screenshots of a 4096x4096 framebuffer, default --memory-budget against off); implies -keep-template unless it is given")
+	flag.BoolVar(&o.crashLoop, "crashloop", false, "run only the restore crash loop (-crashloop-creates creates from the template, each deleted at once, on the distribution's QEMU and on AGENTVM_QEMU, counting restores whose QEMU crashed and creates that failed); implies -keep-template unless it is given")
+	flag.IntVar(&crashLoopCreates, "crashloop-creates", 500, "creates per QEMU for -crashloop")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.Parse()
-	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster || o.memory {
+	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -191,6 +195,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.memory {
 		phases = b.runMemory
 	}
+	if o.crashLoop {
+		phases = b.runCrashLoop
+	}
 	if o.restore {
 		phases = b.runRestore
 	}
@@ -235,6 +242,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.memory:
 		r.PrintMemory(os.Stdout)
 		out = modeJSON(r, "memory", r.Memory)
+	case o.crashLoop:
+		r.PrintCrashLoop(os.Stdout)
+		out = modeJSON(r, "crashloop", r.CrashLoop)
 	case o.browser:
 		r.PrintBrowser(os.Stdout)
 		out = modeJSON(r, "browser", r.Browser)

@@ -132,6 +132,7 @@ type Report struct {
 	Browser   *BrowserReport   `json:"browser,omitempty"`
 	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`
 	Memory    *MemoryReport    `json:"memory,omitempty"`
+	CrashLoop *CrashLoopReport `json:"crashloop,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Cluster   *ClusterReport   `json:"cluster,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
