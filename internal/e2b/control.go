@@ -546,12 +546,18 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, p *auth.Principal
 	if !decode(w, r, &req) {
 		return
 	}
-	if req.Memory != nil && !*req.Memory {
-		apiError(w, http.StatusBadRequest, "filesystem-only pause is not supported: agentvm pauses keep memory and processes")
+	if v.State == store.StateSuspended || v.State == store.StatePaused || v.State == store.StateStopped {
+		apiError(w, http.StatusConflict, "sandbox %q is already paused", v.Name)
 		return
 	}
-	if v.State == store.StateSuspended || v.State == store.StatePaused {
-		apiError(w, http.StatusConflict, "sandbox %q is already paused", v.Name)
+	if req.Memory != nil && !*req.Memory {
+		// A filesystem-only pause is agentvm's stop: the disk is kept,
+		// memory and processes are not; connect starts it again.
+		if _, err := s.cfg.VMs.Stop(r.Context(), v.ID); err != nil {
+			vmError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	if _, err := s.cfg.VMs.Suspend(r.Context(), v.ID); err != nil {
@@ -580,7 +586,16 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 		return
 	}
 	status := http.StatusOK
-	if v.State != store.StateRunning {
+	switch v.State {
+	case store.StateRunning:
+	case store.StateStopped, store.StateCrashed:
+		// After a filesystem-only pause (or a crash): a boot from its disk.
+		if v, err = s.cfg.VMs.Start(r.Context(), v.ID); err != nil {
+			vmError(w, err)
+			return
+		}
+		status = http.StatusCreated
+	default:
 		if v, err = s.cfg.VMs.Wake(r.Context(), v.ID); err != nil {
 			vmError(w, err)
 			return

@@ -38,6 +38,8 @@ type VMs interface {
 	Delete(ctx context.Context, idOrName string) error
 	Suspend(ctx context.Context, idOrName string) (*vm.OpResult, error)
 	Wake(ctx context.Context, idOrName string) (*store.VM, error)
+	Stop(ctx context.Context, idOrName string) (*store.VM, error)
+	Start(ctx context.Context, idOrName string) (*store.VM, error)
 	Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error)
 	Snapshots(ctx context.Context) ([]*store.Snapshot, error)
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)

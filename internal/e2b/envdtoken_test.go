@@ -17,6 +17,7 @@ import (
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/guest/guesttest"
 	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
 // envdVMs is the VM service as envd needs it: one sandbox whose agent is a
@@ -26,6 +27,8 @@ type envdVMs struct {
 	g      *guest.Client
 	mu     sync.Mutex
 	events []string
+	state  store.State // "" is running
+	calls  []string
 }
 
 func (f *envdVMs) Guest(ctx context.Context, ref string) (*store.VM, *guest.Client, error) {
@@ -193,7 +196,65 @@ func TestSignedURLsDieWithTheirKey(t *testing.T) {
 }
 
 func (f *envdVMs) Get(ctx context.Context, ref string) (*store.VM, error) {
-	return &store.VM{ID: "vm1", Name: "sb1", State: store.StateRunning}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.state
+	if st == "" {
+		st = store.StateRunning
+	}
+	return &store.VM{ID: "vm1", Name: "sb1", State: st}, nil
+}
+
+func (f *envdVMs) set(op string, st store.State) (*store.VM, error) {
+	f.mu.Lock()
+	f.calls, f.state = append(f.calls, op), st
+	f.mu.Unlock()
+	return f.Get(context.Background(), "vm1")
+}
+
+func (f *envdVMs) Stop(ctx context.Context, ref string) (*store.VM, error) {
+	return f.set("stop", store.StateStopped)
+}
+func (f *envdVMs) Start(ctx context.Context, ref string) (*store.VM, error) {
+	return f.set("start", store.StateRunning)
+}
+func (f *envdVMs) Suspend(ctx context.Context, ref string) (*vm.OpResult, error) {
+	_, err := f.set("suspend", store.StateSuspended)
+	return &vm.OpResult{}, err
+}
+func (f *envdVMs) Wake(ctx context.Context, ref string) (*store.VM, error) {
+	return f.set("wake", store.StateRunning)
+}
+
+// A filesystem-only pause (memory: false) is a stop, and connect boots the
+// sandbox from its disk; a pause with memory suspends, and connect wakes.
+func TestPauseWithoutMemory(t *testing.T) {
+	h := newEnvdHarness(t)
+	if err := h.s.cfg.Store.PutSandbox(context.Background(), &store.Sandbox{VMID: "vm1", TemplateID: "base", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	call := func(fn func(http.ResponseWriter, *http.Request, *auth.Principal), body string) int {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.SetPathValue("id", "sb1")
+		w := httptest.NewRecorder()
+		fn(w, r, auth.Admin)
+		return w.Code
+	}
+	if code := call(h.s.pause, `{"memory":false}`); code != http.StatusNoContent {
+		t.Fatalf("pause without memory: %d", code)
+	}
+	if code := call(h.s.connect, `{"timeout":60}`); code != http.StatusCreated {
+		t.Fatalf("connect after it: %d", code)
+	}
+	if code := call(h.s.pause, `{}`); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	if code := call(h.s.connect, `{"timeout":60}`); code != http.StatusCreated {
+		t.Fatalf("connect after it: %d", code)
+	}
+	if got := strings.Join(h.vms.calls, ","); got != "stop,start,suspend,wake" {
+		t.Fatalf("calls %s", got)
+	}
 }
 
 // TestConnectOnlyExtends: a connect with a short timeout neither shortens
