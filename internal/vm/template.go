@@ -186,10 +186,16 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	agent.Run(bctx, guest.ExecRequest{Argv: []string{"systemctl", "is-system-running", "--wait"}, TimeoutMS: 120000}, nil, &out, &out)
 	t.ColdBootMs = time.Since(start).Milliseconds()
 	log.Info("template booted", "ms", t.ColdBootMs, "system", strings.TrimSpace(out.String()))
-	if err := waitReady(bctx, agent, img); err != nil {
+	// The image's services (the browser: Xvfb and Chromium) get a deadline
+	// of their own after the boot: on a loaded host under TCG they start
+	// well after the boot ends, and a boot that used most of its time must
+	// not leave them none.
+	rctx, rcancel := context.WithTimeout(ctx, ts.bootTimeout)
+	defer rcancel()
+	if err := waitReady(rctx, agent, img); err != nil {
 		return nil, fmt.Errorf("template of image %s: %w%s", img.Name, err, qemu.LogTail(p.Log))
 	}
-	agent.Run(bctx, guest.ExecRequest{Argv: []string{"sync"}}, nil, nil, nil)
+	agent.Run(rctx, guest.ExecRequest{Argv: []string{"sync"}}, nil, nil, nil)
 	agent.Close()
 	if err := m.SaveState(ctx, t.state()); err != nil {
 		return nil, fmt.Errorf("save template state: %w%s", err, qemu.LogTail(p.Log))
