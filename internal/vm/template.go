@@ -187,10 +187,9 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	t.ColdBootMs = time.Since(start).Milliseconds()
 	log.Info("template booted", "ms", t.ColdBootMs, "system", strings.TrimSpace(out.String()))
 	// The image's services (the browser: Xvfb and Chromium) get a deadline
-	// of their own after the boot: on a loaded host under TCG they start
-	// well after the boot ends, and a boot that used most of its time must
-	// not leave them none.
-	rctx, rcancel := context.WithTimeout(ctx, ts.bootTimeout)
+	// of their own after the boot (readyTimeout): on a loaded host under
+	// TCG they are ready minutes after the boot ends.
+	rctx, rcancel := context.WithTimeout(ctx, max(ts.bootTimeout, readyTimeout))
 	defer rcancel()
 	if err := waitReady(rctx, agent, img); err != nil {
 		return nil, fmt.Errorf("template of image %s: %w%s", img.Name, err, qemu.LogTail(p.Log))
@@ -217,6 +216,11 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	log.Info("template saved", "dir", dir)
 	return t, nil
 }
+
+// readyTimeout bounds an image's readiness after its template's cold boot:
+// Chromium's first start took 140 s here under TCG on an idle 2-core host
+// (its profile is made), and over 180 s with another server's VMs beside it.
+const readyTimeout = 10 * time.Minute
 
 // waitReady runs the image's readiness command in the guest until it succeeds,
 // so the saved template holds its services already warm.
