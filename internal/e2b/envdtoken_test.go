@@ -3,6 +3,7 @@ package e2b
 import (
 	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -146,7 +147,7 @@ func TestEnvdTokenBoundToKey(t *testing.T) {
 	}
 	ended := make(chan error, 1)
 	go func() {
-		_, err := br.ReadBytes(0xff) // reads until the stream ends
+		_, err := io.Copy(io.Discard, br) // until the stream ends
 		ended <- err
 	}()
 	select {
@@ -296,5 +297,47 @@ func TestConnectOnlyExtends(t *testing.T) {
 	connect("7200")
 	if e := end(); !e.After(later) {
 		t.Fatalf("a longer connect did not extend: %v", e)
+	}
+}
+
+// The traffic token opens a sandbox's loopback through its preview host,
+// not envd; the envd token opens both; neither opens another sandbox.
+func TestTrafficTokenIsNotEnvd(t *testing.T) {
+	h := newEnvdHarness(t)
+	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
+	traffic, envd := h.s.trafficToken("vm1", a), h.s.envdToken("vm1", a)
+	if traffic == envd {
+		t.Fatal("the traffic token is the envd token")
+	}
+	if code := h.health(t, traffic); code != http.StatusUnauthorized {
+		t.Fatalf("the traffic token on envd: %d", code)
+	}
+	principal := func(hdr, tok string) (*auth.Principal, int) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set(hdr, tok)
+		w := httptest.NewRecorder()
+		p, ok := Proxy{h.s}.Principal(w, r, h.vm)
+		if !ok {
+			return nil, w.Code
+		}
+		return p, 0
+	}
+	for _, c := range []struct {
+		hdr, tok string
+		ok       bool
+	}{
+		{"E2B-Traffic-Access-Token", traffic, true},
+		{"X-Access-Token", envd, true},
+		{"E2B-Traffic-Access-Token", envd, false},
+		{"X-Access-Token", traffic, false},
+		{"E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a), false},
+	} {
+		p, code := principal(c.hdr, c.tok)
+		if c.ok && (p == nil || p.TokenID != a.TokenID) {
+			t.Errorf("%s %.12s: refused (%d)", c.hdr, c.tok, code)
+		}
+		if !c.ok && code != http.StatusUnauthorized {
+			t.Errorf("%s %.12s: %v %d, want 401", c.hdr, c.tok, p, code)
+		}
 	}
 }

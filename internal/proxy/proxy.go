@@ -381,7 +381,12 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	}
 	if !c.Owns(ctx, v) {
 		if ref != "" || port == p.cfg.CompatPort {
-			c.NotFound(w, v.Name) // not a sandbox
+			// Not a sandbox: answered as a missing one, with the
+			// caller's own words (a VM's id must not tell its name).
+			if ref == "" {
+				_, ref = p.hostRef(r)
+			}
+			c.NotFound(w, ref)
 			return true
 		}
 		return false
@@ -471,7 +476,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopba
 		tok := q.Get(TokenParam)
 		pr, err := p.cfg.Auth.Authenticate(r.Context(), tok)
 		if err != nil || pr.Can(v.ID, "preview") != nil {
-			page(w, http.StatusUnauthorized, "Unauthorized", "this token does not open previews of this VM")
+			page(w, http.StatusUnauthorized, "Unauthorized", unauthorizedMsg(port))
 			return
 		}
 		http.SetCookie(w, p.previewCookie(r, pr))

@@ -238,11 +238,20 @@ func TestPreviewHidesVMs(t *testing.T) {
 	if code, _ := get("3000-nosuchvm.localhost", tok.Secret); code != http.StatusNotFound {
 		t.Fatalf("a missing VM with a valid token: %d", code)
 	}
-	r := httptest.NewRequest("GET", "/?"+TokenParam+"=avt_wrong", nil)
-	r.Host = "3000-vm1.localhost"
-	rec := httptest.NewRecorder()
-	p.ServeHTTP(rec, r)
-	if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "web") {
-		t.Fatalf("a wrong token in the URL: %d %s", rec.Code, rec.Body)
+	// A wrong token in the URL: the same answer for a VM that exists and
+	// one that does not.
+	var bodies []string
+	for _, host := range []string{"3000-vm1.localhost", "3000-nosuchvm.localhost"} {
+		r := httptest.NewRequest("GET", "/?"+TokenParam+"=avt_wrong", nil)
+		r.Host = host
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "web") {
+			t.Fatalf("a wrong token in the URL of %s: %d %s", host, rec.Code, rec.Body)
+		}
+		bodies = append(bodies, rec.Body.String())
+	}
+	if bodies[0] != bodies[1] {
+		t.Fatalf("a wrong token in the URL tells a VM that exists from one that does not:\n%s\n%s", bodies[0], bodies[1])
 	}
 }

@@ -1,11 +1,15 @@
 package proxy
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestAutoTLS(t *testing.T) {
@@ -35,8 +39,21 @@ func TestAutoTLS(t *testing.T) {
 	if len(ca.ExtKeyUsage) != 1 || ca.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth {
 		t.Fatalf("CA extended key usage: %v", ca.ExtKeyUsage)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "sbx.test", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
-		t.Fatal("the CA's certificate passes as a client certificate")
+	// A client certificate the CA's key signed does not verify under it.
+	caCert, caKey, err := readCA(filepath.Join(dir, "tls", "ca.pem"), filepath.Join(dir, "tls", "ca-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: serial(), DNSNames: []string{"c.sbx.test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, caCert, &ck.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, _ := x509.ParseCertificate(der)
+	if _, err := client.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Fatal("the CA vouches for a client certificate")
 	}
 	keyPath := filepath.Join(dir, "tls", "ca-key.pem")
 	if err := os.Chmod(keyPath, 0o644); err != nil {

@@ -107,6 +107,12 @@ func (s *Server) vncVM(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if v.Image != image.Browser {
+		// Port 5900 of another image is whatever the VM runs there, not
+		// the display the permission names.
+		writeError(w, http.StatusConflict, api.CodeConflict, noDisplay(v.Name))
+		return
+	}
 	conn, err := s.svc.DialPort(r.Context(), v.ID, image.BrowserVNCPort)
 	if err != nil {
 		if errors.Is(err, vm.ErrNoListener) {

@@ -86,7 +86,9 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error()+", or stream the output (Accept: application/x-ndjson)")
 			return
 		}
-		rel()
+		// Held until the answer is written: the first chunk of its
+		// output (execBuffered).
+		defer rel()
 	}
 	vmRec, gc, err := s.svc.Guest(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -260,7 +262,9 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 		p = p[:max(room, 0)]
 	}
 	for c.b.Len()+len(p) > c.held && c.by != "memory_budget" {
-		rel, err := c.mem.Take(budgetChunk, "a buffered exec's output")
+		// Twice what is kept: the buffer grows by doubling, so its
+		// allocation can be up to twice its length.
+		rel, err := c.mem.Take(2*budgetChunk, "a buffered exec's output")
 		if err != nil {
 			c.truncated, c.by = true, "memory_budget"
 			break

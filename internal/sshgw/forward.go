@@ -11,8 +11,12 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// directTCPIP serves ssh -L: the guest agent dials the target from inside the VM.
-func (g *Gateway) directTCPIP(connCtx context.Context, vmID string, nch ssh.NewChannel) {
+// directTCPIP serves ssh -L: the guest agent dials the target from inside the
+// VM, as root. A login limited to one guest user does not reach the guest's
+// loopback that way: servers there may trust root (the code interpreter
+// answers only root and its own user), which that user is not
+// (docs/security.md).
+func (g *Gateway) directTCPIP(connCtx context.Context, vmID string, nch ssh.NewChannel, userLimited bool) {
 	var req struct {
 		Host     string
 		Port     uint32
@@ -30,6 +34,12 @@ func (g *Gateway) directTCPIP(connCtx context.Context, vmID string, nch ssh.NewC
 	host := req.Host
 	if host == "localhost" || host == "" {
 		host = "127.0.0.1"
+	}
+	// A name is resolved in the guest (its own hostname is 127.0.1.1), so
+	// such a login forwards to addresses only.
+	if ip := net.ParseIP(host); userLimited && (ip == nil || ip.IsLoopback() || ip.IsUnspecified()) {
+		nch.Reject(ssh.Prohibited, "this token is limited to one guest user: its ssh -L reaches addresses other than the VM's loopback only, given as IP addresses (the agent dials as root); use a token without --user for the loopback")
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	_, gc, err := g.cfg.VMs.Guest(ctx, vmID)

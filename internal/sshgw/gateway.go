@@ -345,7 +345,7 @@ func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, origin string, 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				g.directTCPIP(ctx, vmID, nch)
+				g.directTCPIP(ctx, vmID, nch, p != nil && !p.Admin && p.User != "")
 			}()
 		default:
 			nch.Reject(ssh.UnknownChannelType, "unsupported channel type "+nch.ChannelType())

@@ -347,10 +347,6 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		mc.MemoryMiB, mc.PluggedMiB, v.HotMemoryMiB = v.MemoryMiB, 0, 0
 	}
 	m, err := s.hv.Start(ctx, mc)
-	if errors.Is(err, qemu.ErrExited) {
-		net.Close()
-		return &crashError{err: err}
-	}
 	if err != nil && mc.Incoming != "" && mc.Layout != qemu.LegacyDeviceSet && layoutMismatch(err) {
 		// A state saved by an agentvm from before vCPU hot-add (its QEMU
 		// may have run on across the upgrade) needs that device set.
@@ -360,6 +356,10 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 			s.log.Info("restored a state saved with the previous device set", "vm", v.ID)
 			m, err, mc, v.Layout = lm, nil, lmc, qemu.LegacyDeviceSet
 		}
+	}
+	if errors.Is(err, qemu.ErrExited) {
+		net.Close()
+		return &crashError{err: err}
 	}
 	if err != nil {
 		net.Close()
@@ -375,7 +375,10 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		select {
 		case <-m.Done(): // it exited on its own before the VM was up
 			in.kill()
-			return &crashError{err: fmt.Errorf("%w (%s): %w", qemu.ErrExited, m.ExitStatus(), err)}
+			if st := m.ExitStatus(); strings.Contains(st, "signal:") { // a crash, not an exit of its own choosing
+				return &crashError{err: fmt.Errorf("%w (%s): %w", qemu.ErrExited, st, err)}
+			}
+			return err
 		default:
 		}
 		in.kill()

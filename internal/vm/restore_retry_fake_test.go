@@ -24,7 +24,7 @@ func (e *fakeEnv) crashRestores(n int) func() int {
 			return
 		}
 		crashed++
-		e.hv.MachineOf(cfg.ID).Crash()
+		e.hv.MachineOf(cfg.ID).Segfault()
 	})
 	return func() int { mu.Lock(); defer mu.Unlock(); return crashed }
 }
@@ -83,5 +83,21 @@ func TestRestoreCrashTwiceFails(t *testing.T) {
 	}
 	if _, err := e.s.Get(e.ctx, "box"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the failed create left a VM: %v", err)
+	}
+}
+
+// A restore that QEMU refuses on its own (exit status 1: a state it cannot
+// load) is not a crash: it would fail the same way again, so it is not
+// retried.
+func TestRestoreRefusalIsNotRetried(t *testing.T) {
+	e := newFakeEnv(t)
+	e.create("warm")
+	before := len(e.hv.Starts())
+	e.hv.FailNextStart(errors.New("restore x: qemu-system-x86_64: load of migration failed: Invalid argument"))
+	if _, _, err := e.s.Create(e.ctx, CreateOptions{Name: "box", MemoryMiB: 512}); err == nil || errors.Is(err, qemu.ErrExited) {
+		t.Fatalf("create after a refused state: %v", err)
+	}
+	if n := len(e.hv.Starts()) - before; n != 1 {
+		t.Fatalf("%d starts for one refused restore, want 1", n)
 	}
 }

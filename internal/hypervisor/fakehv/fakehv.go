@@ -310,8 +310,10 @@ func (m *Machine) end(clean bool, reason string) {
 	close(m.done)
 }
 
-// Crash ends the process as a QEMU crash would; PowerOff as a guest shutdown.
+// Crash ends the process as a QEMU crash would; Segfault as a QEMU that a
+// signal ended; PowerOff as a guest shutdown.
 func (m *Machine) Crash()    { m.end(false, "") }
+func (m *Machine) Segfault() { m.end(false, "signal: segmentation fault") }
 func (m *Machine) PowerOff() { m.end(true, "guest-shutdown") }
 
 // SetMemory and Memory set and read the machine's "memory", which saves

@@ -214,9 +214,14 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 			// QEMU that died on its own (a crash while or right after it
 			// loaded the state) is told apart from one that is still up
 			// and refused the state: the caller may retry the first.
+			// Only a death by a signal is a crash: QEMU that cannot load
+			// a state (another device set, a bad file) exits with status 1
+			// on its own, and would fail the same way again.
 			select {
 			case <-m.done:
-				return nil, fmt.Errorf("restore %s: %w (%s): %w%s", cfg.Incoming, ErrExited, m.ExitStatus(), err, LogTail(cfg.LogPath))
+				if st := m.ExitStatus(); strings.HasPrefix(st, "signal:") {
+					return nil, fmt.Errorf("restore %s: %w (%s): %w%s", cfg.Incoming, ErrExited, st, err, LogTail(cfg.LogPath))
+				}
 			case <-time.After(time.Second):
 			}
 			m.Kill()
@@ -227,8 +232,8 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	return m, nil
 }
 
-// ErrExited is a QEMU that exited on its own (a crash) before it was
-// called up.
+// ErrExited is a QEMU that a signal ended on its own (a crash) before it
+// was called up.
 var ErrExited = errors.New("qemu exited")
 
 // Attach re-finds a QEMU started by an earlier daemon: the pid must be alive and its
