@@ -333,7 +333,7 @@ func (s *Service) List(ctx context.Context, vmID string) ([]api.Token, error) {
 // Keys are the principals of the live tokens that reach the VM vmID: its
 // own and the stored admin keys.
 func (s *Service) Keys(ctx context.Context, vmID string) ([]*Principal, error) {
-	ts, err := s.store.ListTokens(ctx, "", s.now())
+	ts, err := s.store.ListVMTokens(ctx, vmID, s.now())
 	if err != nil {
 		return nil, err
 	}

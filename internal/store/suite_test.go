@@ -74,6 +74,19 @@ func TestSnapshotsTokensSandboxes(t *testing.T) {
 		if ts, _ := s.ListTokens(ctx, "vm-a", now); len(ts) != 1 {
 			t.Fatalf("vm-a's tokens: %v", ts)
 		}
+		adminKey := &Token{ID: "t4", Hash: "h4", Allow: []string{"admin"}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+		if err := s.CreateToken(ctx, adminKey); err != nil {
+			t.Fatal(err)
+		}
+		if ts, err := s.ListVMTokens(ctx, "vm-a", now); err != nil || len(ts) != 2 || ts[0].ID != "t1" || ts[1].ID != "t4" {
+			t.Fatalf("vm-a's and the admin keys: %v %v", ts, err)
+		}
+		if ts, _ := s.ListVMTokens(ctx, "vm-b", now.Add(-3*time.Hour)); len(ts) != 2 || ts[0].ID != "t2" {
+			t.Fatalf("vm-b's and the admin keys: %v", ts)
+		}
+		if err := s.DeleteToken(ctx, "t4"); err != nil {
+			t.Fatal(err)
+		}
 		if err := s.DeleteTokens(ctx, "vm-c", now); err != nil {
 			t.Fatal(err)
 		}

@@ -129,6 +129,16 @@ func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*
 	return scanTokens(rows)
 }
 
+// ListVMTokens lists the unexpired tokens of VM vmID and those of no VM
+// (admin keys): what may act on that VM, without reading every VM's.
+func (s *Store) ListVMTokens(ctx context.Context, vmID string, now time.Time) ([]*Token, error) {
+	rows, err := s.query(ctx, tokenQ.list+` WHERE expires_at>? AND (vm_id=? OR vm_id='') ORDER BY created_at, id`, now.UnixNano(), vmID)
+	if err != nil {
+		return nil, err
+	}
+	return scanTokens(rows)
+}
+
 // DeleteToken removes a token; ErrNotFound if there is none.
 func (s *Store) DeleteToken(ctx context.Context, id string) error {
 	r, err := s.exec(ctx, `DELETE FROM tokens WHERE id=?`, id)
