@@ -142,3 +142,18 @@ func TestCompatLoopbackNeedsCredential(t *testing.T) {
 		t.Errorf("public address port: %d %q", code, body)
 	}
 }
+
+// A sandbox's own credentials, checked by the proxy, never reach its apps.
+func TestCompatCredentialsStripped(t *testing.T) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Header.Get("X-Access-Token")+"|"+r.Header.Get("E2B-Traffic-Access-Token")+"|"+r.Header.Get("Authorization"))
+	}))
+	defer app.Close()
+	p, _ := newProxyOn(t, fakeVMs{backend: app.Listener.Addr().String()}, fakeCompat{})
+	go p.Serve()
+	code, body := get(t, p, "3000-web.localhost", map[string]string{
+		"X-Access-Token": "envd", "E2B-Traffic-Access-Token": "traffic", "Authorization": "Bearer e2b_" + strings.Repeat("0", 40)})
+	if code != 200 || body != "||" {
+		t.Fatalf("the app saw %d %q", code, body)
+	}
+}
