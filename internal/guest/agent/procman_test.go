@@ -264,6 +264,11 @@ func TestWatchDir(t *testing.T) {
 	if st, err := e.c.Stat(ctx, "", filepath.Join(dir, "ip.txt")); err != nil || !reflect.DeepEqual(st.Metadata, fi.Metadata) {
 		t.Fatalf("stat metadata %v %v, written %v", st, err, fi.Metadata)
 	}
+	// Overwriting replaces the metadata: keys it does not name are gone.
+	fi, err = e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "ip.txt"), strings.NewReader("ip"), true, map[string]string{"kind": "new"})
+	if err != nil || !reflect.DeepEqual(fi.Metadata, map[string]string{"kind": "new"}) {
+		t.Fatalf("metadata after an overwrite: %v %v", fi, err)
+	}
 	if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "bad.txt"), strings.NewReader(""), false, map[string]string{"bad key": "x"}); err == nil {
 		t.Error("a bad metadata key was accepted")
 	}

@@ -50,8 +50,24 @@ func parseMeta(params []string) (map[string]string, error) {
 	return out, nil
 }
 
-// setMeta writes metadata on an open file.
+// setMeta writes metadata on an open file, in place of what it had: a
+// write replaces a file's metadata (an in-place write keeps the inode, and
+// with it the attributes of the content it replaces).
 func setMeta(fd int, meta map[string]string) error {
+	if size, err := unix.Flistxattr(fd, nil); err == nil && size > 0 {
+		buf := make([]byte, size+256)
+		if n, err := unix.Flistxattr(fd, buf); err == nil {
+			for _, name := range bytes.Split(buf[:n], []byte{0}) {
+				if key, ok := strings.CutPrefix(string(name), metaPrefix); ok && key != "" {
+					if _, keep := meta[key]; !keep {
+						if err := unix.Fremovexattr(fd, string(name)); err != nil && err != unix.ENODATA {
+							return err
+						}
+					}
+				}
+			}
+		}
+	}
 	for k, v := range meta {
 		if err := unix.Fsetxattr(fd, metaPrefix+k, []byte(v), 0); err != nil {
 			return err
