@@ -74,6 +74,17 @@ func (p *Principal) Can(vmID, perm string) error {
 	return nil
 }
 
+// Actor names p in a VM's events: "admin", "token:<id>", or "anonymous".
+func (p *Principal) Actor() string {
+	switch {
+	case p.Admin:
+		return "admin"
+	case p.TokenID != "":
+		return "token:" + p.TokenID
+	}
+	return "anonymous"
+}
+
 // ReachesLoopback reports whether p may reach the servers that listen only
 // on the VM's own loopback (the agent dials them from inside the guest):
 // the admin, or exec with no user limit. Such servers trust the guest's

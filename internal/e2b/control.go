@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
@@ -156,7 +155,7 @@ func (s *Server) sandboxOf(w http.ResponseWriter, r *http.Request, p *auth.Princ
 	}
 	// A sandbox's answers carry its envd token, which runs anything as any
 	// user: a scoped key needs exec, with no user limit.
-	if !p.Admin && (p.Can(v.ID, api.PermExec) != nil || p.User != "") {
+	if mayUseEnvd(p, v.ID) != nil {
 		apiError(w, http.StatusForbidden, "this key may not use sandbox %q: it needs the exec permission and no user limit (envd runs commands as any user)", id)
 		return nil, nil, false
 	}

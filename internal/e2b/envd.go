@@ -269,7 +269,7 @@ func (c *envdCall) start(ctx context.Context, req *startRequest, st *stream) err
 		return guestRPCError(err)
 	}
 	// Who ran what as whom, as the native exec records it.
-	c.s.cfg.VMs.Event(c.vm.ID, "exec", actor(c.p), "envd: %s (user %s)", strings.Join(ps.Argv, " "), c.user)
+	c.s.cfg.VMs.Event(c.vm.ID, "exec", c.p.Actor(), "envd: %s (user %s)", strings.Join(ps.Argv, " "), c.user)
 	return c.relay(ctx, ps2, st)
 }
 

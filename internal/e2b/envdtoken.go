@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 )
 
@@ -54,9 +53,6 @@ func (s *Server) mac(purpose, vmID, ref string) string {
 	return hex.EncodeToString(m.Sum(nil))[:40]
 }
 
-// envdMAC is the MAC of an envd token.
-func (s *Server) envdMAC(vmID, ref string) string { return s.mac(purposeEnvd, vmID, ref) }
-
 // envdToken is the envd access token of sandbox vmID for the key of p.
 func (s *Server) envdToken(vmID string, p *auth.Principal) string {
 	ref := keyRef(p)
@@ -67,14 +63,6 @@ func (s *Server) envdToken(vmID string, p *auth.Principal) string {
 func (s *Server) trafficToken(vmID string, p *auth.Principal) string {
 	ref := keyRef(p)
 	return ref + "." + s.mac(purposeTraffic, vmID, ref)
-}
-
-// actor names p in a VM's events, as the native API does.
-func actor(p *auth.Principal) string {
-	if p.Admin {
-		return "admin"
-	}
-	return "token:" + p.TokenID
 }
 
 // envdPrincipal checks an envd token of sandbox vmID and returns the key it
@@ -112,13 +100,10 @@ func (s *Server) tokenPrincipal(ctx context.Context, purpose, vmID, tok string) 
 }
 
 // mayUseEnvd is the rule for a key that gets, or presents, an envd token:
-// the admin, or exec on the sandbox with no user limit (envd runs commands
-// as any user).
+// the one that lets it run code as any user there
+// (auth.Principal.ReachesLoopback), since envd runs commands as any user.
 func mayUseEnvd(p *auth.Principal, vmID string) error {
-	if p.Admin {
-		return nil
-	}
-	if p.Can(vmID, api.PermExec) != nil || p.User != "" {
+	if !p.ReachesLoopback(vmID) {
 		return fmt.Errorf("%w: the API key of this envd token may no longer run commands in the sandbox", auth.ErrForbidden)
 	}
 	return nil

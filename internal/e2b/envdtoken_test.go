@@ -116,7 +116,7 @@ func TestEnvdTokenBoundToKey(t *testing.T) {
 		t.Fatalf("another sandbox's token: %d", code)
 	}
 	mac := tokA[strings.Index(tokA, ".")+1:]
-	for _, bad := range []string{"", mac, "admin." + mac, a.TokenID + ".x", "nokey." + h.s.envdMAC("vm1", "nokey")} {
+	for _, bad := range []string{"", mac, "admin." + mac, a.TokenID + ".x", "nokey." + h.s.mac(purposeEnvd, "vm1", "nokey")} {
 		if code := h.health(t, bad); code != http.StatusUnauthorized {
 			t.Fatalf("token %q: %d", bad, code)
 		}

@@ -12,16 +12,7 @@ import (
 )
 
 // actor names the caller of r in events.
-func actor(r *http.Request) string {
-	p := principal(r)
-	if p.Admin {
-		return "admin"
-	}
-	if p.TokenID != "" {
-		return "token:" + p.TokenID
-	}
-	return "anonymous"
-}
+func actor(r *http.Request) string { return principal(r).Actor() }
 
 func eventToAPI(e *store.Event) api.Event {
 	return api.Event{Seq: e.Seq, VM: e.VMID, Time: e.Time, Type: e.Type, Actor: e.Actor, Message: e.Message, Data: e.Data}
