@@ -187,6 +187,38 @@ class SyncSDK(unittest.TestCase):
         self.assertFalse(Sandbox.kill("nosuchsandbox0000000"))
 
 
+class Lifecycle(unittest.TestCase):
+    """What the timeout does: a pause a request wakes (auto_resume), and a
+    filesystem-only pause that connect resumes with a boot from the disk."""
+
+    def test_auto_resume_and_filesystem_pause(self):
+        md = {"suite": "py-lifecycle", "run": RUN}
+        auto = Sandbox.create(timeout=8, metadata=md, lifecycle={"on_timeout": "pause", "auto_resume": True})
+        disk = Sandbox.create(timeout=600, metadata=md, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+        try:
+            self.assertEqual(auto.get_info().lifecycle, {"on_timeout": "pause", "auto_resume": True})
+            self.assertEqual(disk.get_info().lifecycle, {"on_timeout": "pause", "auto_resume": False})
+            auto.commands.run("cd /tmp && echo woke > w.html && python3 -m http.server 8020", background=True, timeout=0)
+            disk.files.write("/home/user/marker.txt", "on disk")
+            boot = disk.files.read("/proc/sys/kernel/random/boot_id").strip()
+            disk.set_timeout(1)
+            for s in (auto, disk):
+                wait_for("the timeout's pause", lambda: Sandbox.get_info(s.sandbox_id).state == SandboxState.PAUSED, 180)
+            # Paused, not woken by a request: only auto_resume does that.
+            self.assertFalse(disk.is_running())
+            self.assertEqual(Sandbox.get_info(disk.sandbox_id).state, SandboxState.PAUSED)
+            # A request to a port wakes the auto_resume one, server and all.
+            self.assertEqual(get(auto.get_host(8020), "/w.html"), (200, "woke\n"))
+            self.assertEqual(Sandbox.get_info(auto.sandbox_id).state, SandboxState.RUNNING)
+            self.assertTrue(auto.is_running())
+            again = Sandbox.connect(disk.sandbox_id)
+            self.assertEqual(again.files.read("/home/user/marker.txt"), "on disk")
+            self.assertNotEqual(again.files.read("/proc/sys/kernel/random/boot_id").strip(), boot)
+        finally:
+            auto.kill()
+            disk.kill()
+
+
 class AsyncSDK(unittest.IsolatedAsyncioTestCase):
     async def test_async(self):
         s = await AsyncSandbox.create(timeout=600, metadata={"suite": "py-async", "run": RUN})

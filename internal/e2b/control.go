@@ -169,6 +169,7 @@ type createRequest struct {
 	EnvVars             map[string]string `json:"envVars"`
 	AutoPause           bool              `json:"autoPause"`
 	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *switchJSON       `json:"autoResume"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Secure              *bool             `json:"secure"`
 	// Not supported: refused when set, rather than silently ignored.
@@ -176,9 +177,11 @@ type createRequest struct {
 	Network      json.RawMessage `json:"network"`
 	IAM          json.RawMessage `json:"iam"`
 	VolumeMounts json.RawMessage `json:"volumeMounts"`
-	AutoResume   *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
+}
+
+// switchJSON is E2B's {"enabled": bool}.
+type switchJSON struct {
+	Enabled bool `json:"enabled"`
 }
 
 func present(m json.RawMessage) bool {
@@ -201,6 +204,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 	if !decode(w, r, &req) {
 		return
 	}
+	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
+	pauseDisk := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
 	switch {
 	case present(req.MCP):
 		apiError(w, http.StatusBadRequest, "mcp gateways are not supported by agentvm")
@@ -214,11 +219,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 	case present(req.VolumeMounts):
 		apiError(w, http.StatusBadRequest, "volumes are not supported by agentvm")
 		return
-	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
-		apiError(w, http.StatusBadRequest, "filesystem-only auto-pause is not supported: agentvm pauses keep memory and processes")
+	case req.AutoPauseMemory != nil && !req.AutoPause:
+		apiError(w, http.StatusBadRequest, "autoPauseMemory is only allowed with autoPause: true")
 		return
-	case req.AutoResume != nil && req.AutoResume.Enabled:
-		apiError(w, http.StatusBadRequest, "autoResume is not supported by agentvm: connect resumes a paused sandbox")
+	case autoResume && !req.AutoPause:
+		apiError(w, http.StatusBadRequest, "autoResume can only be enabled with autoPause: true (the timeout must pause the sandbox)")
+		return
+	case autoResume && pauseDisk:
+		apiError(w, http.StatusBadRequest, "autoResume cannot be combined with autoPauseMemory: false: a filesystem-only pause reboots the sandbox, so only connect resumes it")
 		return
 	}
 	timeout, err := timeoutOf(req.Timeout, defaultTimeout)
@@ -263,7 +271,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 		vmError(w, err)
 		return
 	}
-	sb := &store.Sandbox{VMID: v.ID, TemplateID: tmpl, Metadata: req.Metadata, AutoPause: req.AutoPause, CreatedAt: time.Now().UTC()}
+	sb := &store.Sandbox{VMID: v.ID, TemplateID: tmpl, Metadata: req.Metadata, AutoPause: req.AutoPause,
+		PauseDisk: pauseDisk, AutoResume: autoResume, Timeout: timeout, CreatedAt: time.Now().UTC()}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
@@ -349,7 +358,7 @@ func (s *Server) detailJSON(v *store.VM, sb *store.Sandbox, p *auth.Principal) d
 	}
 	if full {
 		d.EnvdAccessToken, d.Domain = s.envdToken(v.ID, p), s.cfg.Domain
-		d.Lifecycle = &lifecycle{OnTimeout: "kill"}
+		d.Lifecycle = &lifecycle{OnTimeout: "kill", AutoResume: sb.AutoResume}
 		if sb.AutoPause {
 			d.Lifecycle.OnTimeout = "pause"
 		}
@@ -527,7 +536,13 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, p *auth.Prin
 		apiError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	if err := s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Now().Add(d)); err != nil {
+	// The new timeout is also the life an auto-resume gives it later;
+	// a zero one (end now) keeps the one it had for that.
+	set := func() error { return s.cfg.Store.SetSandboxTimeout(r.Context(), v.ID, time.Now().Add(d), d) }
+	if d == 0 {
+		set = func() error { return s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Now()) }
+	}
+	if err := set(); err != nil {
 		vmError(w, err)
 		return
 	}
@@ -575,6 +590,9 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	}
 	var req struct {
 		Timeout *int64 `json:"timeout"`
+		// Memory false resumes a paused sandbox by a boot from its disk
+		// (the SDKs' on_resume "reboot"): its memory state is dropped.
+		Memory *bool `json:"memory"`
 	}
 	if !decode(w, r, &req) {
 		return
@@ -583,6 +601,12 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	if err != nil {
 		apiError(w, http.StatusBadRequest, "%v", err)
 		return
+	}
+	if req.Memory != nil && !*req.Memory && (v.State == store.StateSuspended || v.State == store.StatePaused) {
+		if v, err = s.cfg.VMs.Stop(r.Context(), v.ID); err != nil {
+			vmError(w, err)
+			return
+		}
 	}
 	status := http.StatusOK
 	switch v.State {

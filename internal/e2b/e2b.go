@@ -160,17 +160,26 @@ func (s *Server) expire(ctx context.Context, sb *store.Sandbox) {
 		return
 	}
 	// A paused sandbox does not time out; it keeps its end, which a
-	// connect that resumes it moves (connect only extends an end).
-	if v.State == store.StateSuspended || v.State == store.StatePaused {
+	// connect that resumes it moves (connect only extends an end). With
+	// autoPause a stopped one is paused too (filesystem-only).
+	if v.State == store.StateSuspended || v.State == store.StatePaused || (sb.AutoPause && v.State != store.StateRunning) {
+		return
+	}
+	ctx = vm.WithActor(ctx, "e2b timeout")
+	if sb.AutoPause && sb.PauseDisk {
+		// Filesystem-only: agentvm's stop; connect boots it from its disk.
+		if _, err := s.cfg.VMs.Stop(ctx, sb.VMID); err != nil {
+			s.log.Warn("e2b: filesystem-only auto-pause at timeout failed", "vm", sb.VMID, "err", err)
+		}
 		return
 	}
 	if sb.AutoPause {
-		if _, err := s.cfg.VMs.Suspend(vm.WithActor(ctx, "e2b timeout"), sb.VMID); err != nil {
+		if _, err := s.cfg.VMs.Suspend(ctx, sb.VMID); err != nil {
 			s.log.Warn("e2b: auto-pause at timeout failed", "vm", sb.VMID, "err", err)
 		}
 		return
 	}
-	if err := s.cfg.VMs.Delete(vm.WithActor(ctx, "e2b timeout"), sb.VMID); err != nil {
+	if err := s.cfg.VMs.Delete(ctx, sb.VMID); err != nil {
 		s.log.Warn("e2b: delete at timeout failed", "vm", sb.VMID, "err", err)
 	}
 }

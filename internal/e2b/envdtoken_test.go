@@ -253,7 +253,14 @@ func TestPauseWithoutMemory(t *testing.T) {
 	if code := call(h.s.connect, `{"timeout":60}`); code != http.StatusCreated {
 		t.Fatalf("connect after it: %d", code)
 	}
-	if got := strings.Join(h.vms.calls, ","); got != "stop,start,suspend,wake" {
+	if code := call(h.s.pause, `{}`); code != http.StatusNoContent {
+		t.Fatalf("pause: %d", code)
+	}
+	// A connect without memory (on_resume "reboot") boots from the disk.
+	if code := call(h.s.connect, `{"timeout":60,"memory":false}`); code != http.StatusCreated {
+		t.Fatalf("connect without memory: %d", code)
+	}
+	if got := strings.Join(h.vms.calls, ","); got != "stop,start,suspend,wake,suspend,stop,start" {
 		t.Fatalf("calls %s", got)
 	}
 }

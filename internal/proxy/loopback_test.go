@@ -83,8 +83,9 @@ func TestLoopbackNeedsExec(t *testing.T) {
 // for the admin.
 type fakeCompat struct{}
 
-func (fakeCompat) Route(*http.Request) (string, int, bool) { return "", 0, false }
-func (fakeCompat) Owns(context.Context, *store.VM) bool    { return true }
+func (fakeCompat) Route(*http.Request) (string, int, bool)                     { return "", 0, false }
+func (fakeCompat) Owns(context.Context, *store.VM) bool                        { return true }
+func (fakeCompat) AutoResume(_ context.Context, v *store.VM) (*store.VM, bool) { return v, false }
 func (fakeCompat) Serve(w http.ResponseWriter, _ *http.Request, _ *store.VM) {
 	io.WriteString(w, "envd")
 }

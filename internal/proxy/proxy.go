@@ -47,6 +47,10 @@ type Compat interface {
 	// host, from the layer's own headers.
 	Route(r *http.Request) (ref string, port int, ok bool)
 	Owns(ctx context.Context, v *store.VM) bool
+	// AutoResume wakes v, which is not running, for a request when the
+	// layer's record of it says so, and returns it running; false leaves
+	// it as it is.
+	AutoResume(ctx context.Context, v *store.VM) (*store.VM, bool)
 	// Serve answers a request for CompatPort of a running VM it owns.
 	Serve(w http.ResponseWriter, r *http.Request, v *store.VM)
 	NotFound(w http.ResponseWriter, ref string)
@@ -395,8 +399,13 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 		return true
 	}
 	if v.State != store.StateRunning {
-		c.NotFound(w, v.Name) // a paused sandbox is unreachable until connect resumes it
-		return true
+		// A paused sandbox is unreachable until connect resumes it,
+		// unless it asked to be woken by its traffic.
+		var woke bool
+		if v, woke = c.AutoResume(ctx, v); !woke {
+			c.NotFound(w, v.Name)
+			return true
+		}
 	}
 	defer p.cfg.VMs.Hold(v.ID)()
 	if port == p.cfg.CompatPort {

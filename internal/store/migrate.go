@@ -174,6 +174,11 @@ ALTER TABLE snapshots ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
 ALTER TABLE vms ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE vms ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
+	// 9: an E2B sandbox's lifecycle: a filesystem-only timeout pause,
+	// auto-resume, and the timeout an auto-resume gives it again.
+	`ALTER TABLE sandboxes ADD COLUMN pause_disk INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

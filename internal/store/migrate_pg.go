@@ -172,6 +172,11 @@ ALTER TABLE snapshots ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
 ALTER TABLE vms ADD COLUMN stored_at BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE vms ADD COLUMN stored_manifest TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN draining BOOLEAN NOT NULL DEFAULT false;`,
+	// 9: an E2B sandbox's lifecycle: a filesystem-only timeout pause,
+	// auto-resume, and the timeout an auto-resume gives it again.
+	`ALTER TABLE sandboxes ADD COLUMN pause_disk BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE sandboxes ADD COLUMN auto_resume BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE sandboxes ADD COLUMN timeout_ms BIGINT NOT NULL DEFAULT 0;`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

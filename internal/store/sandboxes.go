@@ -15,6 +15,13 @@ type Sandbox struct {
 	Metadata   map[string]string
 	EndAt      time.Time // when the timeout deletes (or, with AutoPause, suspends) it; zero: never
 	AutoPause  bool
+	// PauseDisk makes the timeout's pause filesystem-only (agentvm's
+	// stop: disk kept, memory and processes not); false keeps memory.
+	PauseDisk bool
+	// AutoResume wakes the sandbox, paused at its timeout, on the next
+	// request to it (its preview or envd), for another Timeout.
+	AutoResume bool
+	Timeout    time.Duration // the life it was last given; zero: none
 	CreatedAt  time.Time
 }
 
@@ -38,10 +45,11 @@ func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.exec(ctx, `INSERT INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, created_at) VALUES (?,?,?,?,?,?)
+	_, err = s.exec(ctx, `INSERT INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, pause_disk, auto_resume, timeout_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?)
 		ON CONFLICT (vm_id) DO UPDATE SET template_id=excluded.template_id, metadata=excluded.metadata,
-		end_at=excluded.end_at, auto_pause=excluded.auto_pause, created_at=excluded.created_at`,
-		sb.VMID, sb.TemplateID, string(md), unixMs(sb.EndAt), sb.AutoPause, sb.CreatedAt.UnixNano())
+		end_at=excluded.end_at, auto_pause=excluded.auto_pause, pause_disk=excluded.pause_disk,
+		auto_resume=excluded.auto_resume, timeout_ms=excluded.timeout_ms, created_at=excluded.created_at`,
+		sb.VMID, sb.TemplateID, string(md), unixMs(sb.EndAt), sb.AutoPause, sb.PauseDisk, sb.AutoResume, sb.Timeout.Milliseconds(), sb.CreatedAt.UnixNano())
 	return err
 }
 
@@ -57,25 +65,39 @@ func (s *Store) SetSandboxEnd(ctx context.Context, vmID string, end time.Time) e
 	return nil
 }
 
+// SetSandboxTimeout gives a sandbox a new life: it ends at end, and an
+// auto-resume later gives it timeout again; ErrNotFound if there is no record.
+func (s *Store) SetSandboxTimeout(ctx context.Context, vmID string, end time.Time, timeout time.Duration) error {
+	r, err := s.exec(ctx, `UPDATE sandboxes SET end_at=?, timeout_ms=? WHERE vm_id=?`, unixMs(end), timeout.Milliseconds(), vmID)
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
 // DeleteSandbox removes a sandbox record (no error if there was none).
 func (s *Store) DeleteSandbox(ctx context.Context, vmID string) error {
 	_, err := s.exec(ctx, `DELETE FROM sandboxes WHERE vm_id=?`, vmID)
 	return err
 }
 
-const sandboxCols = `vm_id, template_id, metadata, end_at, auto_pause, created_at`
+const sandboxCols = `vm_id, template_id, metadata, end_at, auto_pause, pause_disk, auto_resume, timeout_ms, created_at`
 
 func scanSandbox(row interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
 	var md string
-	var end, created int64
-	if err := row.Scan(&sb.VMID, &sb.TemplateID, &md, &end, &sb.AutoPause, &created); err != nil {
+	var end, timeout, created int64
+	if err := row.Scan(&sb.VMID, &sb.TemplateID, &md, &end, &sb.AutoPause, &sb.PauseDisk, &sb.AutoResume, &timeout, &created); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
 		return nil, err
 	}
 	sb.EndAt, sb.CreatedAt = fromMs(end), time.Unix(0, created).UTC()
+	sb.Timeout = time.Duration(timeout) * time.Millisecond
 	return &sb, nil
 }
 
