@@ -60,6 +60,7 @@ func startE2B(t *testing.T, serveArgs ...string) *e2bEnv {
 		"E2B_DOMAIN="+h.Domain+":"+port,
 		"AGENTVM_PROXY="+h.Proxy,
 		"AGENTVM_SCOPED_KEY="+scoped.Secret,
+		"AGENTVM_URL="+s.URL, "AGENTVM_TOKEN="+s.Token, // what the VM really does, where E2B's answers round it
 		"RUN="+strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")),
 	)
 	return &e2bEnv{s: s, env: env}

@@ -4,9 +4,11 @@ copy of this file). Environment as in sdk.test.mjs."""
 
 import asyncio
 import http.client
+import json
 import os
 import time
 import unittest
+import urllib.parse
 
 from e2b import (
     AsyncSandbox,
@@ -187,6 +189,20 @@ class SyncSDK(unittest.TestCase):
         self.assertFalse(Sandbox.kill("nosuchsandbox0000000"))
 
 
+def vm_state(name):
+    """The sandbox's VM's state in agentvm's own API: E2B's answers call a
+    sandbox past its auto-pause timeout paused at once, while the pause is
+    still under way."""
+    u = urllib.parse.urlsplit(os.environ["AGENTVM_URL"])
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        c.request("GET", "/v1/vms/" + name, headers={"Authorization": "Bearer " + os.environ["AGENTVM_TOKEN"]})
+        r = c.getresponse()
+        return json.loads(r.read())["state"]
+    finally:
+        c.close()
+
+
 class Lifecycle(unittest.TestCase):
     """What the timeout does: a pause a request wakes (auto_resume), and a
     filesystem-only pause that connect resumes with a boot from the disk."""
@@ -202,8 +218,10 @@ class Lifecycle(unittest.TestCase):
             disk.files.write("/home/user/marker.txt", "on disk")
             boot = disk.files.read("/proc/sys/kernel/random/boot_id").strip()
             disk.set_timeout(1)
+            wait_for("the timeout's pause", lambda: vm_state(auto.sandbox_id) == "suspended", 180)
+            wait_for("the timeout's filesystem-only pause", lambda: vm_state(disk.sandbox_id) == "stopped", 180)
             for s in (auto, disk):
-                wait_for("the timeout's pause", lambda: Sandbox.get_info(s.sandbox_id).state == SandboxState.PAUSED, 180)
+                self.assertEqual(Sandbox.get_info(s.sandbox_id).state, SandboxState.PAUSED)
             # Paused, not woken by a request: only auto_resume does that.
             self.assertFalse(disk.is_running())
             self.assertEqual(Sandbox.get_info(disk.sandbox_id).state, SandboxState.PAUSED)
@@ -211,7 +229,14 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(get(auto.get_host(8020), "/w.html"), (200, "woke\n"))
             self.assertEqual(Sandbox.get_info(auto.sandbox_id).state, SandboxState.RUNNING)
             self.assertTrue(auto.is_running())
-            again = Sandbox.connect(disk.sandbox_id)
+            auto.set_timeout(600)
+            # Killed under a running command: its wait says so, as E2B's does.
+            sleeper = auto.commands.run("sleep 600", background=True, timeout=0)
+            auto.kill()
+            with self.assertRaises(Exception) as cm:
+                sleeper.wait()
+            self.assertIn("sandbox was killed or reached its end of life", str(cm.exception))
+            again = Sandbox.connect(disk.sandbox_id, request_timeout=600)  # a boot, under TCG
             self.assertEqual(again.files.read("/home/user/marker.txt"), "on disk")
             self.assertNotEqual(again.files.read("/proc/sys/kernel/random/boot_id").strip(), boot)
         finally:

@@ -391,10 +391,17 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 
 // abortIfGone cuts the connection of a stream whose sandbox was killed or
 // paused under it, as E2B does: the client sees the stream end at the TCP
-// level (and its health probe then finds the sandbox gone).
+// level (and its health probe then finds the sandbox gone). A kill ends
+// QEMU before its record goes, so a sandbox still recorded as running
+// whose agent does not answer a ping either is gone too.
 func (c *envdCall) abortIfGone() {
 	v, err := c.s.cfg.VMs.Get(context.Background(), c.vm.ID)
 	if err != nil || v.State != store.StateRunning {
+		panic(http.ErrAbortHandler)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if c.g.Ping(ctx) != nil {
 		panic(http.ErrAbortHandler)
 	}
 }
