@@ -118,7 +118,7 @@ class SyncSDK(unittest.TestCase):
     def test_04_watch(self):
         s = self.sbx
         s.files.make_dir("/home/user/pw")
-        handle = s.files.watch_dir("/home/user/pw", recursive=True)
+        handle = s.files.watch_dir("/home/user/pw", recursive=True, include_entry=True)
         s.files.write("/home/user/pw/a.txt", "x")
         seen = []
 
@@ -127,6 +127,9 @@ class SyncSDK(unittest.TestCase):
             return any(e.name == "a.txt" and e.type == FilesystemEventType.WRITE for e in seen)
 
         wait_for("a watch event", got, 60)
+        # A new file is seen as envd's is: created, its owner set, written.
+        self.assertEqual([e.type for e in seen], [FilesystemEventType.CREATE, FilesystemEventType.CHMOD, FilesystemEventType.WRITE])
+        self.assertEqual((seen[2].entry.name, seen[2].entry.path), ("a.txt", "/home/user/pw/a.txt"))
         handle.stop()
 
     def test_05_pty(self):

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io/fs"
 	"path"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -229,6 +230,8 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 // once its end was reported; one nobody polls for watcherIdle is dropped.
 type watcher struct {
 	vmID     string
+	root     string
+	entries  bool // the events carry their entries, stat-ed when polled
 	stop     context.CancelFunc
 	mu       sync.Mutex
 	events   []filesystemEvent
@@ -280,7 +283,7 @@ func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*creat
 	b := make([]byte, 8)
 	rand.Read(b)
 	id := "w-" + hex.EncodeToString(b)
-	w := &watcher{vmID: c.vm.ID, stop: cancel, lastPoll: time.Now()}
+	w := &watcher{vmID: c.vm.ID, root: req.Path, entries: req.IncludeEntry, stop: cancel, lastPoll: time.Now()}
 	s.mu.Lock()
 	s.watchers[id] = w
 	s.mu.Unlock()
@@ -296,7 +299,9 @@ func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*creat
 				w.mu.Unlock()
 				return
 			}
-			fe, ok := c.fsEvent(wctx, req.Path, ev, req.IncludeEntry)
+			// No stat here: it would hold the event back from a poll
+			// that comes right after the change (the SDK's tests poll so).
+			fe, ok := c.fsEvent(wctx, req.Path, ev, false)
 			if !ok {
 				continue
 			}
@@ -329,6 +334,12 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 	if err != nil {
 		return nil, err
 	}
+	// A round trip to the agent first: the events it sent before it
+	// answers (say of the write this caller just made) are here by then.
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	c.g.Ping(pctx)
+	cancel()
+	runtime.Gosched() // and the reader they woke gets its turn to queue them
 	w.mu.Lock()
 	out := &watcherEventsResponse{Events: w.events}
 	w.events, w.lastPoll = nil, time.Now()
@@ -343,7 +354,34 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 		}
 		out.Events = []filesystemEvent{}
 	}
+	if w.entries {
+		c.addEntries(ctx, w.root, out.Events)
+	}
 	return out, nil
+}
+
+// maxEntryStats bounds the stats one poll makes for its events' entries;
+// the entries of the rest stay empty, as envd's are for a path gone.
+const maxEntryStats = 256
+
+// addEntries gives polled events the entries of their paths as they are
+// now (once per path), except removes and renames away, which have none.
+func (c *envdCall) addEntries(ctx context.Context, root string, evs []filesystemEvent) {
+	seen := map[string]*entryInfo{}
+	for i := range evs {
+		ev := &evs[i]
+		if ev.Type == eventRemove || ev.Type == eventRename {
+			continue
+		}
+		e, ok := seen[ev.Name]
+		if !ok && len(seen) < maxEntryStats {
+			if fi, err := c.g.Stat(ctx, c.user, path.Join(root, ev.Name)); err == nil {
+				e = entry(fi)
+			}
+			seen[ev.Name] = e
+		}
+		ev.Entry = e
+	}
 }
 
 func (c *envdCall) removeWatcher(ctx context.Context, req *watcherIDRequest) (*empty, error) {

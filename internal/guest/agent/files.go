@@ -358,8 +358,13 @@ func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body
 	if err := setMeta(fd, meta); err != nil {
 		return pathError(target, err)
 	}
-	if err := unix.Ftruncate(fd, 0); err != nil {
-		return pathError(target, err)
+	// Truncated as O_TRUNC does, only when there is something to cut: a
+	// truncate is a change watchers see, and envd's new file is seen
+	// created, its owner set, written (three events), no more.
+	if now.Size > 0 {
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			return pathError(target, err)
+		}
 	}
 	if _, fromBody, err := copyToFile(f, body); err != nil {
 		if fromBody {

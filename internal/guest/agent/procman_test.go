@@ -297,3 +297,37 @@ func TestWatchDir(t *testing.T) {
 		t.Error("watching a missing directory succeeded")
 	}
 }
+
+// TestWatchInPlaceWriteEvents: a new file written in place, as envd writes
+// one, shows exactly what envd's does: created, its owner set, written;
+// E2B's SDK tests count them.
+func TestWatchInPlaceWriteEvents(t *testing.T) {
+	e := startAgent(t)
+	e.connect(e.port.Attach(t), "")
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	dir := t.TempDir()
+	s, err := e.c.WatchDir(ctx, dir, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "new.txt"), strings.NewReader("abc"), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(dir, "end"), 0o755) // a sentinel: every event before it has arrived
+	var got []string
+	for {
+		ev, err := s.Next()
+		if err != nil {
+			t.Fatalf("watch: %v (got %v)", err, got)
+		}
+		if ev.Name == "end" {
+			break
+		}
+		got = append(got, ev.Op+" "+ev.Name)
+	}
+	if want := []string{"create new.txt", "chmod new.txt", "write new.txt"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+}
