@@ -140,11 +140,11 @@ func TestE2BSDKNodeTLS(t *testing.T) {
 	if code != 0 || !strings.Contains(ca, "BEGIN CERTIFICATE") {
 		t.Fatalf("agentvm ca: %q %q %d", ca, errOut, code)
 	}
-	dir := npmE2B(t, "tls.test.mjs")
+	dir := npmE2B(t, "tls.test.mjs", "localhost-dns.mjs")
 	caFile := filepath.Join(dir, "ca.pem")
 	os.WriteFile(caFile, []byte(ca), 0o644)
 	e.env = append(e.env, "NODE_EXTRA_CA_CERTS="+caFile)
-	e.run(t, dir, 15*time.Minute, "node", "--test", "--test-reporter=spec", "tls.test.mjs")
+	e.run(t, dir, 15*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "tls.test.mjs")
 }
 
 // TestE2BSDKPython drives agentvm with the published e2b PyPI package,
