@@ -191,6 +191,14 @@ func (p *Principal) Claim() string {
 	return "token:" + p.TokenID
 }
 
+// AdminEpoch names the admin token in force without revealing it: a
+// digest that changes when the token does. Credentials derived from the
+// admin token (preview cookies) bind it, so that they end with a rotation.
+func (s *Service) AdminEpoch() string {
+	h := sha256.Sum256([]byte("agentvm admin epoch\x00" + s.admin))
+	return hex.EncodeToString(h[:12])
+}
+
 // Claimed is the principal a Claim names; only a request from another
 // node (authenticated by its certificate) may carry one.
 func (s *Service) Claimed(ctx context.Context, claim string) (*Principal, error) {

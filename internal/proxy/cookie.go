@@ -22,8 +22,9 @@ import (
 // with it is served as that token is now (auth.Service.Claimed), so a
 // revoked or expired token's cookie stops working with it, a cookie read
 // from a browser does not give the token itself, and a cookie copied to
-// another preview host is worthless. It is HttpOnly, SameSite=Lax, and
-// Secure when the proxy speaks TLS.
+// another preview host is worthless; an admin cookie ends when the admin
+// token is replaced. It is HttpOnly, SameSite=Lax, and Secure when the
+// proxy speaks TLS.
 
 // cookieLifetime bounds a preview cookie (a token's own expiry, if sooner).
 const cookieLifetime = 7 * 24 * time.Hour
@@ -33,6 +34,11 @@ var errBadCookie = errors.New("the preview cookie is not valid (expired, or from
 func (p *Proxy) cookieMAC(claim, exp, host string) string {
 	m := hmac.New(sha256.New, p.key)
 	m.Write([]byte("agentvm preview cookie\x00" + claim + "\x00" + exp + "\x00" + strings.ToLower(host)))
+	if claim == "admin" {
+		// The admin token has no id to revoke: its cookies are bound to
+		// the token itself, and end when it is replaced.
+		m.Write([]byte("\x00" + p.cfg.Auth.AdminEpoch()))
+	}
 	return hex.EncodeToString(m.Sum(nil))
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -253,5 +254,49 @@ func TestPreviewHidesVMs(t *testing.T) {
 	}
 	if bodies[0] != bodies[1] {
 		t.Fatalf("a wrong token in the URL tells a VM that exists from one that does not:\n%s\n%s", bodies[0], bodies[1])
+	}
+}
+
+// The admin token's preview cookie ends when the admin token is replaced
+// (a restart with a new admin.token), though the cookie key stays.
+func TestAdminCookieEndsWithTheAdminToken(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app") }))
+	defer backend.Close()
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	proxyWith := func(admin string) *Proxy {
+		p, err := New(Config{Listen: "127.0.0.1:0", Domain: "localhost", Auth: auth.New(st, admin), Store: st,
+			VMs: fakeVMs{backend: backend.Listener.Addr().String()}, Key: []byte("cluster-wide key")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	old := proxyWith("avm_old_admin")
+	r := httptest.NewRequest("GET", "/?"+TokenParam+"=avm_old_admin", nil)
+	r.Host = "3000-web.localhost"
+	rec := httptest.NewRecorder()
+	old.ServeHTTP(rec, r)
+	cs := rec.Result().Cookies()
+	if rec.Code != http.StatusFound || len(cs) != 1 {
+		t.Fatalf("%d %+v", rec.Code, cs)
+	}
+	get := func(p *Proxy) int {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = "3000-web.localhost"
+		r.AddCookie(cs[0])
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	if code := get(proxyWith("avm_old_admin")); code != http.StatusOK {
+		t.Fatalf("the admin cookie under the same admin token: %d", code)
+	}
+	if code := get(proxyWith("avm_new_admin")); code != http.StatusUnauthorized {
+		t.Fatalf("the admin cookie after the admin token was replaced: %d", code)
 	}
 }
