@@ -135,7 +135,8 @@ func TestE2BSDKNode(t *testing.T) {
 // TestE2BSDKNodeTLS runs the SDK against `serve --tls auto`, trusting the
 // CA that `agentvm ca` prints.
 func TestE2BSDKNodeTLS(t *testing.T) {
-	e := startE2B(t, "--tls", "auto")
+	// Two labels: clients refuse a wildcard certificate for *.localhost.
+	e := startE2B(t, "--tls", "auto", "--domain", "agentvm.localhost")
 	ca, errOut, code := e.s.CLI("", "ca")
 	if code != 0 || !strings.Contains(ca, "BEGIN CERTIFICATE") {
 		t.Fatalf("agentvm ca: %q %q %d", ca, errOut, code)

@@ -65,6 +65,12 @@ func serveCmd() *cobra.Command {
 			if exe, err := os.Executable(); err == nil {
 				cfg.StateCat = exe // restores read state with splice
 			}
+			if cfg.TLSAuto && !strings.Contains(strings.Trim(cfg.Domain, "."), ".") {
+				// RFC 6125 clients (Node, OpenSSL, browsers) refuse a
+				// wildcard over a single label: *.localhost matches nothing.
+				cfg.Log.Warn("--tls auto with a one-label --domain: clients refuse its wildcard certificate *."+cfg.Domain+
+					" for preview hosts (the proxy's own address still works); use a domain of two labels or more, e.g. agentvm."+cfg.Domain, "domain", cfg.Domain)
+			}
 			s, err := server.New(cmd.Context(), cfg)
 			if err != nil {
 				return err

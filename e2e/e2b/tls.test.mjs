@@ -33,7 +33,7 @@ test('preview hosts over TLS: envd and signed file URLs', async () => {
     try {
       assert.equal((await sbx.commands.run('echo host')).stdout, 'host\n')
       const up = await sbx.uploadUrl('/home/user/signed.txt')
-      assert.match(up, new RegExp(`^https://49983-${sbx.sandboxId}\\.localhost:\\d+/files\\?`))
+      assert.match(up, new RegExp(`^https://49983-${sbx.sandboxId}\\.agentvm\\.localhost:\\d+/files\\?`))
       const form = new FormData()
       form.append('file', new Blob(['signed over tls']), 'signed.txt')
       assert.equal((await fetch(up, { method: 'POST', body: form })).status, 200)
