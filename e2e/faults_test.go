@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -406,8 +407,8 @@ func tailString(s string, n int) string {
 	return s
 }
 
-// checkImageChain runs qemu-img check on a disk and its backing files: a
-// crash must leave every image of the chain consistent.
+// checkImageChain runs qemu-img check on a disk and each of its backing
+// files: a crash must leave every image of the chain consistent.
 func checkImageChain(disk string) error {
 	qemuImg := "qemu-img"
 	if q := os.Getenv("AGENTVM_QEMU"); q != "" {
@@ -416,13 +417,29 @@ func checkImageChain(disk string) error {
 			qemuImg = "qemu-img"
 		}
 	}
-	out, err := exec.Command(qemuImg, "check", "-U", "--backing-chain", disk).CombinedOutput()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() == 3 {
-		return nil // leaked clusters only: space a kill -9 may leave, no corruption
-	}
+	out, err := exec.Command(qemuImg, "info", "-U", "--backing-chain", "--output=json", disk).Output()
 	if err != nil {
-		return fmt.Errorf("qemu-img check --backing-chain %s: %v\n%s", disk, err, out)
+		return fmt.Errorf("qemu-img info --backing-chain %s: %v", disk, err)
+	}
+	var chain []struct {
+		Filename string `json:"filename"`
+		Format   string `json:"format"`
+	}
+	if err := json.Unmarshal(out, &chain); err != nil || len(chain) == 0 {
+		return fmt.Errorf("qemu-img info --backing-chain %s: %v\n%s", disk, err, out)
+	}
+	for _, img := range chain {
+		if img.Format != "qcow2" {
+			continue
+		}
+		out, err := exec.Command(qemuImg, "check", "-U", img.Filename).CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() == 3 {
+			continue // leaked clusters only: space a kill -9 may leave, no corruption
+		}
+		if err != nil {
+			return fmt.Errorf("qemu-img check %s (in the chain of %s): %v\n%s", img.Filename, disk, err, out)
+		}
 	}
 	return nil
 }
