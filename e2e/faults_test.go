@@ -417,9 +417,12 @@ func checkImageChain(disk string) error {
 			qemuImg = "qemu-img"
 		}
 	}
-	out, err := exec.Command(qemuImg, "info", "-U", "--backing-chain", "--output=json", disk).Output()
+	var stderr bytes.Buffer
+	info := exec.Command(qemuImg, "info", "-U", "--backing-chain", "--output=json", disk)
+	info.Stderr = &stderr
+	out, err := info.Output()
 	if err != nil {
-		return fmt.Errorf("qemu-img info --backing-chain %s: %v", disk, err)
+		return fmt.Errorf("qemu-img info --backing-chain %s: %v\n%s", disk, err, stderr.Bytes())
 	}
 	var chain []struct {
 		Filename string `json:"filename"`
