@@ -1,6 +1,6 @@
 // Drives agentvm through the unmodified `e2b` npm package (installed by
 // e2e/e2b_test.go into a temp dir next to a copy of this file). Environment:
-// E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN as in the README,
+// E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN as in docs/e2b.md,
 // plus AGENTVM_PROXY (host:port of the preview proxy), AGENTVM_SCOPED_KEY (a
 // key scoped to another VM) and RUN (a per-run id).
 import { test, after } from 'node:test'

@@ -279,7 +279,7 @@ var browserFlavor = flavor{
 	packages: []string{
 		"chromium", "chromium-sandbox", "xvfb", "openbox", "x11vnc",
 		"fonts-noto-cjk", "fonts-noto-color-emoji", "fonts-liberation", "fonts-dejavu-core",
-		// For QA of apps with a database (README "Browser agents"): installed,
+		// For QA of apps with a database (docs/browser.md): installed,
 		// not running; systemctl start postgresql starts it in seconds, where
 		// installing it in a VM under emulation takes minutes.
 		"postgresql", "python3-psycopg2",

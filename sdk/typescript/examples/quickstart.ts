@@ -1,4 +1,4 @@
-// The README's example, type-checked against the built package (npm run
+// The example of docs/typescript-sdk.md, type-checked against the built package (npm run
 // build && npm run typecheck). Run it with a daemon: npx tsc -p examples
 // is type-only; `node --experimental-strip-types` (Node >= 22.6) runs it.
 import { AgentVM, NotFoundError, type ExecResult } from 'agentvm'
