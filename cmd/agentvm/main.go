@@ -32,16 +32,7 @@ func main() {
 		}
 		return
 	}
-	root := &cobra.Command{
-		Use:           "agentvm",
-		Short:         "Durable, forkable Linux VMs for AI agents",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(serveCmd(), nodeCmd(), caCmd(), mcpCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
-		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
-		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
-		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd(), screenshotCmd())
+	root := newRoot()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	cancel()
@@ -57,6 +48,21 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// newRoot is the whole command tree (docs/cli-reference.md is made from it).
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "agentvm",
+		Short:         "Durable, forkable Linux VMs for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(), nodeCmd(), caCmd(), mcpCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
+		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
+		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
+		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd(), screenshotCmd())
+	return root
 }
 
 func printJSON(v any) error {
