@@ -212,7 +212,7 @@ class Lifecycle(unittest.TestCase):
 
     def test_auto_resume_and_filesystem_pause(self):
         md = {"suite": "py-lifecycle", "run": RUN}
-        auto = Sandbox.create(timeout=8, metadata=md, lifecycle={"on_timeout": "pause", "auto_resume": True})
+        auto = Sandbox.create(timeout=600, metadata=md, lifecycle={"on_timeout": "pause", "auto_resume": True})
         disk = Sandbox.create(timeout=600, metadata=md, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
         try:
             self.assertEqual(auto.get_info().lifecycle, {"on_timeout": "pause", "auto_resume": True})
@@ -220,7 +220,11 @@ class Lifecycle(unittest.TestCase):
             auto.commands.run("cd /tmp && echo woke > w.html && python3 -m http.server 8020", background=True, timeout=0)
             disk.files.write("/home/user/marker.txt", "on disk")
             boot = disk.files.read("/proc/sys/kernel/random/boot_id").strip()
+            wait_for("the server", lambda: get(auto.get_host(8020), "/w.html") == (200, "woke\n"), 60)
+            # Both reach their timeouts now (a short one is also what the
+            # auto-resume gives again).
             disk.set_timeout(1)
+            auto.set_timeout(3)
             wait_for("the timeout's pause", lambda: vm_state(auto.sandbox_id) == "suspended", 180)
             wait_for("the timeout's filesystem-only pause", lambda: vm_state(disk.sandbox_id) == "stopped", 180)
             for s in (auto, disk):
@@ -230,9 +234,9 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(Sandbox.get_info(disk.sandbox_id).state, SandboxState.PAUSED)
             # A request to a port wakes the auto_resume one, server and all.
             self.assertEqual(get(auto.get_host(8020), "/w.html"), (200, "woke\n"))
+            auto.set_timeout(600)  # before its 3 s run out again
             self.assertEqual(Sandbox.get_info(auto.sandbox_id).state, SandboxState.RUNNING)
             self.assertTrue(auto.is_running())
-            auto.set_timeout(600)
             # Killed under a running command: its wait says so, as E2B's does.
             sleeper = auto.commands.run("sleep 600", background=True, timeout=0)
             auto.kill()

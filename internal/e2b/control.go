@@ -219,8 +219,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 	case present(req.VolumeMounts):
 		apiError(w, http.StatusBadRequest, "volumes are not supported by agentvm")
 		return
-	case req.AutoPauseMemory != nil && !req.AutoPause:
-		apiError(w, http.StatusBadRequest, "autoPauseMemory is only allowed with autoPause: true")
+	case pauseDisk && !req.AutoPause:
+		apiError(w, http.StatusBadRequest, "autoPauseMemory: false is only allowed with autoPause: true")
 		return
 	case autoResume && !req.AutoPause:
 		apiError(w, http.StatusBadRequest, "autoResume can only be enabled with autoPause: true (the timeout must pause the sandbox)")
@@ -538,11 +538,12 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, p *auth.Prin
 	}
 	// The new timeout is also the life an auto-resume gives it later;
 	// a zero one (end now) keeps the one it had for that.
-	set := func() error { return s.cfg.Store.SetSandboxTimeout(r.Context(), v.ID, time.Now().Add(d), d) }
 	if d == 0 {
-		set = func() error { return s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Now()) }
+		err = s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, time.Now())
+	} else {
+		err = s.cfg.Store.SetSandboxTimeout(r.Context(), v.ID, time.Now().Add(d), d)
 	}
-	if err := set(); err != nil {
+	if err != nil {
 		vmError(w, err)
 		return
 	}
@@ -602,6 +603,13 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 		apiError(w, http.StatusBadRequest, "%v", err)
 		return
 	}
+	// Under the sandbox's life lock: the timeout loop must not pause it
+	// between its wake and its new end.
+	defer s.lives.lock(v.ID)()
+	if v, err = s.cfg.VMs.Get(r.Context(), v.ID); err != nil {
+		vmError(w, err)
+		return
+	}
 	if req.Memory != nil && !*req.Memory && (v.State == store.StateSuspended || v.State == store.StatePaused) {
 		if v, err = s.cfg.VMs.Stop(r.Context(), v.ID); err != nil {
 			vmError(w, err)
@@ -629,12 +637,13 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	// and a shorter timeout than what is left changes nothing (a scoped
 	// key must not shorten a life, which only kill and the timeout
 	// endpoint, both the admin's, may do).
-	if end := time.Now().Add(d); d > 0 && !sb.EndAt.IsZero() && end.After(sb.EndAt) {
-		sb.EndAt = end
-		if err := s.cfg.Store.SetSandboxEnd(r.Context(), v.ID, end); err != nil {
-			vmError(w, err)
-			return
-		}
+	if sb, err = s.cfg.Store.GetSandbox(r.Context(), v.ID); err != nil {
+		vmError(w, err)
+		return
+	}
+	if err := s.extendEnd(r.Context(), sb, d); err != nil {
+		vmError(w, err)
+		return
 	}
 	writeJSON(w, status, s.sandboxJSON(v, sb, p))
 }

@@ -87,6 +87,7 @@ type Server struct {
 	mu            sync.Mutex
 	watchers      map[string]*watcher // CreateWatcher's polling watches
 	watcherCreate sync.Mutex
+	lives         lives // lifecycle.go
 }
 
 // New makes the E2B layer.
@@ -118,6 +119,7 @@ func newSandboxID() string {
 // Forget drops what the E2B layer keeps about a deleted VM.
 func (s *Server) Forget(vmID string) {
 	s.cfg.Store.DeleteSandbox(context.Background(), vmID)
+	s.lives.forget(vmID)
 	s.mu.Lock()
 	for id, w := range s.watchers {
 		if w.vmID == vmID {
@@ -150,37 +152,6 @@ func (s *Server) Run(ctx context.Context, every time.Duration) {
 			}
 			s.expire(ctx, sb)
 		}
-	}
-}
-
-func (s *Server) expire(ctx context.Context, sb *store.Sandbox) {
-	v, err := s.cfg.VMs.Get(ctx, sb.VMID)
-	if err != nil {
-		s.cfg.Store.DeleteSandbox(ctx, sb.VMID)
-		return
-	}
-	// A paused sandbox does not time out; it keeps its end, which a
-	// connect that resumes it moves (connect only extends an end). With
-	// autoPause a stopped one is paused too (filesystem-only).
-	if v.State == store.StateSuspended || v.State == store.StatePaused || (sb.AutoPause && v.State != store.StateRunning) {
-		return
-	}
-	ctx = vm.WithActor(ctx, "e2b timeout")
-	if sb.AutoPause && sb.PauseDisk {
-		// Filesystem-only: agentvm's stop; connect boots it from its disk.
-		if _, err := s.cfg.VMs.Stop(ctx, sb.VMID); err != nil {
-			s.log.Warn("e2b: filesystem-only auto-pause at timeout failed", "vm", sb.VMID, "err", err)
-		}
-		return
-	}
-	if sb.AutoPause {
-		if _, err := s.cfg.VMs.Suspend(ctx, sb.VMID); err != nil {
-			s.log.Warn("e2b: auto-pause at timeout failed", "vm", sb.VMID, "err", err)
-		}
-		return
-	}
-	if err := s.cfg.VMs.Delete(ctx, sb.VMID); err != nil {
-		s.log.Warn("e2b: delete at timeout failed", "vm", sb.VMID, "err", err)
 	}
 }
 

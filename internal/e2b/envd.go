@@ -17,7 +17,6 @@ import (
 	"github.com/agentvm/agentvm/internal/guest"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
-	"github.com/agentvm/agentvm/internal/vm"
 )
 
 // envd, served by the daemon for each sandbox's port 49983 on top of the
@@ -55,40 +54,6 @@ func route(r *http.Request) (ref string, port int, ok bool) {
 func (s *Server) Owns(ctx context.Context, v *store.VM) bool {
 	_, err := s.cfg.Store.GetSandbox(ctx, v.ID)
 	return err == nil
-}
-
-// AutoResume wakes sandbox v, paused, for a request to it (its envd or a
-// port) when it was created with autoResume, as E2B's proxy does: it
-// runs again for its timeout. Anyone who may send the request may wake it,
-// as its ports are public. false leaves it paused (connect resumes it).
-func (s *Server) AutoResume(ctx context.Context, v *store.VM) (*store.VM, bool) {
-	sb, err := s.cfg.Store.GetSandbox(ctx, v.ID)
-	if err != nil || !sb.AutoResume || (v.State != store.StateSuspended && v.State != store.StatePaused) {
-		return v, false
-	}
-	// Its new end is set before the wake, so that the timeout loop does
-	// not find it running past its old end and pause it again, and once
-	// more after it: the whole timeout counts from when it runs.
-	renew := func() error {
-		if sb.Timeout == 0 {
-			return nil
-		}
-		return s.cfg.Store.SetSandboxEnd(ctx, v.ID, time.Now().Add(sb.Timeout))
-	}
-	if renew() != nil {
-		return v, false
-	}
-	// The wake outlives a client that gives up waiting: the next one
-	// finds the sandbox running.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(vm.WithActor(ctx, "e2b auto-resume")), 3*time.Minute)
-	defer cancel()
-	woke, err := s.cfg.VMs.Wake(wctx, v.ID)
-	if err != nil || woke.State != store.StateRunning {
-		s.log.Warn("e2b: auto-resume failed", "vm", v.ID, "err", err)
-		return v, false
-	}
-	renew()
-	return woke, true
 }
 
 // notFound answers a request for a sandbox that does not exist or does not

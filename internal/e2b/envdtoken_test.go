@@ -25,11 +25,12 @@ import (
 // fake, and the events it records.
 type envdVMs struct {
 	VMs
-	g      *guest.Client
-	mu     sync.Mutex
-	events []string
-	state  store.State // "" is running
-	calls  []string
+	g       *guest.Client
+	mu      sync.Mutex
+	events  []string
+	state   store.State // "" is running
+	calls   []string
+	wakeErr error
 }
 
 func (f *envdVMs) Guest(ctx context.Context, ref string) (*store.VM, *guest.Client, error) {
@@ -224,6 +225,12 @@ func (f *envdVMs) Suspend(ctx context.Context, ref string) (*vm.OpResult, error)
 	return &vm.OpResult{}, err
 }
 func (f *envdVMs) Wake(ctx context.Context, ref string) (*store.VM, error) {
+	if f.wakeErr != nil {
+		f.mu.Lock()
+		f.calls = append(f.calls, "wake")
+		f.mu.Unlock()
+		return nil, f.wakeErr
+	}
 	return f.set("wake", store.StateRunning)
 }
 
@@ -347,4 +354,9 @@ func TestTrafficTokenIsNotEnvd(t *testing.T) {
 			t.Errorf("%s %.12s: %v %d, want 401", c.hdr, c.tok, p, code)
 		}
 	}
+}
+
+func (f *envdVMs) Delete(ctx context.Context, ref string) error {
+	_, err := f.set("delete", "")
+	return err
 }

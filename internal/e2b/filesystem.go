@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io/fs"
 	"path"
-	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -231,7 +230,8 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 type watcher struct {
 	vmID     string
 	root     string
-	entries  bool // the events carry their entries, stat-ed when polled
+	user     string // who made it: its entries are stat-ed as that user
+	entries  bool   // the events carry their entries, stat-ed when polled
 	stop     context.CancelFunc
 	mu       sync.Mutex
 	events   []filesystemEvent
@@ -283,7 +283,7 @@ func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*creat
 	b := make([]byte, 8)
 	rand.Read(b)
 	id := "w-" + hex.EncodeToString(b)
-	w := &watcher{vmID: c.vm.ID, root: req.Path, entries: req.IncludeEntry, stop: cancel, lastPoll: time.Now()}
+	w := &watcher{vmID: c.vm.ID, root: req.Path, user: c.user, entries: req.IncludeEntry, stop: cancel, lastPoll: time.Now()}
 	s.mu.Lock()
 	s.watchers[id] = w
 	s.mu.Unlock()
@@ -334,12 +334,12 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 	if err != nil {
 		return nil, err
 	}
-	// A round trip to the agent first: the events it sent before it
-	// answers (say of the write this caller just made) are here by then.
+	// A round trip to the agent first, best effort: events the agent
+	// read before it answers (say of the write this caller just made)
+	// have most likely come in by then, though on a stream of their own.
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	c.g.Ping(pctx)
 	cancel()
-	runtime.Gosched() // and the reader they woke gets its turn to queue them
 	w.mu.Lock()
 	out := &watcherEventsResponse{Events: w.events}
 	w.events, w.lastPoll = nil, time.Now()
@@ -355,7 +355,7 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 		out.Events = []filesystemEvent{}
 	}
 	if w.entries {
-		c.addEntries(ctx, w.root, out.Events)
+		c.addEntries(ctx, w.user, w.root, out.Events)
 	}
 	return out, nil
 }
@@ -365,8 +365,9 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 const maxEntryStats = 256
 
 // addEntries gives polled events the entries of their paths as they are
-// now (once per path), except removes and renames away, which have none.
-func (c *envdCall) addEntries(ctx context.Context, root string, evs []filesystemEvent) {
+// now (once per path), except removes and renames away, which have none
+// (nor has an event whose path is gone by the poll).
+func (c *envdCall) addEntries(ctx context.Context, user, root string, evs []filesystemEvent) {
 	seen := map[string]*entryInfo{}
 	for i := range evs {
 		ev := &evs[i]
@@ -375,7 +376,7 @@ func (c *envdCall) addEntries(ctx context.Context, root string, evs []filesystem
 		}
 		e, ok := seen[ev.Name]
 		if !ok && len(seen) < maxEntryStats {
-			if fi, err := c.g.Stat(ctx, c.user, path.Join(root, ev.Name)); err == nil {
+			if fi, err := c.g.Stat(ctx, user, path.Join(root, ev.Name)); err == nil {
 				e = entry(fi)
 			}
 			seen[ev.Name] = e

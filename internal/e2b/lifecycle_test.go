@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,7 +20,7 @@ func TestCreateLifecycleRefused(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"autoResume":{"enabled":true}}`:                                          "autoResume can only be enabled with autoPause",
 		`{"autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`: "cannot be combined with autoPauseMemory: false",
-		`{"autoPauseMemory":false}`:                                                "autoPauseMemory is only allowed with autoPause",
+		`{"autoPauseMemory":false}`:                                                "autoPauseMemory: false is only allowed with autoPause",
 	} {
 		r := httptest.NewRequest("POST", "/sandboxes", strings.NewReader(body))
 		w := httptest.NewRecorder()
@@ -31,61 +32,92 @@ func TestCreateLifecycleRefused(t *testing.T) {
 }
 
 // The timeout pauses a sandbox as its lifecycle says: a filesystem-only
-// pause is a stop, a pause with memory a suspend, and a paused or stopped
-// sandbox is left alone.
+// pause is a stop, a pause with memory a suspend, no autoPause a delete;
+// a paused or stopped sandbox is left alone, and so is one whose end a
+// wake moved after the loop listed it.
 func TestExpireLifecycle(t *testing.T) {
 	ctx := context.Background()
+	past := time.Now().Add(-time.Second)
 	for _, c := range []struct {
 		sb    store.Sandbox
 		state store.State
+		end   time.Time // the end in the store when expire runs
 		want  string
 	}{
-		{store.Sandbox{AutoPause: true}, "", "suspend"},
-		{store.Sandbox{AutoPause: true, PauseDisk: true}, "", "stop"},
-		{store.Sandbox{AutoPause: true, PauseDisk: true}, store.StateStopped, ""},
-		{store.Sandbox{AutoPause: true}, store.StateSuspended, ""},
+		{store.Sandbox{AutoPause: true}, "", past, "suspend"},
+		{store.Sandbox{AutoPause: true, PauseDisk: true}, "", past, "stop"},
+		{store.Sandbox{}, "", past, "delete"},
+		{store.Sandbox{AutoPause: true, PauseDisk: true}, store.StateStopped, past, ""},
+		{store.Sandbox{AutoPause: true}, store.StateSuspended, past, ""},
+		{store.Sandbox{}, store.StateStopped, past, ""}, // pause({memory: false}) without autoPause
+		{store.Sandbox{AutoPause: true}, "", time.Now().Add(time.Hour), ""},
 	} {
 		h := newEnvdHarness(t)
 		h.vms.state = c.state
-		sb := c.sb
-		sb.VMID, sb.EndAt = "vm1", time.Now().Add(-time.Second)
-		h.s.expire(ctx, &sb)
+		listed := c.sb
+		listed.VMID, listed.TemplateID, listed.EndAt, listed.CreatedAt = "vm1", "base", past, time.Now()
+		now := listed
+		now.EndAt = c.end
+		if err := h.s.cfg.Store.PutSandbox(ctx, &now); err != nil {
+			t.Fatal(err)
+		}
+		h.s.expire(ctx, &listed)
 		if got := strings.Join(h.vms.calls, ","); got != c.want {
-			t.Errorf("%+v in state %q: calls %q, want %q", c.sb, c.state, got, c.want)
+			t.Errorf("%+v in state %q, end in %v: calls %q, want %q", c.sb, c.state, time.Until(c.end).Round(time.Minute), got, c.want)
 		}
 	}
 }
 
 // A request to a paused sandbox wakes it only when it asked for
-// autoResume, and the wake gives it its timeout again.
+// autoResume; the wake gives it at least its timeout (never less than it
+// had), and a wake that failed is not tried again at once.
 func TestAutoResume(t *testing.T) {
 	ctx := context.Background()
 	h := newEnvdHarness(t)
 	h.vms.state = store.StateSuspended
-	past := time.Now().Add(-time.Minute)
-	put := func(auto bool) {
+	put := func(auto bool, end time.Time) {
 		t.Helper()
 		if err := h.s.cfg.Store.PutSandbox(ctx, &store.Sandbox{VMID: "vm1", TemplateID: "base", AutoPause: true, AutoResume: auto,
-			Timeout: time.Hour, EndAt: past, CreatedAt: time.Now()}); err != nil {
+			Timeout: time.Hour, EndAt: end, CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	end := func() time.Time {
+		sb, _ := h.s.cfg.Store.GetSandbox(ctx, "vm1")
+		return sb.EndAt
+	}
 	v, _ := h.vms.Get(ctx, "vm1")
-	put(false)
+	put(false, time.Now().Add(-time.Minute))
 	if _, woke := h.s.AutoResume(ctx, v); woke || len(h.vms.calls) != 0 {
 		t.Fatalf("a sandbox without autoResume was woken: %v", h.vms.calls)
 	}
-	put(true)
+	put(true, time.Now().Add(-time.Minute))
 	got, woke := h.s.AutoResume(ctx, v)
 	if !woke || got.State != store.StateRunning || strings.Join(h.vms.calls, ",") != "wake" {
 		t.Fatalf("autoResume: woke %v, %+v, calls %v", woke, got, h.vms.calls)
 	}
-	sb, _ := h.s.cfg.Store.GetSandbox(ctx, "vm1")
-	if sb.EndAt.Before(time.Now().Add(50 * time.Minute)) {
-		t.Fatalf("an auto-resumed sandbox ends at %v, want about an hour from now", sb.EndAt)
+	if e := end(); e.Before(time.Now().Add(50 * time.Minute)) {
+		t.Fatalf("an auto-resumed sandbox ends at %v, want about an hour from now", e)
 	}
-	// Running already: nothing to wake.
-	if _, woke := h.s.AutoResume(ctx, got); woke || len(h.vms.calls) != 1 {
-		t.Fatalf("a running sandbox was woken again: %v", h.vms.calls)
+	// Woken already (by another request): nothing to do.
+	if _, woke := h.s.AutoResume(ctx, v); !woke || len(h.vms.calls) != 1 {
+		t.Fatalf("a sandbox another request woke: woke %v, calls %v", woke, h.vms.calls)
+	}
+	// A longer life than its timeout is kept.
+	later := time.Now().Add(3 * time.Hour).Truncate(time.Millisecond)
+	put(true, later)
+	h.vms.state = store.StateSuspended
+	if _, woke := h.s.AutoResume(ctx, v); !woke || !end().Equal(later) {
+		t.Fatalf("an auto-resume moved an end of %v to %v", later, end())
+	}
+	// A wake that fails is not retried for every request.
+	h.vms.state, h.vms.calls, h.vms.wakeErr = store.StateSuspended, nil, errors.New("no memory")
+	for range 3 {
+		if _, woke := h.s.AutoResume(ctx, v); woke {
+			t.Fatal("a failed wake reported a woken sandbox")
+		}
+	}
+	if len(h.vms.calls) != 1 {
+		t.Fatalf("a failing auto-resume was tried %d times at once", len(h.vms.calls))
 	}
 }

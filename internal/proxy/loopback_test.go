@@ -158,3 +158,51 @@ func TestCompatCredentialsStripped(t *testing.T) {
 		t.Fatalf("the app saw %d %q", code, body)
 	}
 }
+
+// suspendedVMs is fakeVMs whose VM is suspended.
+type suspendedVMs struct{ fakeVMs }
+
+func (f suspendedVMs) Get(ctx context.Context, ref string) (*store.VM, error) {
+	v, err := f.fakeVMs.Get(ctx, ref)
+	if v != nil {
+		v.State = store.StateSuspended
+	}
+	return v, err
+}
+
+// wakingCompat is fakeCompat whose AutoResume wakes the VM when wake is set.
+type wakingCompat struct {
+	fakeCompat
+	wake  bool
+	woken *int
+}
+
+func (c wakingCompat) AutoResume(_ context.Context, v *store.VM) (*store.VM, bool) {
+	if !c.wake {
+		return v, false
+	}
+	*c.woken++
+	w := *v
+	w.State = store.StateRunning
+	return &w, true
+}
+
+// A request for a paused VM of the compatibility layer is served once the
+// layer woke it (E2B's autoResume), and answered as a missing sandbox
+// when the layer leaves it paused.
+func TestCompatAutoResume(t *testing.T) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app") }))
+	defer app.Close()
+	for _, wake := range []bool{false, true} {
+		woken := 0
+		p, _ := newProxyOn(t, suspendedVMs{fakeVMs{backend: app.Listener.Addr().String()}}, wakingCompat{wake: wake, woken: &woken})
+		go p.Serve()
+		code, body := get(t, p, "3000-web.localhost", nil)
+		switch {
+		case wake && (code != 200 || body != "app" || woken != 1):
+			t.Errorf("autoResume: %d %q, woken %d times", code, body, woken)
+		case !wake && (code != http.StatusBadGateway || woken != 0):
+			t.Errorf("no autoResume: %d %q", code, body)
+		}
+	}
+}

@@ -18,8 +18,8 @@ type Sandbox struct {
 	// PauseDisk makes the timeout's pause filesystem-only (agentvm's
 	// stop: disk kept, memory and processes not); false keeps memory.
 	PauseDisk bool
-	// AutoResume wakes the sandbox, paused at its timeout, on the next
-	// request to it (its preview or envd), for another Timeout.
+	// AutoResume wakes the sandbox, when paused, on the next request to
+	// it (its preview or envd), for at least another Timeout.
 	AutoResume bool
 	Timeout    time.Duration // the life it was last given; zero: none
 	CreatedAt  time.Time

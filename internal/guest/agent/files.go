@@ -366,11 +366,23 @@ func writeInPlace(target string, u *userInfo, exists bool, st *unix.Stat_t, body
 			return pathError(target, err)
 		}
 	}
-	if _, fromBody, err := copyToFile(f, body); err != nil {
+	n, fromBody, err := copyToFile(f, body)
+	if err != nil {
 		if fromBody {
 			return errInvalid("%s: upload interrupted: %v", target, err)
 		}
 		return pathError(target, err)
+	}
+	// Another writer may have grown the file since the size was read:
+	// what lies past this write goes, as after O_TRUNC.
+	var after unix.Stat_t
+	if err := unix.Fstat(fd, &after); err != nil {
+		return pathError(target, err)
+	}
+	if after.Size > n {
+		if err := unix.Ftruncate(fd, n); err != nil {
+			return pathError(target, err)
+		}
 	}
 	return pathError(target, f.Close())
 }
