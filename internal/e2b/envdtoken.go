@@ -115,7 +115,7 @@ func envdAuthError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, auth.ErrForbidden):
 		status = http.StatusForbidden
-	case errors.Is(err, errEnvdToken), errors.Is(err, errSignature):
+	case errors.Is(err, errEnvdToken), errors.Is(err, errSignature), errors.Is(err, errSignatureExpired):
 	default:
 		status = http.StatusServiceUnavailable
 	}
@@ -124,6 +124,10 @@ func envdAuthError(w http.ResponseWriter, err error) {
 
 // errSignature is a signed file URL that no live key signed.
 var errSignature = errors.New("invalid signature")
+
+// errSignatureExpired is a signed file URL past its expiry, in envd's words
+// (the SDKs' tests compare the whole answer).
+var errSignatureExpired = errors.New("signature is already expired")
 
 // signer checks a signed file URL (GET reads, POST writes) of sandbox vmID
 // and returns the key whose envd token signed it: the signature is SHA-256
@@ -142,7 +146,7 @@ func (s *Server) signer(r *http.Request, vmID string) (*auth.Principal, error) {
 			return nil, fmt.Errorf("%w: bad signature_expiration %q", errSignature, e)
 		}
 		if time.Now().Unix() > exp {
-			return nil, fmt.Errorf("%w: the signature expired at %s", errSignature, time.Unix(exp, 0).UTC().Format(time.RFC3339))
+			return nil, errSignatureExpired
 		}
 	}
 	keys, err := s.signers(r.Context(), vmID)

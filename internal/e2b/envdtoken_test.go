@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -177,6 +178,16 @@ func TestSignedURLsDieWithTheirKey(t *testing.T) {
 			method = "POST"
 		}
 		return httptest.NewRequest(method, "/files?"+q.Encode(), nil)
+	}
+	// Past its expiry: refused in envd's words, which the SDKs' tests compare.
+	past := time.Now().Add(-time.Minute).Unix()
+	q := url.Values{"path": {"/home/user/x"}, "username": {"user"}, "signature_expiration": {strconv.FormatInt(past, 10)}}
+	q.Set("signature", signature("/home/user/x", "read", "user", h.s.envdToken("vm1", a), past))
+	_, err := h.s.signer(httptest.NewRequest("GET", "/files?"+q.Encode(), nil), "vm1")
+	rec := httptest.NewRecorder()
+	envdAuthError(rec, err)
+	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), `"message":"signature is already expired"`) {
+		t.Fatalf("an expired signature: %d %s", rec.Code, rec.Body)
 	}
 	for _, p := range []*auth.Principal{a, auth.Admin} {
 		if got, err := h.s.signer(sign(p, "read"), "vm1"); err != nil || got.TokenID != p.TokenID {

@@ -82,28 +82,53 @@ func (s *Server) extendEnd(ctx context.Context, sb *store.Sandbox, d time.Durati
 	return nil
 }
 
-// AutoResume wakes sandbox v, paused, for a request to it (its envd or a
-// port) when it was created with autoResume, as E2B's proxy does: it
-// runs again, for at least its timeout. Anyone who may send the request
+// pausing reports whether sb's timeout is pausing it: E2B's answers call
+// such a sandbox paused at once, so its envd and ports are not reached
+// either, though the suspend may still be under way.
+func pausing(sb *store.Sandbox) bool {
+	return sb.AutoPause && !sb.EndAt.IsZero() && time.Now().After(sb.EndAt)
+}
+
+// Reach returns sandbox v ready to serve a request to it (its envd or a
+// port), or false when the sandbox is paused, or being paused by its
+// timeout, and was not created with autoResume: then only connect resumes
+// it. With autoResume the request wakes it, as E2B's proxy does, and it
+// runs for at least its timeout again. Anyone who may send the request
 // may wake it, as its ports are public; a wake that failed is not tried
-// again for resumeRetry. false leaves it as it is (connect resumes it).
-func (s *Server) AutoResume(ctx context.Context, v *store.VM) (*store.VM, bool) {
-	if v.State != store.StateSuspended && v.State != store.StatePaused {
-		return v, false
-	}
+// again for resumeRetry.
+func (s *Server) Reach(ctx context.Context, v *store.VM) (*store.VM, bool) {
 	sb, err := s.cfg.Store.GetSandbox(ctx, v.ID)
-	if err != nil || !sb.AutoResume || s.lives.failedRecently(v.ID) {
+	if err != nil {
+		return v, v.State == store.StateRunning
+	}
+	if v.State == store.StateRunning && !pausing(sb) {
+		return v, true
+	}
+	switch {
+	case !sb.AutoResume || s.lives.failedRecently(v.ID):
+		return v, false
+	case v.State != store.StateRunning && v.State != store.StateSuspended && v.State != store.StatePaused:
 		return v, false
 	}
 	defer s.lives.lock(v.ID)()
-	// Another request may have woken it meanwhile.
-	if cur, err := s.cfg.VMs.Get(ctx, v.ID); err != nil {
+	cur, err := s.cfg.VMs.Get(ctx, v.ID)
+	if err != nil {
 		return v, false
-	} else if cur.State == store.StateRunning {
-		return cur, true
 	}
 	if sb, err = s.cfg.Store.GetSandbox(ctx, v.ID); err != nil {
 		return v, false
+	}
+	switch cur.State {
+	case store.StateRunning:
+		// Woken by another request meanwhile, or its timeout has not
+		// paused it yet: it is resumed as it stands.
+		if pausing(sb) {
+			s.extendEnd(ctx, sb, sb.Timeout)
+		}
+		return cur, true
+	case store.StateSuspended, store.StatePaused:
+	default:
+		return cur, false
 	}
 	// The wake outlives a client that gives up waiting: the next one
 	// finds the sandbox running.

@@ -88,11 +88,11 @@ func TestAutoResume(t *testing.T) {
 	}
 	v, _ := h.vms.Get(ctx, "vm1")
 	put(false, time.Now().Add(-time.Minute))
-	if _, woke := h.s.AutoResume(ctx, v); woke || len(h.vms.calls) != 0 {
+	if _, woke := h.s.Reach(ctx, v); woke || len(h.vms.calls) != 0 {
 		t.Fatalf("a sandbox without autoResume was woken: %v", h.vms.calls)
 	}
 	put(true, time.Now().Add(-time.Minute))
-	got, woke := h.s.AutoResume(ctx, v)
+	got, woke := h.s.Reach(ctx, v)
 	if !woke || got.State != store.StateRunning || strings.Join(h.vms.calls, ",") != "wake" {
 		t.Fatalf("autoResume: woke %v, %+v, calls %v", woke, got, h.vms.calls)
 	}
@@ -100,20 +100,33 @@ func TestAutoResume(t *testing.T) {
 		t.Fatalf("an auto-resumed sandbox ends at %v, want about an hour from now", e)
 	}
 	// Woken already (by another request): nothing to do.
-	if _, woke := h.s.AutoResume(ctx, v); !woke || len(h.vms.calls) != 1 {
+	if _, woke := h.s.Reach(ctx, v); !woke || len(h.vms.calls) != 1 {
 		t.Fatalf("a sandbox another request woke: woke %v, calls %v", woke, h.vms.calls)
 	}
 	// A longer life than its timeout is kept.
 	later := time.Now().Add(3 * time.Hour).Truncate(time.Millisecond)
 	put(true, later)
 	h.vms.state = store.StateSuspended
-	if _, woke := h.s.AutoResume(ctx, v); !woke || !end().Equal(later) {
+	if _, woke := h.s.Reach(ctx, v); !woke || !end().Equal(later) {
 		t.Fatalf("an auto-resume moved an end of %v to %v", later, end())
+	}
+	// Running past an autoPause end (the suspend not done yet) is paused
+	// to a request as to E2B's answers; with autoResume the request
+	// resumes it as it stands.
+	h.vms.state, h.vms.calls = "", nil
+	running, _ := h.vms.Get(ctx, "vm1")
+	put(false, time.Now().Add(-time.Second))
+	if _, ok := h.s.Reach(ctx, running); ok {
+		t.Fatal("a sandbox its timeout is pausing was reached")
+	}
+	put(true, time.Now().Add(-time.Second))
+	if _, ok := h.s.Reach(ctx, running); !ok || len(h.vms.calls) != 0 || end().Before(time.Now().Add(50*time.Minute)) {
+		t.Fatalf("autoResume of a sandbox its timeout is pausing: %v, calls %v, end %v", ok, h.vms.calls, end())
 	}
 	// A wake that fails is not retried for every request.
 	h.vms.state, h.vms.calls, h.vms.wakeErr = store.StateSuspended, nil, errors.New("no memory")
 	for range 3 {
-		if _, woke := h.s.AutoResume(ctx, v); woke {
+		if _, woke := h.s.Reach(ctx, v); woke {
 			t.Fatal("a failed wake reported a woken sandbox")
 		}
 	}

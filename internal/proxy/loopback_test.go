@@ -83,9 +83,11 @@ func TestLoopbackNeedsExec(t *testing.T) {
 // for the admin.
 type fakeCompat struct{}
 
-func (fakeCompat) Route(*http.Request) (string, int, bool)                     { return "", 0, false }
-func (fakeCompat) Owns(context.Context, *store.VM) bool                        { return true }
-func (fakeCompat) AutoResume(_ context.Context, v *store.VM) (*store.VM, bool) { return v, false }
+func (fakeCompat) Route(*http.Request) (string, int, bool) { return "", 0, false }
+func (fakeCompat) Owns(context.Context, *store.VM) bool    { return true }
+func (fakeCompat) Reach(_ context.Context, v *store.VM) (*store.VM, bool) {
+	return v, v.State == store.StateRunning
+}
 func (fakeCompat) Serve(w http.ResponseWriter, _ *http.Request, _ *store.VM) {
 	io.WriteString(w, "envd")
 }
@@ -170,14 +172,14 @@ func (f suspendedVMs) Get(ctx context.Context, ref string) (*store.VM, error) {
 	return v, err
 }
 
-// wakingCompat is fakeCompat whose AutoResume wakes the VM when wake is set.
+// wakingCompat is fakeCompat whose Reach wakes the VM when wake is set.
 type wakingCompat struct {
 	fakeCompat
 	wake  bool
 	woken *int
 }
 
-func (c wakingCompat) AutoResume(_ context.Context, v *store.VM) (*store.VM, bool) {
+func (c wakingCompat) Reach(_ context.Context, v *store.VM) (*store.VM, bool) {
 	if !c.wake {
 		return v, false
 	}

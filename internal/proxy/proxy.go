@@ -47,10 +47,10 @@ type Compat interface {
 	// host, from the layer's own headers.
 	Route(r *http.Request) (ref string, port int, ok bool)
 	Owns(ctx context.Context, v *store.VM) bool
-	// AutoResume wakes v, which is not running, for a request when the
-	// layer's record of it says so, and returns it running; false leaves
-	// it as it is.
-	AutoResume(ctx context.Context, v *store.VM) (*store.VM, bool)
+	// Reach returns v ready to serve a request, running (woken if the
+	// layer's record of it says a request wakes it); false when the
+	// layer holds it unreachable (paused), and leaves it as it is.
+	Reach(ctx context.Context, v *store.VM) (*store.VM, bool)
 	// Serve answers a request for CompatPort of a running VM it owns.
 	Serve(w http.ResponseWriter, r *http.Request, v *store.VM)
 	NotFound(w http.ResponseWriter, ref string)
@@ -398,14 +398,12 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	if p.cfg.ForwardCompat != nil && p.cfg.ForwardCompat(w, r, v) {
 		return true
 	}
-	if v.State != store.StateRunning {
-		// A paused sandbox is unreachable until connect resumes it,
-		// unless it asked to be woken by its traffic.
-		var woke bool
-		if v, woke = c.AutoResume(ctx, v); !woke {
-			c.NotFound(w, v.Name)
-			return true
-		}
+	// A paused sandbox is unreachable until connect resumes it, unless it
+	// asked to be woken by its traffic.
+	var reached bool
+	if v, reached = c.Reach(ctx, v); !reached {
+		c.NotFound(w, v.Name)
+		return true
 	}
 	defer p.cfg.VMs.Hold(v.ID)()
 	if port == p.cfg.CompatPort {
