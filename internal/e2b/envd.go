@@ -2,11 +2,13 @@ package e2b
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path"
 	"strconv"
@@ -304,7 +306,7 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 					return ctx.Err()
 				}
 				err := <-errc
-				c.abortIfGone()
+				c.abortIfGone(st.w)
 				if errors.Is(err, io.EOF) {
 					return rpcErr(codeUnavailable, "the process stream ended without a result (the agent went away or the stream fell behind)")
 				}
@@ -358,17 +360,42 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 // paused under it, as E2B does: the client sees the stream end at the TCP
 // level (and its health probe then finds the sandbox gone). A kill ends
 // QEMU before its record goes, so a sandbox still recorded as running
-// whose agent does not answer a ping either is gone too.
-func (c *envdCall) abortIfGone() {
-	v, err := c.s.cfg.VMs.Get(context.Background(), c.vm.ID)
-	if err != nil || v.State != store.StateRunning {
+// whose agent does not answer a ping either (2 s; a guest that slow
+// under TCG gets a reset too) is gone as well.
+func (c *envdCall) abortIfGone(w http.ResponseWriter) {
+	gone := false
+	if v, err := c.s.cfg.VMs.Get(context.Background(), c.vm.ID); err != nil || v.State != store.StateRunning {
+		gone = true
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		gone = c.g.Ping(ctx) != nil
+		cancel()
+	}
+	if gone {
+		resetConn(w)
 		panic(http.ErrAbortHandler)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if c.g.Ping(ctx) != nil {
-		panic(http.ErrAbortHandler)
+}
+
+// resetConn ends an HTTP/1.x response's connection with a TCP reset, so
+// that the client reads a connection error, as from a host that died: a
+// plain close in the middle of a chunked body reads to some clients
+// (pyqwest, under E2B's Python SDK) as a malformed response, not as the
+// sandbox going away. An HTTP/2 stream cannot be hijacked: the caller's
+// panic resets the stream instead.
+func resetConn(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
 	}
+	nc := conn
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if tcp, ok := nc.(*net.TCPConn); ok {
+		tcp.SetLinger(0)
+	}
+	conn.Close()
 }
 
 // pull reads a guest stream on a goroutine: its events, then (once the

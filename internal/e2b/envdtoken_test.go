@@ -3,6 +3,7 @@ package e2b
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -370,4 +372,31 @@ func TestTrafficTokenIsNotEnvd(t *testing.T) {
 func (f *envdVMs) Delete(ctx context.Context, ref string) error {
 	_, err := f.set("delete", "")
 	return err
+}
+
+// A process stream whose sandbox went away under it ends with a TCP
+// reset, which clients read as a connection error (E2B's Python SDK then
+// probes the sandbox and says it was killed), not a malformed body.
+func TestStreamOfAGoneSandboxIsReset(t *testing.T) {
+	h := newEnvdHarness(t)
+	agent := http.NewServeMux()
+	agent.HandleFunc("POST "+guest.PathProcs, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.Write([]byte(`{"type":"start","pid":7}` + "\n")) // then the agent goes away
+	})
+	h.vms.g = guesttest.Agent(t, agent)
+	h.vms.state = store.StateSuspended // paused under the stream
+	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
+	req, _ := http.NewRequest("POST", h.url+"/process.Process/Start", strings.NewReader(string(envelope(0, `{"process":{"cmd":"/bin/sleep","args":["1000"]}}`))))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("X-Access-Token", h.s.envdToken("vm1", a))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the stream ended with %v, want a connection reset", err)
+	}
 }

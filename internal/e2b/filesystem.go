@@ -204,7 +204,7 @@ func (c *envdCall) watchDir(ctx context.Context, req *watchRequest, st *stream) 
 					return ctx.Err()
 				}
 				err := <-errc
-				c.abortIfGone()
+				c.abortIfGone(st.w)
 				return rpcErr(codeUnavailable, "the watch ended: %v", err)
 			}
 			fe, ok := c.fsEvent(ctx, req.Path, ev, req.IncludeEntry)
