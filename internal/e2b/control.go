@@ -83,6 +83,11 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h(true, s.snapshot))
 	mux.HandleFunc("GET /snapshots", h(true, s.listSnapshots))
 	mux.HandleFunc("DELETE /templates/{id}", h(true, s.deleteTemplate))
+	mux.HandleFunc("GET /templates/aliases/{alias}", h(true, s.templateAlias))
+	for _, route := range []string{"POST /templates", "POST /v2/templates", "POST /v3/templates", "POST /templates/{id}",
+		"POST /templates/{id}/builds/{build}", "POST /v2/templates/{id}/builds/{build}", "POST /templates/tags", "DELETE /templates/tags"} {
+		mux.HandleFunc(route, h(true, noTemplateBuilds))
+	}
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h(true, s.fork))
 }
 

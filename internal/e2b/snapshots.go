@@ -104,6 +104,25 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// templateAlias is GET /templates/aliases/{alias}: whether a template of
+// that name exists (a built-in image, or an agentvm snapshot).
+func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	alias := r.PathValue("alias")
+	if _, err := image.Resolve(alias); err != nil {
+		if _, err := s.cfg.VMs.GetSnapshot(r.Context(), alias); err != nil {
+			apiError(w, http.StatusNotFound, "template %q not found", alias)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
+}
+
+// noTemplateBuilds answers E2B's template build and tag routes, in E2B's
+// error format: agentvm makes templates from running VMs instead.
+func noTemplateBuilds(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	apiError(w, http.StatusBadRequest, "template builds are not supported by agentvm: create a sandbox, set it up, and snapshot it (createSnapshot); the snapshot's name is a template")
+}
+
 type forkResult struct {
 	Sandbox *sandbox `json:"sandbox,omitempty"`
 	Error   *apiErr  `json:"error,omitempty"`
