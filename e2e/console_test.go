@@ -112,15 +112,8 @@ func (c *consoleRun) run(what string, actions ...chromedp.Action) {
 		tctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
 		chromedp.Run(tctx, chromedp.Text("body", &body, chromedp.ByQuery))
 		cancel()
-		c.t.Fatalf("%s: %v\npage text:\n%s", what, err, pageTail(body, 3000))
+		c.t.Fatalf("%s: %v\npage text:\n%s", what, err, testenv.Tail(body, 3000))
 	}
-}
-
-func pageTail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // failedCreate is the text of a failed create's row in the VM list ("" when
@@ -153,7 +146,7 @@ func (c *consoleRun) waitJS(what, expr string, d time.Duration) {
 
 func (c *consoleRun) eval(expr string, out any) {
 	c.t.Helper()
-	c.run("evaluate "+pageTail(expr, 80), chromedp.Evaluate(expr, out, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }))
+	c.run("evaluate "+testenv.Tail(expr, 80), chromedp.Evaluate(expr, out, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }))
 }
 
 func (c *consoleRun) screenshot(name string) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
 	"github.com/agentvm/agentvm/pkg/client"
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/input"
@@ -241,7 +242,7 @@ func (c *consoleRun) files(v *api.VM) {
 			break
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("edited file: %q", pageTail(r.Stdout, 100))
+			c.t.Fatalf("edited file: %q", testenv.Tail(r.Stdout, 100))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -92,17 +92,6 @@ func install(t *testing.T, dir string, name string, args ...string) {
 	}
 }
 
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // npmE2B installs the e2b npm package into a temp dir, with the given test
 // scripts from e2e/e2b next to it.
 func npmE2B(t *testing.T, scripts ...string) string {
@@ -120,7 +109,7 @@ func npmPackages(t *testing.T, pkgs []string, scripts ...string) string {
 	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"e2b-compat-test","private":true,"type":"module"}`), 0o644)
 	install(t, dir, "npm", append([]string{"install", "--no-audit", "--no-fund", "--loglevel=error"}, pkgs...)...)
 	for _, f := range scripts {
-		copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", f), filepath.Join(dir, f))
+		testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", f), filepath.Join(dir, f))
 	}
 	return dir
 }
@@ -155,7 +144,7 @@ func TestE2BSDKPython(t *testing.T) {
 	dir := t.TempDir()
 	install(t, dir, "python3", "-m", "venv", filepath.Join(dir, "venv"))
 	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI)
-	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "sdk_test.py"), filepath.Join(dir, "sdk_test.py"))
+	testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "sdk_test.py"), filepath.Join(dir, "sdk_test.py"))
 	e.run(t, dir, 30*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "sdk_test")
 }
 
@@ -191,6 +180,6 @@ func TestE2BCodeInterpreterPython(t *testing.T) {
 	dir := t.TempDir()
 	install(t, dir, "python3", "-m", "venv", filepath.Join(dir, "venv"))
 	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI, codeInterpPyPI)
-	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "codeinterp_test.py"), filepath.Join(dir, "codeinterp_test.py"))
+	testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "codeinterp_test.py"), filepath.Join(dir, "codeinterp_test.py"))
 	e.run(t, dir, 40*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "codeinterp_test")
 }

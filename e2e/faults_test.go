@@ -307,7 +307,7 @@ func TestDiskFullDuringSuspendAndSnapshot(t *testing.T) {
 			cancel()
 			if err != nil || r.ExitCode != 0 || r.Stdout != "kept\nmore\n" {
 				vl, _ := os.ReadFile(filepath.Join(dir, "vms", vm.ID, "vm.log"))
-				t.Fatalf("%s: exec in %s: %v %+v\nvm.log: %s\n%s", stage, vm.Name, err, r, tailString(string(vl), 3000), tailLog(s))
+				t.Fatalf("%s: exec in %s: %v %+v\nvm.log: %s\n%s", stage, vm.Name, err, r, testenv.Tail(string(vl), 3000), tailLog(s))
 			}
 		}
 	}
@@ -397,13 +397,6 @@ func TestDiskFullDuringSuspendAndSnapshot(t *testing.T) {
 		l, _ := s.Client.Logs(ctx, vm.ID)
 		t.Logf("%s: resumed %d times after QEMU stopped it on the full disk", vm.Name, strings.Count(l, "when a disk write found the data dir full"))
 	}
-}
-
-func tailString(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // checkVMLayers runs qemu-img check on every disk layer a VM owns (its

@@ -135,13 +135,7 @@ func TestDaemonInterruptedLifecycle(t *testing.T) {
 	}
 }
 
-func tailLog(s *testenv.Server) string {
-	l := s.Logs()
-	if len(l) > 4000 {
-		l = l[len(l)-4000:]
-	}
-	return l
-}
+func tailLog(s *testenv.Server) string { return testenv.Tail(s.Logs(), 4000) }
 
 // qmp runs one command on a QEMU's QMP socket (the daemon must be down: the
 // socket takes one client) and fails the test unless QEMU accepts it.

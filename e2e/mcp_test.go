@@ -33,7 +33,7 @@ func TestMCP(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"mcp-test","private":true,"type":"module"}`), 0o644)
 	install(t, dir, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error", mcpNPM)
-	copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "mcp", "mcp.test.mjs"), filepath.Join(dir, "mcp.test.mjs"))
+	testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "mcp", "mcp.test.mjs"), filepath.Join(dir, "mcp.test.mjs"))
 	e := &e2bEnv{s: s, env: append(os.Environ(),
 		"AGENTVM_BIN="+filepath.Join(s.Bin, "agentvm"),
 		"AGENTVM_URL="+s.URL,

@@ -31,12 +31,7 @@ func TestAptInstall(t *testing.T) {
 	}
 }
 
-func tail(s string) string {
-	if len(s) > 2000 {
-		return s[len(s)-2000:]
-	}
-	return s
-}
+func tail(s string) string { return testenv.Tail(s, 2000) }
 
 // A VM must not reach services listening on the host: loopback through the
 // gateway, the host's own addresses, or agentvm's API.

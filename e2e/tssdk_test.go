@@ -29,7 +29,7 @@ func TestTSSDK(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(tmp, "api"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	copyFile(t, filepath.Join(root, "api", "openapi.yaml"), filepath.Join(tmp, "api", "openapi.yaml"))
+	testenv.CopyFile(t, filepath.Join(root, "api", "openapi.yaml"), filepath.Join(tmp, "api", "openapi.yaml"))
 
 	install(t, dir, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
 	e := &e2bEnv{s: s, env: append(os.Environ(), "AGENTVM_URL="+s.URL, "AGENTVM_TOKEN="+s.Token)}

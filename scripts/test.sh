@@ -40,6 +40,8 @@ FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 # packages unpacked beside the distribution's QEMU 7.2, which stays installed),
 # and a smoke subset (create, exec, suspend/wake, snapshot, fork) on the
 # distribution's QEMU. AGENTVM_QEMU, when set, names the QEMU for the suite.
+# Its two packages run side by side (-p 2): e2e's tests one after another,
+# and the browser VMs' long test (e2e/browser), whose guest mostly waits.
 if [ -n "$prep_pid" ]; then
 	echo "==> waiting for the background image builds"
 	if ! wait "$prep_pid"; then
@@ -60,11 +62,11 @@ if [ -z "$e2e_qemu" ] && [ "$qemu_major" -lt 10 ] && [ "$(id -u)" = 0 ]; then # 
 fi
 if [ -n "$e2e_qemu" ]; then
 	echo "==> end-to-end tests (real QEMU VMs) on $("$e2e_qemu" --version | head -1): $e2e_qemu"
-	AGENTVM_QEMU=$e2e_qemu go test -p 1 -count=1 -timeout 75m -v ./e2e/...
+	AGENTVM_QEMU=$e2e_qemu go test -p 2 -count=1 -timeout 75m -v ./e2e/...
 	echo "==> end-to-end smoke tests on the distribution's $(qemu-system-x86_64 --version | head -1)"
 	env -u AGENTVM_QEMU go test -p 1 -count=1 -timeout 20m -v -run "$smoke" ./e2e/
 else
 	echo "==> end-to-end tests (real QEMU VMs) on the distribution's $(qemu-system-x86_64 --version | head -1)"
-	go test -p 1 -count=1 -timeout 75m -v ./e2e/...
+	go test -p 2 -count=1 -timeout 75m -v ./e2e/...
 fi
 echo "==> all tests passed"

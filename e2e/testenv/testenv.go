@@ -247,15 +247,29 @@ func (s *Server) cleanup() {
 		<-s.exited
 	}
 	if s.t.Failed() {
-		s.t.Logf("server log:\n%s", tailString(s.logBuf.String(), 6000))
+		s.t.Logf("server log:\n%s", Tail(s.logBuf.String(), 6000))
 	}
 }
 
-func tailString(s string, n int) string {
+// Tail is the last n bytes of s (all of it when shorter), for failure
+// messages.
+func Tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// CopyFile copies a file (a test script from the repo into a temp dir).
+func CopyFile(t testing.TB, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // CLICmd prepares the agentvm CLI against this server as the admin, for a

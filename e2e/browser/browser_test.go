@@ -1,4 +1,4 @@
-package e2e
+package browser
 
 import (
 	"bufio"
@@ -92,7 +92,7 @@ func TestBrowser(t *testing.T) {
 			return
 		}
 		for _, f := range []string{"cdp.mjs", "localhost.mjs"} {
-			copyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "browser", f), filepath.Join(b.node, f))
+			testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "browser", f), filepath.Join(b.node, f))
 		}
 	}()
 
@@ -101,7 +101,7 @@ func TestBrowser(t *testing.T) {
 	start := time.Now()
 	out, errOut, code := s.CLI("", "create", "--image", "browser", "--name", "b1", "--json")
 	if code != 0 {
-		t.Fatalf("create --image browser: %d %s %s\n%s", code, out, errOut, tail(s.Logs()))
+		t.Fatalf("create --image browser: %d %s %s\n%s", code, out, errOut, testenv.Tail(s.Logs(), 2000))
 	}
 	b.measure("first_create_with_image_and_template_s", time.Since(start).Seconds())
 	var v api.VM
@@ -252,7 +252,7 @@ func (b *browserRun) cdpErr(endpoint, token, app, step string, args ...string) (
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	var st pageState
 	if err != nil || json.Unmarshal([]byte(lines[len(lines)-1]), &st) != nil {
-		return st, fmt.Errorf("node cdp.mjs %s %v (%s): %v\nstdout: %s\nstderr: %s", step, args, endpoint, err, stdout.String(), pageTail(stderr.String(), 4000))
+		return st, fmt.Errorf("node cdp.mjs %s %v (%s): %v\nstdout: %s\nstderr: %s", step, args, endpoint, err, stdout.String(), testenv.Tail(stderr.String(), 4000))
 	}
 	return st, nil
 }

@@ -1,4 +1,4 @@
-package e2e
+package browser
 
 import (
 	"bytes"
@@ -276,20 +276,36 @@ func (b *browserRun) typeInLiveView(t *testing.T, chromium, secret, keys, shot s
 		chromedp.Flag("disable-gpu", true), chromedp.Flag("disable-dev-shm-usage", true))...)
 	bctx, bcancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	closeAll := func() { bcancel(); acancel(); cancel() }
-	c := &consoleRun{t: t, s: b.s, ctx: bctx, dir: b.art, meas: map[string]any{}}
+	run := func(what string, actions ...chromedp.Action) {
+		t.Helper()
+		if err := chromedp.Run(bctx, actions...); err != nil {
+			var img []byte
+			sctx, scancel := context.WithTimeout(bctx, 20*time.Second)
+			if chromedp.Run(sctx, chromedp.FullScreenshot(&img, 90)) == nil {
+				b.save("failed-"+shot+".png", img)
+			}
+			scancel()
+			t.Fatalf("live view: %s: %v", what, err)
+		}
+	}
+	poll := func(expr string, d time.Duration) chromedp.Action {
+		return chromedp.Poll(expr, nil, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(d))
+	}
 	start := time.Now()
-	c.run("open the display page", chromedp.Navigate(b.s.URL+"/#/display/b1"), chromedp.WaitVisible(`input[name="token"]`, chromedp.ByQuery))
-	c.run("sign in with a display token", chromedp.KeyEvent(secret+"\r"))
-	c.waitJS("the live view connects", `document.querySelector('[data-display-status]')?.textContent === 'Live: b1'`, 2*time.Minute)
+	run("open the display page", chromedp.Navigate(b.s.URL+"/#/display/b1"), chromedp.WaitVisible(`input[name="token"]`, chromedp.ByQuery))
+	run("sign in with a display token", chromedp.KeyEvent(secret+"\r"))
+	run("the live view connects", poll(`document.querySelector('[data-display-status]')?.textContent === 'Live: b1'`, 2*time.Minute))
 	// noVNC draws the framebuffer into its canvas: wait until it shows the app.
-	c.waitJS("the screen in the canvas", `(() => {
+	run("the screen in the canvas", poll(`(() => {
 		const cv = document.querySelector('.display canvas'); if (!cv || cv.width !== 1280) return false;
 		const d = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data; const seen = new Set(); let red = 0;
 		for (let i = 0; i < d.length; i += 4 * 7) { seen.add(d[i] << 16 | d[i+1] << 8 | d[i+2]); if (d[i] > 180 && d[i+1] < 90 && d[i+2] < 90) red++; }
-		return seen.size > 30 && red > 500; })()`, 2*time.Minute)
+		return seen.size > 30 && red > 500; })()`, 2*time.Minute))
 	b.measure("live_view_open_to_screen_s", time.Since(start).Seconds())
-	c.run("focus the view", chromedp.Evaluate(`document.querySelector('.display canvas').focus()`, nil))
-	c.run("type through VNC", chromedp.KeyEvent(keys))
-	c.screenshot(shot)
+	run("focus the view", chromedp.Evaluate(`document.querySelector('.display canvas').focus()`, nil))
+	run("type through VNC", chromedp.KeyEvent(keys))
+	var img []byte
+	run("screenshot", chromedp.FullScreenshot(&img, 100))
+	b.save(shot+".png", img)
 	return closeAll
 }
