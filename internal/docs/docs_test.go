@@ -20,6 +20,9 @@ var (
 	// file extension, and nothing that stands for something else.
 	repoPath = regexp.MustCompile(`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?$`)
 	mdLink   = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	// codeSpan is inline code; htmlAnchor an explicit anchor (<a id="x"></a>).
+	codeSpan   = regexp.MustCompile("`[^`]*`")
+	htmlAnchor = regexp.MustCompile(`<a id="([^"]+)"></a>`)
 )
 
 // words is every identifier-like word in the repository's Go sources and
@@ -113,9 +116,20 @@ func TestDocLinks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A page with explicit anchors (the generated API reference)
+		// has its in-page links checked against them.
+		anchors := map[string]bool{}
+		for _, m := range htmlAnchor.FindAllSubmatch(b, -1) {
+			anchors[string(m[1])] = true
+		}
 		for i, line := range bytes.Split(b, []byte("\n")) {
+			line = codeSpan.ReplaceAll(line, nil) // `a](b)` in code is not a link
 			for _, m := range mdLink.FindAllSubmatch(line, -1) {
 				target := string(m[1])
+				if id, ok := strings.CutPrefix(target, "#"); ok && len(anchors) > 0 && !anchors[id] {
+					rel, _ := filepath.Rel(root, f)
+					t.Errorf("%s:%d: link to %s: no such anchor in the page", rel, i+1, target)
+				}
 				if strings.Contains(target, "://") || strings.HasPrefix(target, "#") || strings.HasPrefix(target, "mailto:") {
 					continue
 				}
