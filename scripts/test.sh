@@ -40,8 +40,9 @@ FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 # packages unpacked beside the distribution's QEMU 7.2, which stays installed),
 # and a smoke subset (create, exec, suspend/wake, snapshot, fork) on the
 # distribution's QEMU. AGENTVM_QEMU, when set, names the QEMU for the suite.
-# Its two packages run side by side (-p 2): e2e's tests one after another,
-# and the browser VMs' long test (e2e/browser), whose guest mostly waits.
+# The browser VMs' long test (package e2e/browser) runs beside package e2e,
+# whose tests run one after another: most of the time one VM is busy and the
+# other core is free (e2e takes about 25 minutes, the browser test 9).
 if [ -n "$prep_pid" ]; then
 	echo "==> waiting for the background image builds"
 	if ! wait "$prep_pid"; then
@@ -60,13 +61,37 @@ if [ -z "$e2e_qemu" ] && [ "$qemu_major" -lt 10 ] && [ "$(id -u)" = 0 ]; then # 
 	e2e_qemu=$(scripts/qemu-backports.sh --dir "${AGENTVM_QEMU_DIR:-/opt/agentvm/qemu-10}" | tail -1) || rc=$?
 	[ "$rc" = 0 ] || [ "$rc" = 3 ] || exit "$rc" # 3: not Debian 12, the distribution's QEMU it is
 fi
+# e2e_go runs go test on the suite's QEMU ($e2e_qemu; empty: the distribution's).
+e2e_go() {
+	if [ -n "$e2e_qemu" ]; then
+		AGENTVM_QEMU=$e2e_qemu go test -count=1 "$@"
+	else
+		env -u AGENTVM_QEMU go test -count=1 "$@"
+	fi
+}
+suite_qemu=${e2e_qemu:-qemu-system-x86_64}
+echo "==> end-to-end tests (real QEMU VMs) on $("$suite_qemu" --version | head -1): $suite_qemu"
+browser_log=$(mktemp)
+echo "    the browser VMs' test (e2e/browser) runs beside them; its log follows theirs"
+set -m # its own process group, ended if this script stops first
+e2e_go -timeout 75m -v ./e2e/browser/ >"$browser_log" 2>&1 &
+browser_pid=$!
+set +m
+trap 'kill -- -"$browser_pid" 2>/dev/null; rm -f "$browser_log"' EXIT
+rc=0
+e2e_go -timeout 75m -v ./e2e/ || rc=$?
 if [ -n "$e2e_qemu" ]; then
-	echo "==> end-to-end tests (real QEMU VMs) on $("$e2e_qemu" --version | head -1): $e2e_qemu"
-	AGENTVM_QEMU=$e2e_qemu go test -p 2 -count=1 -timeout 75m -v ./e2e/...
 	echo "==> end-to-end smoke tests on the distribution's $(qemu-system-x86_64 --version | head -1)"
-	env -u AGENTVM_QEMU go test -p 1 -count=1 -timeout 20m -v -run "$smoke" ./e2e/
-else
-	echo "==> end-to-end tests (real QEMU VMs) on the distribution's $(qemu-system-x86_64 --version | head -1)"
-	go test -p 2 -count=1 -timeout 75m -v ./e2e/...
+	env -u AGENTVM_QEMU go test -count=1 -timeout 20m -v -run "$smoke" ./e2e/ || rc=$?
+fi
+brc=0
+wait "$browser_pid" || brc=$?
+trap - EXIT
+echo "==> the browser VMs' end-to-end test (e2e/browser)"
+cat "$browser_log"
+rm -f "$browser_log"
+if [ "$rc" != 0 ] || [ "$brc" != 0 ]; then
+	echo "scripts/test.sh: end-to-end tests failed (above)" >&2
+	exit 1
 fi
 echo "==> all tests passed"
