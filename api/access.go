@@ -33,6 +33,11 @@ type CreateTokenRequest struct {
 	// E2B-compatible API. Without a VM it is an admin key (default TTL
 	// 8760h): it creates and manages every sandbox.
 	E2B bool `json:"e2b,omitempty"`
+	// Admin makes an admin token (no VM, permissions, user or SSH keys):
+	// the admin's whole access, kept in the database, so that in a
+	// cluster it works on every node (the admin.token file is one node's),
+	// and revocable (its connections end with it). Default TTL 1h.
+	Admin bool `json:"admin,omitempty"`
 }
 
 // Token describes a scoped token. Secret is only returned by create.

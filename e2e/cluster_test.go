@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -291,6 +292,27 @@ func clusterRouting(t *testing.T, ctx context.Context, a, b *testenv.Server, nod
 	}
 	if _, err := scoped.Exec(ctx, onB, api.ExecRequest{Cmd: []string{"true"}}); !errors.As(err, &ae) || ae.Status != 401 {
 		t.Fatalf("a revoked token through node a: %v", err)
+	}
+
+	// One admin credential for the cluster: an admin token made on node a
+	// (the CLI) is the admin on node b too, and ends there at its revoke.
+	admOut, errOut, code := a.CLI("", "token", "create", "--admin", "--name", "lb", "--json")
+	var adm api.Token
+	if code != 0 || json.Unmarshal([]byte(admOut), &adm) != nil || adm.Secret == "" {
+		t.Fatalf("token create --admin: %d %s %s", code, admOut, errOut)
+	}
+	onB2 := client.New(b.URL, adm.Secret)
+	if vms, err := onB2.ListVMs(ctx); err != nil || len(vms) < 2 {
+		t.Fatalf("node a's admin token on node b: %v %d VMs", err, len(vms))
+	}
+	if res, err := onB2.Exec(ctx, onA, api.ExecRequest{Cmd: []string{"echo", "admin"}}); err != nil || strings.TrimSpace(res.Stdout) != "admin" {
+		t.Fatalf("node a's admin token through node b on node a's VM: %+v %v", res, err)
+	}
+	if _, errOut, code := a.CLI("", "token", "rm", adm.ID); code != 0 {
+		t.Fatalf("token rm: %s", errOut)
+	}
+	if _, err := onB2.ListVMs(ctx); !errors.As(err, &ae) || ae.Status != 401 {
+		t.Fatalf("a revoked admin token on node b: %v", err)
 	}
 
 	// A preview of node b's VM through node a's proxy: the caller's token

@@ -22,7 +22,7 @@ import (
 )
 
 func tokenCmd() *cobra.Command {
-	c := &cobra.Command{Use: "token", Short: "Manage scoped tokens (each opens exactly one VM)"}
+	c := &cobra.Command{Use: "token", Short: "Manage tokens: scoped ones (each opens exactly one VM) and admin tokens"}
 	var (
 		allow, keys []string
 		req         api.CreateTokenRequest
@@ -30,13 +30,13 @@ func tokenCmd() *cobra.Command {
 	)
 	create := &cobra.Command{
 		Use:   "create [VM]",
-		Short: "Create a scoped token for one VM and print it (--e2b without a VM: an E2B admin API key)",
+		Short: "Create a scoped token for one VM and print it (without a VM: --admin for an admin token, --e2b for an E2B admin API key)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				req.VM = args[0]
-			} else if !req.E2B {
-				return fmt.Errorf("name the VM the token opens (or use --e2b for an E2B admin API key)")
+			} else if !req.E2B && !req.Admin {
+				return fmt.Errorf("name the VM the token opens (or use --admin for an admin token, --e2b for an E2B admin API key)")
 			}
 			if req.E2B && !cmd.Flags().Changed("ttl") {
 				req.TTL = ""
@@ -64,7 +64,11 @@ func tokenCmd() *cobra.Command {
 			}
 			fmt.Println(t.Secret)
 			if t.VMID == "" {
-				fmt.Fprintf(os.Stderr, "E2B admin API key %s, expires %s (revoke: agentvm token rm %s)\n", t.ID, t.ExpiresAt.Local().Format(time.RFC3339), t.ID)
+				kind := "admin token"
+				if req.E2B {
+					kind = "E2B admin API key"
+				}
+				fmt.Fprintf(os.Stderr, "%s %s (every node of a cluster), expires %s (revoke: agentvm token rm %s)\n", kind, t.ID, t.ExpiresAt.Local().Format(time.RFC3339), t.ID)
 				return nil
 			}
 			fmt.Fprintf(os.Stderr, "token %s for VM %s allows %s, expires %s\n", t.ID, t.VMID, strings.Join(t.Allow, ","), t.ExpiresAt.Local().Format(time.RFC3339))
@@ -79,6 +83,7 @@ func tokenCmd() *cobra.Command {
 	f.StringArrayVar(&keys, "ssh-key", nil, "public key file that logs in to the SSH gateway with this token's scope (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the token as JSON")
 	f.BoolVar(&req.E2B, "e2b", false, "make an E2B API key (e2b_<40 hex>): for one VM, or without a VM an admin key for the E2B-compatible API")
+	f.BoolVar(&req.Admin, "admin", false, "make an admin token (no VM): the admin's whole access, valid on every node of a cluster, revocable")
 
 	var vmFilter string
 	var lsJSON bool
@@ -101,7 +106,11 @@ func tokenCmd() *cobra.Command {
 				if u == "" {
 					u = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.VMID, strings.Join(t.Allow, ","), u, time.Until(t.ExpiresAt).Round(time.Second), t.Name)
+				vm := t.VMID
+				if vm == "" {
+					vm = "(all)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, vm, strings.Join(t.Allow, ","), u, time.Until(t.ExpiresAt).Round(time.Second), t.Name)
 			}
 			return tw.Flush()
 		},

@@ -74,9 +74,12 @@ func (p *Principal) Can(vmID, perm string) error {
 	return nil
 }
 
-// Actor names p in a VM's events: "admin", "token:<id>", or "anonymous".
+// Actor names p in a VM's events: "admin" (the daemon's admin token),
+// "admin:<id>" (a stored admin token), "token:<id>", or "anonymous".
 func (p *Principal) Actor() string {
 	switch {
+	case p.Admin && p.TokenID != "":
+		return "admin:" + p.TokenID
 	case p.Admin:
 		return "admin"
 	case p.TokenID != "":
@@ -258,8 +261,13 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 		allow = api.AllPerms
 	}
 	adminKey := vmID == ""
-	if adminKey && (!req.E2B || len(req.Allow) > 0 || req.User != "" || len(req.SSHKeys) > 0) {
-		return nil, fmt.Errorf("%w: a token without a VM is an E2B admin key: only --e2b, --ttl and --name apply", ErrInvalid)
+	switch {
+	case req.Admin && !adminKey:
+		return nil, fmt.Errorf("%w: an admin token opens every VM: it names none", ErrInvalid)
+	case adminKey && !req.E2B && !req.Admin:
+		return nil, fmt.Errorf("%w: a token without a VM is an admin token: ask for one with admin (--admin), or e2b (--e2b) for an E2B admin key", ErrInvalid)
+	case adminKey && (len(req.Allow) > 0 || req.User != "" || len(req.SSHKeys) > 0):
+		return nil, fmt.Errorf("%w: an admin token has the admin's whole access: only --ttl and --name apply", ErrInvalid)
 	}
 	if adminKey {
 		allow = nil

@@ -139,7 +139,7 @@ func TestE2BKeys(t *testing.T) {
 	if err != nil || !p.Admin || p.TokenID != key.ID {
 		t.Fatalf("admin key principal: %v %+v", err, p)
 	}
-	// Only an E2B key may lack a VM, and it takes no scope.
+	// Only an admin token or E2B key may lack a VM, and it takes no scope.
 	for _, req := range []api.CreateTokenRequest{{}, {E2B: true, Allow: []string{"exec"}}, {E2B: true, User: "agent"}} {
 		if _, err := s.Create(ctx, "", req); !errors.Is(err, ErrInvalid) {
 			t.Errorf("create %+v without a VM: %v", req, err)
@@ -171,6 +171,55 @@ func TestE2BKeys(t *testing.T) {
 	waitEnded(t, ch, "the admin key's connection")
 	if _, err := s.Authenticate(ctx, key.Secret); !errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("revoked admin key: %v", err)
+	}
+}
+
+// An admin token is a stored admin credential: the admin's access under
+// an id of its own (which a claim names to another node), an actor of its
+// own in events, revocable with its connections.
+func TestAdminTokens(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	tok, err := s.Create(ctx, "", api.CreateTokenRequest{Admin: true, Name: "ci"})
+	if err != nil || !strings.HasPrefix(tok.Secret, TokenPrefix) || tok.VMID != "" || tok.Name != "ci" {
+		t.Fatalf("admin token: %v %+v", err, tok)
+	}
+	if d := time.Until(tok.ExpiresAt); d > time.Hour || d < 59*time.Minute {
+		t.Fatalf("admin token's default TTL: %s, want 1h", d)
+	}
+	p := p2(t, s, tok.Secret)
+	if !p.Admin || p.TokenID != tok.ID || p.Actor() != "admin:"+tok.ID || p.Claim() != "token:"+tok.ID {
+		t.Fatalf("admin token principal: %+v actor %q claim %q", p, p.Actor(), p.Claim())
+	}
+	if c, err := s.Claimed(ctx, p.Claim()); err != nil || !c.Admin || c.TokenID != tok.ID {
+		t.Fatalf("the admin token's claim on another node: %v %+v", err, c)
+	}
+	for _, req := range []api.CreateTokenRequest{
+		{Admin: true, Allow: []string{"exec"}}, {Admin: true, User: "agent"},
+		{Admin: true, SSHKeys: []string{"ssh-ed25519 AAAA"}},
+	} {
+		if _, err := s.Create(ctx, "", req); !errors.Is(err, ErrInvalid) {
+			t.Errorf("create %+v: %v", req, err)
+		}
+	}
+	if _, err := s.Create(ctx, "vmA", api.CreateTokenRequest{Admin: true}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("an admin token for one VM: %v", err)
+	}
+	end, ch := ended()
+	untrack, err := s.Track(p, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer untrack()
+	if err := s.Revoke(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ch, "the admin token's connection")
+	if _, err := s.Authenticate(ctx, tok.Secret); !errors.Is(err, ErrUnauthenticated) {
+		t.Fatalf("revoked admin token: %v", err)
+	}
+	if _, err := s.Claimed(ctx, "token:"+tok.ID); err == nil {
+		t.Fatal("a revoked admin token's claim still holds")
 	}
 }
 

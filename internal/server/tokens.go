@@ -16,8 +16,8 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	if req.VM == "" && !req.E2B {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, "vm is required: a token opens exactly one VM (only an E2B admin key, e2b: true, has none)")
+	if req.VM == "" && !req.E2B && !req.Admin {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "vm is required: a token opens exactly one VM (only an admin token, admin: true, or an E2B admin key, e2b: true, has none)")
 		return
 	}
 	vmID := ""

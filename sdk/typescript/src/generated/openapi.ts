@@ -663,6 +663,12 @@ export interface paths {
          *     it expires. The secret (`avt_` + 48 hex digits) is returned only here;
          *     the server keeps a SHA-256 of it. Registered `ssh_keys` log in to the
          *     SSH gateway with the token's scope. Deleting the VM deletes its tokens.
+         *
+         *     With `admin: true` and no `vm` it is an admin token instead: the
+         *     admin's whole access, until it expires or is revoked (its open
+         *     connections end then). Unlike `<data dir>/admin.token`, which is one
+         *     node's, it is kept in the database: in a cluster it works on every
+         *     node, e.g. behind a load balancer.
          */
         post: operations["createToken"];
         delete?: never;
@@ -1925,8 +1931,10 @@ export interface components {
             created_at?: string;
         };
         CreateTokenRequest: {
-            /** @description VM id or name; required unless e2b is set */
+            /** @description VM id or name; required unless admin or e2b is set */
             vm?: string;
+            /** @description An admin token: no vm, allow, user or ssh_keys; the admin's whole access, kept in the database, so that in a cluster it works on every node, and revocable. */
+            admin?: boolean;
             /** @description The secret is an E2B API key (e2b_ and 40 hex digits) for the E2B-compatible API. Without a vm it is an admin key (default TTL 8760h). */
             e2b?: boolean;
             /** @description Default all. */

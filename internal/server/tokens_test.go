@@ -1,0 +1,74 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/pkg/client"
+)
+
+// An admin token made through the API has the admin's access, can be
+// listed and revoked, and a scoped token cannot make one.
+func TestAdminTokenOverHTTP(t *testing.T) {
+	ts := newTestServer(t, nil)
+	post := func(secret, body string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", ts.url+"/v1/tokens", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+secret)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := post(testAdmin, `{}`)
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("a token without a VM, admin or e2b: %d", resp.StatusCode)
+	}
+	resp = post(testAdmin, `{"admin":true,"vm":"web"}`)
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("an admin token for one VM: %d", resp.StatusCode)
+	}
+	scoped := ts.token(t, api.CreateTokenRequest{VM: "web"})
+	resp = post(scoped.Secret, `{"admin":true}`)
+	resp.Body.Close()
+	if resp.StatusCode != 403 {
+		t.Fatalf("a scoped token made an admin token: %d", resp.StatusCode)
+	}
+	resp = post(testAdmin, `{"admin":true,"name":"lb","ttl":"24h"}`)
+	var tok api.Token
+	json.NewDecoder(resp.Body).Decode(&tok)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || tok.Secret == "" || tok.VMID != "" {
+		t.Fatalf("admin token: %d %+v", resp.StatusCode, tok)
+	}
+	// The admin's endpoints answer it: other tokens, the host.
+	for _, path := range []string{"/v1/tokens", "/v1/host", "/v1/vms/web"} {
+		if r := ts.do(t, "GET", path, tok.Secret); r.StatusCode != 200 {
+			t.Fatalf("GET %s with the admin token: %d", path, r.StatusCode)
+		}
+	}
+	c := client.New(ts.url, testAdmin)
+	list, err := c.ListTokens(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, l := range list {
+		found = found || (l.ID == tok.ID && l.VMID == "" && l.Name == "lb")
+	}
+	if !found {
+		t.Fatalf("the admin token is not listed: %+v", list)
+	}
+	if err := c.RevokeToken(t.Context(), tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := ts.do(t, "GET", "/v1/vms/web", tok.Secret); r.StatusCode != 401 {
+		t.Fatalf("a revoked admin token: %d", r.StatusCode)
+	}
+}
