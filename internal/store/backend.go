@@ -59,7 +59,7 @@ func openSQLite(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, cache: newReadCache(true)}, nil
 }
 
 // pgConnectTimeout bounds each connection attempt when the URL sets no
@@ -88,7 +88,7 @@ func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store %s: %w", where, err)
 	}
-	return &Store{db: db, pg: true, retryFor: retryBudget}, nil
+	return &Store{db: db, pg: true, retryFor: retryBudget, cache: newReadCache(false)}, nil
 }
 
 // Redact is dsn fit for messages and logs: a URL's password (in its user
@@ -204,6 +204,9 @@ func (s *Store) exec(ctx context.Context, q string, args ...any) (res sql.Result
 		res, err = s.db.ExecContext(ctx, s.bind(q), args...)
 		return err
 	})
+	if cachedTables.MatchString(q) {
+		s.wrote(ctx)
+	}
 	return res, err
 }
 
@@ -211,6 +214,7 @@ func (s *Store) query(ctx context.Context, q string, args ...any) (rows *sql.Row
 	if s.findsNothing(q, args) {
 		return s.db.QueryContext(ctx, noRows)
 	}
+	s.cache.reads.Add(1)
 	err = s.retry(ctx, func() error {
 		rows, err = s.db.QueryContext(ctx, s.bind(q), args...)
 		return err
@@ -223,6 +227,7 @@ func (s *Store) queryRow(ctx context.Context, q string, args ...any) *row {
 	if s.findsNothing(q, args) {
 		return &row{Row: s.db.QueryRowContext(ctx, noRows)}
 	}
+	s.cache.reads.Add(1)
 	r := &row{}
 	r.err = s.retry(ctx, func() error {
 		r.Row = s.db.QueryRowContext(ctx, s.bind(q), args...)

@@ -50,6 +50,21 @@ func (s *Store) DeletePort(ctx context.Context, vmID string, port int, kind stri
 
 // ListPorts returns the exposures of one VM, or of all VMs when vmID is "".
 func (s *Store) ListPorts(ctx context.Context, vmID string) ([]*Port, error) {
+	gen, cached := s.cache.begin()
+	cached = cached && vmID != ""
+	if cached {
+		if ps, ok := s.cache.portsOf(vmID); ok {
+			return ps, nil
+		}
+	}
+	ps, err := s.listPorts(ctx, vmID)
+	if err == nil && cached && (len(ps) > 0 || s.vmExists(ctx, vmID)) {
+		s.cache.putPorts(gen, vmID, ps)
+	}
+	return ps, err
+}
+
+func (s *Store) listPorts(ctx context.Context, vmID string) ([]*Port, error) {
 	q, args := `SELECT vm_id, port, kind, public, host_addr, host_port, created_at FROM ports`, []any{}
 	if vmID != "" {
 		q += ` WHERE vm_id=?`

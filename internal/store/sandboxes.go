@@ -103,9 +103,22 @@ func scanSandbox(row interface{ Scan(...any) error }) (*Sandbox, error) {
 
 // GetSandbox returns a sandbox record; ErrNotFound if there is none.
 func (s *Store) GetSandbox(ctx context.Context, vmID string) (*Sandbox, error) {
+	gen, cached := s.cache.begin()
+	if cached {
+		if sb, known := s.cache.sandbox(vmID); known && sb == nil {
+			return nil, ErrNotFound
+		} else if known {
+			return sb, nil
+		}
+	}
 	sb, err := scanSandbox(s.queryRow(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE vm_id=?`, vmID))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, ErrNotFound
+		sb, err = nil, ErrNotFound
+	}
+	// Whether a VM is a sandbox is cached for VMs that exist (a name
+	// that does not exist must not grow the cache).
+	if cached && (err == nil || errors.Is(err, ErrNotFound) && s.vmExists(ctx, vmID)) {
+		s.cache.putSandbox(gen, vmID, sb)
 	}
 	return sb, err
 }

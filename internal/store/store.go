@@ -33,6 +33,8 @@ type Store struct {
 	// seq, and two PostgreSQL transactions could commit their sequence
 	// numbers out of order (SQLite has one writer anyway).
 	eventMu sync.Mutex
+	// cache serves the reads that route requests (cache.go).
+	cache *readCache
 }
 
 // Close closes the database.

@@ -166,7 +166,9 @@ func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 	if _, err := tx.ExecContext(ctx, rebind(vmQ.insert), args...); err != nil {
 		return mapErr(err)
 	}
-	return tx.Commit()
+	err = tx.Commit()
+	s.wrote(ctx)
+	return err
 }
 
 // UpdateVM replaces a VM's record.
@@ -195,11 +197,20 @@ func (s *Store) one(ctx context.Context, where string, arg any) (*VM, error) {
 	return v, err
 }
 
-// GetVM finds a VM by id, or by name.
+// GetVM finds a VM by id, or by name (from the read cache when it may).
 func (s *Store) GetVM(ctx context.Context, idOrName string) (*VM, error) {
+	gen, cached := s.cache.begin()
+	if cached {
+		if v := s.cache.vm(idOrName); v != nil {
+			return v, nil
+		}
+	}
 	v, err := s.one(ctx, `id=?`, idOrName)
 	if errors.Is(err, ErrNotFound) {
-		return s.one(ctx, `name=?`, idOrName)
+		v, err = s.one(ctx, `name=?`, idOrName)
+	}
+	if err == nil && cached {
+		s.cache.putVM(gen, v)
 	}
 	return v, err
 }
