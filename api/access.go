@@ -40,7 +40,8 @@ type CreateTokenRequest struct {
 	Admin bool `json:"admin,omitempty"`
 }
 
-// Token describes a scoped token. Secret is only returned by create.
+// Token describes a scoped token or a stored admin token (no VMID, Allow
+// ["admin"]). Secret is only returned by create.
 type Token struct {
 	ID        string    `json:"id"`
 	Secret    string    `json:"token,omitempty"`

@@ -77,7 +77,10 @@ set -m # its own process group, ended if this script stops first
 e2e_go -timeout 75m -v ./e2e/browser/ >"$browser_log" 2>&1 &
 browser_pid=$!
 set +m
-trap 'kill -- -"$browser_pid" 2>/dev/null; rm -f "$browser_log"' EXIT
+# Stopped early (a failure under set -e, Ctrl-C, a CI timeout): the browser
+# test ends too, and what it logged so far is shown.
+trap 'kill -- -"$browser_pid" 2>/dev/null; echo "==> the browser VMs'"'"' test, stopped (the end of its log)"; tail -n 200 "$browser_log"; rm -f "$browser_log"' EXIT
+trap 'exit 130' INT TERM
 rc=0
 e2e_go -timeout 75m -v ./e2e/ || rc=$?
 if [ -n "$e2e_qemu" ]; then
@@ -86,7 +89,7 @@ if [ -n "$e2e_qemu" ]; then
 fi
 brc=0
 wait "$browser_pid" || brc=$?
-trap - EXIT
+trap - EXIT INT TERM
 echo "==> the browser VMs' end-to-end test (e2e/browser)"
 cat "$browser_log"
 rm -f "$browser_log"

@@ -195,6 +195,7 @@ func TestUserTokenSeesOnlyItsOwnEvents(t *testing.T) {
 	other := ts.token(t, api.CreateTokenRequest{Allow: []string{api.PermExec}})
 	ts.svc.Event("vm1", "exec", "admin", "curl -H 'Authorization: Bearer s3cr3t' https://api")
 	ts.svc.Event("vm1", "exec", "token:"+other.ID, "mysql -pth3irs")
+	ts.svc.Event("vm1", "exec", "admin:tok_0123456789ab", "psql postgres://u:adm1nt0k@db") // a stored admin token
 	ts.svc.Event("vm1", "exec", "token:"+sandbox.ID, "echo mine")
 	ts.svc.Event("vm1", "lifecycle", "system", "woke from suspend")
 	for _, secret := range []string{testAdmin, sandbox.Secret} {
@@ -204,7 +205,7 @@ func TestUserTokenSeesOnlyItsOwnEvents(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.Contains(string(body), "echo mine") || !strings.Contains(string(body), "woke from suspend") {
 			t.Fatalf("events: %d %s", resp.StatusCode, body)
 		}
-		leaked := strings.Contains(string(body), "s3cr3t") || strings.Contains(string(body), "th3irs")
+		leaked := strings.Contains(string(body), "s3cr3t") || strings.Contains(string(body), "th3irs") || strings.Contains(string(body), "adm1nt0k")
 		if restricted := secret == sandbox.Secret; leaked == restricted {
 			t.Errorf("restricted %v: others' command lines shown: %v\n%s", restricted, leaked, body)
 		}

@@ -30,7 +30,7 @@ func eventFilter(r *http.Request) func(*store.Event) bool {
 	}
 	self := actor(r)
 	return func(e *store.Event) bool {
-		return e.Actor == self || e.Actor != "admin" && !strings.HasPrefix(e.Actor, "token:")
+		return e.Actor == self || e.Actor != "admin" && !strings.HasPrefix(e.Actor, "admin:") && !strings.HasPrefix(e.Actor, "token:")
 	}
 }
 

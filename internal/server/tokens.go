@@ -16,8 +16,17 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	if req.VM == "" && !req.E2B && !req.Admin {
+	switch {
+	case req.VM == "" && !req.E2B && !req.Admin:
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, "vm is required: a token opens exactly one VM (only an admin token, admin: true, or an E2B admin key, e2b: true, has none)")
+		return
+	case req.Admin && (req.VM != "" || req.E2B):
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, "admin: an admin token names no vm and is not an E2B key (an E2B admin key is e2b: true without a vm)")
+		return
+	case req.VM == "" && principal(r).TokenID != "":
+		// Its revoke would not end what it made: a leaked admin token
+		// must not outlive its revoke through tokens of its own.
+		writeError(w, http.StatusForbidden, api.CodeForbidden, "admin tokens and E2B admin keys are made with the node's own admin token (admin.token), not with a stored admin credential")
 		return
 	}
 	vmID := ""

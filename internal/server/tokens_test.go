@@ -29,10 +29,12 @@ func TestAdminTokenOverHTTP(t *testing.T) {
 	if resp.StatusCode != 400 {
 		t.Fatalf("a token without a VM, admin or e2b: %d", resp.StatusCode)
 	}
-	resp = post(testAdmin, `{"admin":true,"vm":"web"}`)
-	resp.Body.Close()
-	if resp.StatusCode != 400 {
-		t.Fatalf("an admin token for one VM: %d", resp.StatusCode)
+	for _, body := range []string{`{"admin":true,"vm":"web"}`, `{"admin":true,"vm":"missing"}`, `{"admin":true,"e2b":true}`} {
+		resp = post(testAdmin, body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Fatalf("%s: %d, want 400", body, resp.StatusCode)
+		}
 	}
 	scoped := ts.token(t, api.CreateTokenRequest{VM: "web"})
 	resp = post(scoped.Secret, `{"admin":true}`)
@@ -49,8 +51,24 @@ func TestAdminTokenOverHTTP(t *testing.T) {
 	}
 	// The admin's endpoints answer it: other tokens, the host.
 	for _, path := range []string{"/v1/tokens", "/v1/host", "/v1/vms/web"} {
-		if r := ts.do(t, "GET", path, tok.Secret); r.StatusCode != 200 {
+		r := ts.do(t, "GET", path, tok.Secret)
+		r.Body.Close()
+		if r.StatusCode != 200 {
 			t.Fatalf("GET %s with the admin token: %d", path, r.StatusCode)
+		}
+	}
+	// It makes scoped tokens, but no admin credential that would outlive
+	// its own revoke.
+	resp = post(tok.Secret, `{"vm":"web","allow":["exec"]}`)
+	resp.Body.Close()
+	if resp.StatusCode != 201 {
+		t.Fatalf("a scoped token made with the admin token: %d", resp.StatusCode)
+	}
+	for _, body := range []string{`{"admin":true}`, `{"e2b":true}`} {
+		resp = post(tok.Secret, body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 {
+			t.Fatalf("%s made with a stored admin token: %d, want 403", body, resp.StatusCode)
 		}
 	}
 	c := client.New(ts.url, testAdmin)
@@ -68,7 +86,9 @@ func TestAdminTokenOverHTTP(t *testing.T) {
 	if err := c.RevokeToken(t.Context(), tok.ID); err != nil {
 		t.Fatal(err)
 	}
-	if r := ts.do(t, "GET", "/v1/vms/web", tok.Secret); r.StatusCode != 401 {
+	r := ts.do(t, "GET", "/v1/vms/web", tok.Secret)
+	r.Body.Close()
+	if r.StatusCode != 401 {
 		t.Fatalf("a revoked admin token: %d", r.StatusCode)
 	}
 }

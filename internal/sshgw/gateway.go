@@ -298,7 +298,9 @@ func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, origin string, 
 	}
 	vmID, user := sc.Permissions.Extensions[extVM], sc.Permissions.Extensions[extUser]
 	who := "admin"
-	if t := sc.Permissions.Extensions[extToken]; t != "" {
+	if p != nil {
+		who = p.Actor()
+	} else if t := sc.Permissions.Extensions[extToken]; t != "" {
 		who = "token:" + t
 	}
 	if origin == "" {

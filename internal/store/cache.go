@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // The records every request reads to find its way (a VM by id or name,
@@ -20,13 +19,11 @@ import (
 //     write can forget to). A read stores what it read only if no write
 //     began meanwhile (the generation is unchanged), so a read that raced a
 //     write never stores the old row after the write emptied the cache.
-//   - With PostgreSQL other nodes write too: the cache serves reads only
-//     while this node listens to the others (Listen), every write tells
-//     them (a notification, after the write), and every such notification,
-//     and every (re)start or end of listening, empties it. Between a write
-//     on one node and its notification reaching another, that other node
-//     can route by the old row for the milliseconds it takes; the node
-//     that runs the VM checks again under the VM's own lock.
+//   - It serves only on SQLite, whose one writer is this process (the data
+//     dir's flock). On PostgreSQL other nodes write too, and the reads
+//     that decide which node owns a VM (take, GetLocal, a fence's record)
+//     must see their writes at once: a cluster reads the database until
+//     those reads are split from routing's (issue 29's fleet package).
 //
 // Returned records are copies: callers change theirs freely.
 
@@ -37,14 +34,10 @@ var cachedTables = regexp.MustCompile(`(?i)\b(vms|sandboxes|ports)\b`)
 // do not exist are never cached; this bounds what the existing ones take).
 const cacheLimit = 20000
 
-// rowsChanged is the notification a write sends to the other nodes.
-const rowsChanged = "rows"
-
 type readCache struct {
 	mu        sync.Mutex
 	gen       uint64
 	local     bool // SQLite: this process is the only writer
-	listening int  // PostgreSQL: how many Listen calls hear the other nodes
 	vms       map[string]*VM
 	sandboxes map[string]*Sandbox // nil: the VM is no sandbox
 	ports     map[string][]*Port
@@ -72,21 +65,12 @@ func (c *readCache) changed() {
 	c.mu.Unlock()
 }
 
-// listen counts a listener starting (+1) or ending (-1); either way what
-// was heard before may be incomplete.
-func (c *readCache) listen(delta int) {
-	c.mu.Lock()
-	c.listening += delta
-	c.reset()
-	c.mu.Unlock()
-}
-
 // begin starts a read: the generation to store under, and whether the
 // cache may serve reads at all.
 func (c *readCache) begin() (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.gen, c.local || c.listening > 0
+	return c.gen, c.local
 }
 
 func (c *readCache) vm(key string) *VM {
@@ -191,18 +175,8 @@ func clonePorts(ps []*Port) []*Port {
 	return out
 }
 
-// wrote empties the cache after a write to a cached table and, with
-// PostgreSQL, tells the other nodes to empty theirs. The notification is
-// best effort: a node that misses one empties its cache anyway within
-// listenIdle, and whenever it listens again.
-func (s *Store) wrote(ctx context.Context) {
-	s.cache.changed()
-	if s.pg {
-		nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		s.exec(nctx, `SELECT pg_notify(?, ?)`, NotifyChannel, rowsChanged)
-	}
-}
+// wrote empties the cache after a write to a cached table.
+func (s *Store) wrote() { s.cache.changed() }
 
 // vmExists reports whether a VM has id (from the cache when it holds it).
 func (s *Store) vmExists(ctx context.Context, id string) bool {

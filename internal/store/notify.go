@@ -64,10 +64,6 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 		if _, err := pc.Exec(ctx, `LISTEN `+NotifyChannel); err != nil {
 			return err
 		}
-		// From here on this node hears the others' writes: the read
-		// cache may serve (cache.go), until listening ends.
-		s.cache.listen(+1)
-		defer s.cache.listen(-1)
 		if onListen != nil {
 			onListen()
 		}
@@ -77,11 +73,7 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 			cancel()
 			switch {
 			case err == nil:
-				if n.Payload == rowsChanged {
-					s.cache.changed()
-				} else {
-					heard(n.Payload)
-				}
+				heard(n.Payload)
 				continue
 			case ctx.Err() != nil:
 				return ctx.Err()
@@ -91,7 +83,6 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 			if err := pc.Ping(ctx); err != nil {
 				return fmt.Errorf("listen: the connection does not answer: %w", err)
 			}
-			s.cache.changed() // a lost notification is forgotten within listenIdle
 			if idle != nil {
 				idle()
 			}

@@ -19,7 +19,8 @@ import (
 
 type actorKey struct{}
 
-// WithActor marks ctx as a request by actor ("admin", "token:<id>").
+// WithActor marks ctx as a request by actor (auth.Principal.Actor: "admin",
+// "admin:<id>", "token:<id>").
 func WithActor(ctx context.Context, actor string) context.Context {
 	return context.WithValue(ctx, actorKey{}, actor)
 }

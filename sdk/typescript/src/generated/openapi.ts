@@ -658,7 +658,7 @@ export interface paths {
         get: operations["listTokens"];
         put?: never;
         /**
-         * Create a scoped token (admin only)
+         * Create a scoped token or an admin token (admin only)
          * @description A scoped token opens exactly one VM with the listed permissions until
          *     it expires. The secret (`avt_` + 48 hex digits) is returned only here;
          *     the server keeps a SHA-256 of it. Registered `ssh_keys` log in to the
