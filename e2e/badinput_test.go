@@ -39,6 +39,7 @@ func rawRequest(t *testing.T, s *testenv.Server, method, path, token, body strin
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

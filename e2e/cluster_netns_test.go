@@ -81,6 +81,7 @@ func (l *netnsLAN) join() (string, string) {
 // over the bridge: exec streamed, SSH, a preview, and a revoke through
 // node a ending a stream on node b.
 func TestClusterNamespaces(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	lan := newNetnsLAN(t)
 	pg := pgtest.StartT(t)

@@ -30,6 +30,7 @@ import (
 // reason, and operations work again. A node that stops leaves at once, and
 // its VMs are shown lost.
 func TestClusterNodes(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	pg := pgtest.StartT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

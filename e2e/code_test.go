@@ -65,6 +65,7 @@ func pngResult(t *testing.T, ex *client.Execution) []byte {
 // interrupts, contexts in three languages, and contexts surviving suspend,
 // fork and snapshot.
 func TestCodeInterpreter(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()

@@ -46,6 +46,7 @@ type consoleRun struct {
 // latency and keystroke echo (xterm.js against `agentvm term`) are logged,
 // never asserted (guests run under TCG here).
 func TestConsole(t *testing.T) {
+	t.Parallel()
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatal("chromium is needed for the console's browser test (scripts/setup.sh installs Debian's chromium)")

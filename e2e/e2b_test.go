@@ -116,6 +116,7 @@ func npmPackages(t *testing.T, pkgs []string, scripts ...string) string {
 
 // TestE2BSDKNode drives agentvm with the published e2b npm package.
 func TestE2BSDKNode(t *testing.T) {
+	t.Parallel()
 	e := startE2B(t)
 	dir := npmE2B(t, "sdk.test.mjs")
 	e.run(t, dir, 30*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "sdk.test.mjs")
@@ -124,6 +125,7 @@ func TestE2BSDKNode(t *testing.T) {
 // TestE2BSDKNodeTLS runs the SDK against `serve --tls auto`, trusting the
 // CA that `agentvm ca` prints.
 func TestE2BSDKNodeTLS(t *testing.T) {
+	t.Parallel()
 	// Two labels: clients refuse a wildcard certificate for *.localhost.
 	e := startE2B(t, "--tls", "auto", "--domain", "agentvm.localhost")
 	ca, errOut, code := e.s.CLI("", "ca")
@@ -140,6 +142,7 @@ func TestE2BSDKNodeTLS(t *testing.T) {
 // TestE2BSDKPython drives agentvm with the published e2b PyPI package,
 // sync and async clients, in a throwaway virtualenv.
 func TestE2BSDKPython(t *testing.T) {
+	t.Parallel()
 	e := startE2B(t)
 	dir := t.TempDir()
 	install(t, dir, "python3", "-m", "venv", filepath.Join(dir, "venv"))
@@ -166,6 +169,7 @@ func warmCodeInterpreter(t *testing.T, e *e2bEnv) {
 // TestE2BCodeInterpreterNode drives the code-interpreter image with the
 // published @e2b/code-interpreter npm package.
 func TestE2BCodeInterpreterNode(t *testing.T) {
+	t.Parallel()
 	e := startE2B(t)
 	warmCodeInterpreter(t, e)
 	dir := npmPackages(t, []string{e2bNPM, codeInterpNPM}, "codeinterp.test.mjs")
@@ -175,6 +179,7 @@ func TestE2BCodeInterpreterNode(t *testing.T) {
 // TestE2BCodeInterpreterPython drives it with the published
 // e2b-code-interpreter PyPI package, sync and async.
 func TestE2BCodeInterpreterPython(t *testing.T) {
+	t.Parallel()
 	e := startE2B(t)
 	warmCodeInterpreter(t, e)
 	dir := t.TempDir()

@@ -31,6 +31,7 @@ func (w *timedWriter) Write(p []byte) (int, error) {
 }
 
 func TestCreateAndExec(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -199,6 +200,7 @@ func TestCreateAndExec(t *testing.T) {
 }
 
 func TestIdempotentCreateAndDisk(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -226,6 +228,7 @@ func TestIdempotentCreateAndDisk(t *testing.T) {
 }
 
 func TestWarmPool(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "", "--warm-pool", "1")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

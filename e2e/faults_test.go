@@ -29,6 +29,7 @@ import (
 // no QEMU that no record names, no snapshot files that no snapshot owns,
 // no half-written suspend state.
 func TestQEMUKilledDuringOperations(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -232,6 +233,7 @@ func TestQEMUKilledDuringOperations(t *testing.T) {
 // with its files, leave no partial state, and the server must go on
 // working; once there is room again both succeed.
 func TestDiskFullDuringSuspendAndSnapshot(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	dir := filepath.Join(t.TempDir(), "data")
 	if err := os.Mkdir(dir, 0o700); err != nil {

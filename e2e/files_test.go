@@ -42,6 +42,7 @@ func wantStatus(t *testing.T, err error, status int, code string) {
 }
 
 func TestFilesAPI(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

@@ -22,6 +22,7 @@ import (
 // after every restart that the VM answers with its files and that exactly
 // the QEMU processes the records name are running.
 func TestDaemonInterruptedLifecycle(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()

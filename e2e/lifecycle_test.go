@@ -15,6 +15,7 @@ import (
 )
 
 func TestStopStartKeepsDisk(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -49,6 +50,7 @@ func TestStopStartKeepsDisk(t *testing.T) {
 }
 
 func TestDaemonKill9Reattach(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -93,6 +95,7 @@ func TestDaemonKill9Reattach(t *testing.T) {
 }
 
 func TestGuestPoweroffAndQEMUCrash(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -146,6 +149,7 @@ func waitState(t *testing.T, s *testenv.Server, vm string, state api.State, time
 // The first create of a shape cold-boots its template once and saves it; every other
 // test reuses cached templates, so this one starts from an empty template dir.
 func TestTemplateColdBoot(t *testing.T) {
+	t.Parallel()
 	tpl := t.TempDir()
 	s := testenv.Start(t, "", "--template-dir", tpl)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -19,6 +19,7 @@ const mcpNPM = "@modelcontextprotocol/sdk@1.32.2"
 // TestMCP drives `agentvm mcp` (stdio) and <API>/mcp (streamable HTTP)
 // with the official TypeScript MCP client.
 func TestMCP(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("npm"); err != nil {
 		t.Fatal("npm is needed to install the MCP client (scripts/setup.sh installs Node.js)")
 	}

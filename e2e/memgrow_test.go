@@ -41,6 +41,7 @@ func waitMemTotal(t *testing.T, s *testenv.Server, ctx context.Context, vm strin
 // (size and contents) across suspend/wake, snapshot + create --from, fork
 // and a boot from disk.
 func TestMemoryGrowLive(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

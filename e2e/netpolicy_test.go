@@ -36,6 +36,7 @@ func curl(t *testing.T, s *testenv.Server, vm, url string) (string, int) {
 }
 
 func TestEgressPolicy(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -121,6 +122,7 @@ func TestEgressPolicy(t *testing.T) {
 func atoiMust(s string) int { n, _ := strconv.Atoi(s); return n }
 
 func TestPrivateNetworks(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 )
 
 func TestAptInstall(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -36,6 +37,7 @@ func tail(s string) string { return testenv.Tail(s, 2000) }
 // A VM must not reach services listening on the host: loopback through the
 // gateway, the host's own addresses, or agentvm's API.
 func TestVMCannotReachHost(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ import (
 // the create fail with a clear error and leaves nothing behind; the create
 // works once they are whole again, and a second one uses what was fetched.
 func TestClusterObjects(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	s3 := s3test.StartT(t)
 	pg := pgtest.StartT(t)

@@ -60,6 +60,7 @@ func eventLog(t *testing.T, s *testenv.Server, id string) string {
 }
 
 func TestIdleSuspendAndEvents(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -169,6 +170,7 @@ func TestIdleSuspendAndEvents(t *testing.T) {
 }
 
 func TestRestartPolicy(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

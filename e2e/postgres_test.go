@@ -21,6 +21,7 @@ import (
 // deleted, its record and events kept in PostgreSQL and nothing in a SQLite
 // file; the URL's password is never logged.
 func TestPostgresStore(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	pg := pgtest.StartT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -106,6 +107,7 @@ func TestPostgresStore(t *testing.T) {
 // An unreachable database stops the start-up with an error that names the
 // database (without its password) and exits non-zero.
 func TestPostgresStoreUnreachable(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	bin := testenv.Binaries(t)
 	const password = "pw-never-shown"

@@ -77,6 +77,7 @@ func (p *previewEnv) do(method, host, path string, body io.Reader, hdr map[strin
 }
 
 func TestPreviewURLs(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

@@ -56,6 +56,7 @@ func vmQEMUVersion(t *testing.T, s *testenv.Server, ctx context.Context, vm stri
 // qemu-system-x86_64 and AGENTVM_QEMU (scripts/test.sh points it at QEMU 10
 // unpacked by scripts/qemu-backports.sh --dir).
 func TestStateAcrossQEMUVersions(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t)
 	a, b := "qemu-system-x86_64", os.Getenv("AGENTVM_QEMU")
 	va, pa := qemuVersion(a)

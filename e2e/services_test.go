@@ -39,6 +39,7 @@ func waitService(t *testing.T, s *testenv.Server, vm, name, state string) *api.S
 }
 
 func TestServicesProcessesJobs(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

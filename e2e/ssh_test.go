@@ -78,6 +78,7 @@ func (e *sshEnv) ssh(login string, extra ...string) []string {
 }
 
 func TestSSHGateway(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

@@ -67,6 +67,7 @@ func verifyState(t *testing.T, s *testenv.Server, ctx context.Context, vm string
 }
 
 func TestPauseSuspendWake(t *testing.T) {
+	t.Parallel()
 	// Suspends with QEMU's mapped-ram (a stream on a QEMU before 9.0, the
 	// smoke run's); the default stream format is suspended and woken by
 	// the other tests.
@@ -235,6 +236,7 @@ func TestPauseSuspendWake(t *testing.T) {
 }
 
 func TestSnapshotAndFork(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -349,6 +351,7 @@ func TestSnapshotAndFork(t *testing.T) {
 }
 
 func TestConcurrentOperationsAndRecovery(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -402,6 +405,7 @@ func TestConcurrentOperationsAndRecovery(t *testing.T) {
 }
 
 func TestDeepChainIsFlattened(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -445,6 +449,7 @@ func TestDeepChainIsFlattened(t *testing.T) {
 // kept pages writable after the dirty bitmap forgot them), and such children
 // came up with an oopsed kernel or rebooted on the panic.
 func TestForkBusyVM(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

@@ -79,6 +79,7 @@ func (r *termReader) close() {
 }
 
 func TestTerminals(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -18,6 +18,7 @@ import (
 // TestTokenScopes is the scope matrix: a token opens exactly its VM, only
 // with the permissions it holds, and only as its user.
 func TestTokenScopes(t *testing.T) {
+	t.Parallel()
 	s := testenv.Start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

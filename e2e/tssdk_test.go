@@ -18,6 +18,7 @@ import (
 // types generated from openapi.yaml, the build and the type check of the
 // example, then its node tests against a real server.
 func TestTSSDK(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("npm"); err != nil {
 		t.Fatal("npm is needed to build the TypeScript SDK (scripts/setup.sh installs Node.js)")
 	}

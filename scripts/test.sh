@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, command 2: the whole test suite. Unit tests run with -race; the
-# end-to-end tests start a real server and real QEMU VMs, one package at a time.
+# end-to-end tests start real servers and real QEMU VMs, two tests at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -40,9 +40,12 @@ FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 # packages unpacked beside the distribution's QEMU 7.2, which stays installed),
 # and a smoke subset (create, exec, suspend/wake, snapshot, fork) on the
 # distribution's QEMU. AGENTVM_QEMU, when set, names the QEMU for the suite.
-# The browser VMs' long test (package e2e/browser) runs beside package e2e,
-# whose tests run one after another: most of the time one VM is busy and the
-# other core is free (e2e takes about 25 minutes, the browser test 9).
+# Package e2e's tests run two at a time (each calls t.Parallel; the VMs of
+# one test mostly keep one core busy, and its waits leave it idle;
+# AGENTVM_E2E_PARALLEL changes how many). Beside them, one after the other,
+# run the browser VMs' long test (package e2e/browser) and the smoke subset
+# on the distribution's QEMU; that log follows theirs. At the end the
+# slowest tests of both are listed, to see where the time goes.
 if [ -n "$prep_pid" ]; then
 	echo "==> waiting for the background image builds"
 	if ! wait "$prep_pid"; then
@@ -71,29 +74,39 @@ e2e_go() {
 }
 suite_qemu=${e2e_qemu:-qemu-system-x86_64}
 echo "==> end-to-end tests (real QEMU VMs) on $("$suite_qemu" --version | head -1): $suite_qemu"
-browser_log=$(mktemp)
-echo "    the browser VMs' test (e2e/browser) runs beside them; its log follows theirs"
+side_log=$(mktemp)
+e2e_log=$(mktemp)
+par=${AGENTVM_E2E_PARALLEL:-2}
+echo "    $par at a time; beside them: the browser VMs' test (e2e/browser), then the smoke tests on the distribution's QEMU (their log follows)"
 set -m # its own process group, ended if this script stops first
-e2e_go -timeout 75m -v ./e2e/browser/ >"$browser_log" 2>&1 &
-browser_pid=$!
+(
+	src=0
+	e2e_go -timeout 75m -v ./e2e/browser/ || src=$?
+	if [ -n "$e2e_qemu" ]; then
+		echo "==> end-to-end smoke tests on the distribution's $(qemu-system-x86_64 --version | head -1)"
+		env -u AGENTVM_QEMU go test -count=1 -timeout 30m -parallel 1 -v -run "$smoke" ./e2e/ || src=$?
+	fi
+	exit "$src"
+) </dev/null >"$side_log" 2>&1 &
+side_pid=$!
 set +m
-# Stopped early (a failure under set -e, Ctrl-C, a CI timeout): the browser
-# test ends too, and what it logged so far is shown.
-trap 'kill -- -"$browser_pid" 2>/dev/null; echo "==> the browser VMs'"'"' test, stopped (the end of its log)"; tail -n 200 "$browser_log"; rm -f "$browser_log"' EXIT
+# Stopped early (a failure under set -e, Ctrl-C, a CI timeout): the tests
+# beside end too, and what they logged so far is shown.
+trap 'kill -- -"$side_pid" 2>/dev/null; echo "==> the tests beside, stopped (the end of their log)"; tail -n 200 "$side_log"; rm -f "$side_log" "$e2e_log"' EXIT
 trap 'exit 130' INT TERM
 rc=0
-e2e_go -timeout 75m -v ./e2e/ || rc=$?
-if [ -n "$e2e_qemu" ]; then
-	echo "==> end-to-end smoke tests on the distribution's $(qemu-system-x86_64 --version | head -1)"
-	env -u AGENTVM_QEMU go test -count=1 -timeout 20m -v -run "$smoke" ./e2e/ || rc=$?
-fi
-brc=0
-wait "$browser_pid" || brc=$?
+e2e_go -timeout 75m -parallel "$par" -v ./e2e/ 2>&1 | tee "$e2e_log" || rc=$?
+src=0
+wait "$side_pid" || src=$?
 trap - EXIT INT TERM
-echo "==> the browser VMs' end-to-end test (e2e/browser)"
-cat "$browser_log"
-rm -f "$browser_log"
-if [ "$rc" != 0 ] || [ "$brc" != 0 ]; then
+echo "==> beside them: the browser VMs' test (e2e/browser) and the smoke tests on the distribution's QEMU"
+cat "$side_log"
+echo "==> the slowest end-to-end tests"
+grep -hE '^--- (PASS|FAIL): Test[A-Za-z0-9_]+ \([0-9.]+s\)' "$e2e_log" "$side_log" |
+	sed -E 's/^--- (PASS|FAIL): (Test[A-Za-z0-9_]+) \(([0-9.]+)s\)/\3 \2 \1/' | sort -rn | head -n 12 |
+	awk '{printf "    %7.0f s  %s%s\n", $1, $2, ($3 == "FAIL" ? " (failed)" : "")}' || true
+rm -f "$side_log" "$e2e_log"
+if [ "$rc" != 0 ] || [ "$src" != 0 ]; then
 	echo "scripts/test.sh: end-to-end tests failed (above)" >&2
 	exit 1
 fi
