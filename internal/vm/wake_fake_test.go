@@ -9,7 +9,8 @@ import (
 )
 
 // TestWakeSetsClockInHandshake: a wake gives the agent the clock in the
-// handshake and pushes no identity; a create pushes one.
+// handshake and pushes no identity; a create pushes one. Create, wake and
+// start each run their own list of launch steps.
 func TestWakeSetsClockInHandshake(t *testing.T) {
 	e := newFakeEnv(t)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "daemon.log"))
@@ -43,5 +44,26 @@ func TestWakeSetsClockInHandshake(t *testing.T) {
 	e.exec("w", "true") // wakes it
 	if l := launched(); len(l) != 2 || !strings.Contains(l[1], "clock=handshake") || strings.Contains(l[1], "identity_ms=") {
 		t.Fatalf("the wake's launch: %q", l)
+	}
+	if _, err := e.s.Stop(e.ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Start(e.ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	// Each kind of launch ran its own list of steps, in order.
+	want := []string{
+		`steps="network,start,pid,attach,handshake,grow disk,identity,publish"`,              // create (restore)
+		`steps=network,start,pid,attach,handshake,clock,publish`,                             // wake
+		`steps="network,boot devices,start,pid,attach,handshake,grow disk,identity,publish"`, // start (boot)
+	}
+	l := launched()
+	if len(l) != len(want) {
+		t.Fatalf("launches: %q", l)
+	}
+	for i, w := range want {
+		if !strings.Contains(l[i], w) {
+			t.Errorf("launch %d: want %s in %q", i, w, l[i])
+		}
 	}
 }
