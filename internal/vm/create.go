@@ -2,18 +2,15 @@ package vm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/image"
-	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -185,74 +182,6 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	return v, true, s.finishCreate(ctx, v, start)
 }
 
-// insertRow claims a name, idempotency key and network for a new VM in state
-// "creating". If the idempotency key was used before, it returns that VM as prev.
-func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *store.VM, err error) {
-	if err := s.checkFenced(); err != nil {
-		return nil, nil, err
-	}
-	id := "vm-" + randHex(6)
-	state := store.StateCreating
-	if o.pool {
-		o.Name, state = "pool-"+id, statePool
-	}
-	if o.Name == "" {
-		o.Name = id
-	}
-	v = &store.VM{ID: id, Name: o.Name, State: state, CPUs: o.CPUs, MemoryMiB: o.MemoryMiB, DiskBytes: o.DiskBytes,
-		Labels: o.Labels, Env: o.Env, IdempotencyKey: o.IdempotencyKey, MachineID: randHex(16), CreatedAt: time.Now().UTC(),
-		Network: o.Network, Egress: o.Egress, IdleTimeoutSec: int64(o.IdleTimeout.Seconds()), DeleteAfterSec: int64(o.DeleteAfter.Seconds()),
-		Restart: o.Restart, Image: o.Image, Node: s.cfg.Node}
-	// The row goes in first so the name and idempotency key are claimed; a retry
-	// racing with us sees a conflict instead of making a second VM.
-	for attempt := 0; ; attempt++ {
-		if v.NetIndex, err = s.store.FreeNetIndex(ctx); err != nil {
-			return nil, nil, err
-		}
-		if v.NetIndex > network.MaxSubnetIndex {
-			return nil, nil, fmt.Errorf("%w: all %d VM networks of this host are in use", ErrInsufficient, network.MaxSubnetIndex)
-		}
-		err = s.store.CreateVM(ctx, v)
-		if err == nil {
-			return v, nil, nil
-		}
-		if errors.Is(err, store.ErrNodeFull) {
-			return nil, nil, fmt.Errorf("%w: %v", ErrInsufficient, err)
-		}
-		if errors.Is(err, store.ErrConflict) {
-			if o.IdempotencyKey != "" {
-				if prev, e := s.store.GetVMByIdempotencyKey(ctx, o.IdempotencyKey); e == nil {
-					return nil, prev, nil
-				}
-			}
-			if _, e := s.store.GetVM(ctx, o.Name); e == nil {
-				return nil, nil, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
-			}
-			if attempt < 5 {
-				continue // network index taken by a concurrent create
-			}
-		}
-		return nil, nil, err
-	}
-}
-
-// finishCreate records a successful create; on failure the VM is destroyed.
-func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time) error {
-	v.CreateMs = time.Since(start).Milliseconds()
-	if err := s.enter(ctx, v, store.StateRunning); err != nil {
-		s.destroy(context.Background(), v)
-		return err
-	}
-	from := "template " + v.Template
-	if v.Source != "" {
-		from = v.Source
-	}
-	s.log.Info("vm created", "vm", v.ID, "name", v.Name, "ms", v.CreateMs, "from", from)
-	s.logEvent(v.ID, "created %s from %s in %d ms (qemu pid %d, accel %s, %d vCPU, %d MiB, ip %s)",
-		v.Name, from, v.CreateMs, v.PID, s.cfg.Accel, v.CPUs, v.MemoryMiB, s.networkConfig(v.NetIndex).GuestIP())
-	return nil
-}
-
 // restore starts v from its shape's template and pushes its identity.
 func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	t, err := s.EnsureTemplate(ctx, v.Image, v.CPUs, v.MemoryMiB)
@@ -278,79 +207,6 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	mc := s.machineConfig(v, p, img)
 	mc.RAMPath, mc.Incoming, mc.IncomingShared = t.ram(), t.state(), true
 	return s.launchOnOverlay(ctx, v, t.disk(), mc, launchOpts{agentTimeout: 30 * time.Second, baseDisk: t.DiskBytes, identity: identityNew})
-}
-
-// destroy removes every trace of a VM: process, files, sockets, row.
-func (s *Service) destroy(ctx context.Context, v *store.VM) {
-	if in := s.instance(v.ID); in != nil {
-		in.kill()
-		s.setInstance(v.ID, nil)
-	} else if s.hv.IsOurs(v.PID, v.ID) {
-		s.hv.Kill(v.PID)
-		for i := 0; i < 100 && s.hv.IsOurs(v.PID, v.ID); i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	s.killStrays(v, 0)
-	p := s.paths(v.ID)
-	os.RemoveAll(p.Run)
-	os.RemoveAll(p.Dir)
-	if v.Disk != "" {
-		os.Remove(v.Disk)
-	}
-	s.store.DeleteVM(ctx, v.ID)
-	// Exposures and domains go with the VM whoever deleted it: a domain left
-	// behind would stay pinned to a dead VM.
-	if err := s.store.DeletePorts(ctx, v.ID); err != nil {
-		s.log.Warn("delete exposures of a deleted VM", "vm", v.ID, "err", err)
-	}
-	s.gcLayers(ctx)
-	s.deleted(v.ID)
-}
-
-// deleted drops a deleted VM's operation lock entry and runs the delete
-// hooks, outside the VM's lock: closing a TCP exposure waits for its
-// connections, which may be queued on that lock in a wake.
-func (s *Service) deleted(id string) {
-	s.mu.Lock()
-	hooks := append([]func(string){}, s.onDelete...)
-	s.mu.Unlock()
-	s.ops.forget(id)
-	for _, fn := range hooks {
-		go fn(id)
-	}
-}
-
-// admit refuses a create the host cannot hold: guest RAM must fit in available
-// memory (with headroom for QEMU itself) and disk growth in free disk space.
-func (s *Service) admit(memMiB, diskGrowth int64) error {
-	avail, err := memAvailableMiB()
-	if err == nil && memMiB+128 > avail {
-		return fmt.Errorf("%w: %d MiB of memory requested but the host has only %d MiB available", ErrInsufficient, memMiB, avail)
-	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(s.cfg.DataDir, &st); err == nil {
-		free := int64(st.Bavail) * st.Bsize
-		if diskGrowth+(512<<20) > free {
-			return fmt.Errorf("%w: disk needs %d MiB more than the image but %s has only %d MiB free", ErrInsufficient, diskGrowth>>20, s.cfg.DataDir, free>>20)
-		}
-	}
-	return nil
-}
-
-func memAvailableMiB() (int64, error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "MemAvailable:") {
-			var kb int64
-			fmt.Sscan(strings.TrimSpace(strings.TrimPrefix(line, "MemAvailable:")), &kb)
-			return kb >> 10, nil
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
 }
 
 // checkNetwork reports a missing private network as a 404.

@@ -22,48 +22,6 @@ type OpResult struct {
 	TookMs   int64
 }
 
-// take finds a VM and takes it for a user-requested operation (409 if another one
-// is in progress; the handling of an unexpected exit is waited for, up to
-// 30 s), returning the record as it is once the VM is held.
-func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
-	v, err := s.GetLocal(ctx, idOrName)
-	if err != nil {
-		return nil, nil, err
-	}
-	s.stopStoring(uploadKey(v.ID)) // nor does any user operation
-	unlock, err := s.ops.try(v.ID, v.Name, op)
-	if err != nil && (!s.ops.isBusy(v.ID) || s.ops.busyWith(v.ID) == opExitHandling) {
-		// The record of an unexpected exit is being written (the VM may
-		// already show as crashed): that is short, and what op may do
-		// depends on it, so wait for it rather than answer 409.
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		unlock, err = s.ops.wait(wctx, v.ID, op)
-		cancel()
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	unlock = s.thenStore(v.ID, unlock)
-	if v, err = s.Get(ctx, v.ID); err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	return v, unlock, nil
-}
-
-// settled is take plus the transition check of op.
-func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
-	v, unlock, err := s.take(ctx, idOrName, op)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := checkTransition(op, v); err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	return v, unlock, nil
-}
-
 // pause freezes a running VM's vCPUs; memory stays in RAM.
 func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error) {
 	v, err := s.Get(ctx, idOrName)

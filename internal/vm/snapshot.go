@@ -38,57 +38,6 @@ func (s *Service) shapeKeyFor(deviceSet string, cpus int, memMiB int64) string {
 		fmt.Sprint(cpus), fmt.Sprint(memMiB))
 }
 
-// capture saves a running or paused VM's memory to statePath and freezes its disk
-// at the same instant; the VM goes on (or stays paused) on a new writable top.
-// It returns the frozen layer.
-func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (frozen string, res qemu.SaveResult, err error) {
-	in, err := s.attached(v)
-	if err != nil {
-		return "", res, err
-	}
-	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
-	// No record names newTop until the capture is recorded: a long save
-	// must not see it collected as a stray.
-	s.pendingLayers.Store(newTop, struct{}{})
-	defer s.pendingLayers.Delete(newTop)
-	commit, abort, err := in.machine.PrepareFreeze(ctx, newTop)
-	if err != nil {
-		return "", res, s.noSpace(crashedDuring(in, v, fmt.Errorf("prepare the disk's new top: %w", err)))
-	}
-	defer abort() // a no-op once committed
-	freeze := func() error { return commit(ctx) }
-	if v.State == store.StatePaused {
-		res, err = in.machine.SaveStopped(ctx, statePath, s.captureFormat())
-		if err == nil {
-			err = freeze()
-		}
-		if rerr := in.machine.Repause(ctx); rerr != nil && err == nil {
-			err = rerr
-		}
-	} else {
-		res, err = in.machine.SaveLive(ctx, statePath, s.captureFormat(), freeze)
-	}
-	if err != nil {
-		// The partial state goes first: on a full data dir it holds the
-		// space the guests' disk writes wait for.
-		qemu.RemoveState(statePath)
-		s.resumeStoppedOnFullDisk(v.ID)
-		// If the freeze happened before a later step failed, QEMU writes to
-		// newTop now; if not, abort (deferred) removes it.
-		if top, qerr := in.machine.DiskTop(context.Background()); qerr == nil && top == newTop {
-			v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-			s.store.UpdateVM(context.Background(), v)
-		}
-		return "", res, s.noSpace(crashedDuring(in, v, err))
-	}
-	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-	if err := s.store.UpdateVM(ctx, v); err != nil {
-		return "", res, err
-	}
-	s.flattenIfDeep(v)
-	return frozen, res, nil
-}
-
 var (
 	snapNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 	snapIDRe   = regexp.MustCompile(`^snap-[0-9a-f]{12}$`)
@@ -316,26 +265,6 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 		return nil, false, err
 	}
 	return v, true, s.finishCreate(ctx, v, start)
-}
-
-// restoreState starts v from a saved memory state on a new overlay over frozen.
-func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, layers []string, state string, baseDisk int64) error {
-	img, err := s.ImageNamed(ctx, v.Image) // its kernel
-	if err != nil {
-		return err
-	}
-	p := s.paths(v.ID)
-	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
-		return err
-	}
-	os.MkdirAll(p.Run, 0o700)
-	v.Disk, v.Layers = s.newLayerPath(v.ID), append([]string{}, layers...)
-	if err := s.store.UpdateVM(ctx, v); err != nil {
-		return err
-	}
-	mc := s.machineConfig(v, p, img)
-	mc.Incoming = state
-	return s.launchOnOverlay(ctx, v, frozen, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: baseDisk, identity: identityNew})
 }
 
 func truncate(s string, n int) string {
