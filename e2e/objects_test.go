@@ -40,8 +40,8 @@ func TestClusterObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	objs := s3.URL("cluster")
-	a := testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-a", "--lease", "6s", "--objects", objs)
-	b := testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-b", "--lease", "6s", "--objects", objs)
+	a := testenv.StartEnv(t, s3.Environ(), "", "--store", dsn, "--cluster", "--node-name", "node-a", "--lease", "6s", "--objects", objs)
+	b := testenv.StartEnv(t, s3.Environ(), "", "--store", dsn, "--cluster", "--node-name", "node-b", "--lease", "6s", "--objects", objs)
 
 	v := a.CreateVM(ctx, api.CreateVMRequest{Name: "origin"})
 	origin, other := a, b
@@ -212,7 +212,7 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	var older *testenv.Server
 	if ov, _ := qemuVersion("qemu-system-x86_64"); os.Getenv("AGENTVM_QEMU") != "" {
 		if nv, _ := qemuVersion(os.Getenv("AGENTVM_QEMU")); ov != "" && nv != "" && ov != nv {
-			older = testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-old", "--lease", "6s", "--objects", objs, "--qemu", "qemu-system-x86_64")
+			older = testenv.StartEnv(t, s3.Environ(), "", "--store", dsn, "--cluster", "--node-name", "node-old", "--lease", "6s", "--objects", objs, "--qemu", "qemu-system-x86_64")
 			if ns, err := older.Client.ListNodes(ctx); err != nil || !slices.ContainsFunc(ns, func(n api.Node) bool { return n.Name == "node-old" && n.QEMUVersion == ov }) {
 				t.Fatalf("the node with QEMU %s: %+v %v", ov, ns, err)
 			}
@@ -368,7 +368,7 @@ for i in $(seq 300); do [ -s /tmp/counter ] && break; sleep 0.2; done; cat /tmp/
 	// from the snapshot, the one it took over and the one it revived, all
 	// running) move to the new node and run there, the taken-over VM's counter counting on;
 	// new VMs go to the new node.
-	c3 := testenv.Start(t, "", "--store", dsn, "--cluster", "--node-name", "node-c", "--lease", "6s", "--objects", objs)
+	c3 := testenv.StartEnv(t, s3.Environ(), "", "--store", dsn, "--cluster", "--node-name", "node-c", "--lease", "6s", "--objects", objs)
 	otherName := "node-a"
 	if v.Node == "node-a" {
 		otherName = "node-b"

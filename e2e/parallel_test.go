@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -37,6 +38,24 @@ func TestEveryTestIsParallel(t *testing.T) {
 	}
 	if n < 40 {
 		t.Fatalf("found %d tests, want the whole package's", n)
+	}
+	// t.Setenv and t.Chdir panic in a parallel test, and os.Setenv would
+	// leak into the tests beside: neither here nor in the helpers they call.
+	helpers, _ := filepath.Glob("testenv/*.go")
+	for _, dir := range []string{"../internal/pgtest", "../internal/s3test"} {
+		m, _ := filepath.Glob(dir + "/*.go")
+		helpers = append(helpers, m...)
+	}
+	for _, f := range append(files, helpers...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{".Setenv(", ".Chdir("} {
+			if f != "parallel_test.go" && strings.Contains(string(b), bad) {
+				t.Errorf("%s calls %s): the tests run in parallel", f, bad)
+			}
+		}
 	}
 }
 

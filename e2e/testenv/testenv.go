@@ -95,7 +95,8 @@ type Server struct {
 	Token   string
 	Client  *client.Client
 	Args    []string
-	Netns   string // the network namespace it runs in ("" for the test's own)
+	Netns   string   // the network namespace it runs in ("" for the test's own)
+	Env     []string // added to the test's environment (KEY=VALUE)
 	cmd     *exec.Cmd
 	logBuf  *syncBuffer
 	exited  chan struct{}
@@ -133,6 +134,19 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 	return s
 }
 
+// StartEnv runs a server as Start does, with env (KEY=VALUE) added to its
+// environment: tests run in parallel, so none may change the process's own.
+func StartEnv(t testing.TB, env []string, dataDir string, extra ...string) *Server {
+	t.Helper()
+	Require(t)
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	s := &Server{t: t, Bin: Binaries(t), DataDir: dataDir, Args: extra, Env: env}
+	s.start()
+	return s
+}
+
 // StartIn runs a server as Start does, in network namespace netns (give it
 // --listen and the other listeners on an address of that namespace).
 func StartIn(t testing.TB, netns, dataDir string, extra ...string) *Server {
@@ -155,6 +169,9 @@ func (s *Server) start() {
 	cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), args...)
 	if s.Netns != "" { // ip netns exec execs the server: the pid is the server's
 		cmd = exec.Command("ip", append([]string{"netns", "exec", s.Netns, filepath.Join(s.Bin, "agentvm")}, args...)...)
+	}
+	if len(s.Env) > 0 {
+		cmd.Env = append(os.Environ(), s.Env...)
 	}
 	pr, pw, _ := os.Pipe()
 	s.logBuf = &syncBuffer{}

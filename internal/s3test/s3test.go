@@ -84,8 +84,8 @@ func Start(ctx context.Context, dir string) (*Server, error) {
 	}
 }
 
-// StartT starts a server for test t, stopped when it ends, and sets the
-// AWS_* variables the daemon reads, so servers started after it use it.
+// StartT starts a server for test t, stopped when it ends. A daemon finds
+// it with the variables of Environ in its environment.
 func StartT(t *testing.T) *Server {
 	t.Helper()
 	s, err := Start(context.Background(), t.TempDir())
@@ -93,10 +93,16 @@ func StartT(t *testing.T) *Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	for k, v := range s.Env() {
-		t.Setenv(k, v)
-	}
 	return s
+}
+
+// Environ is Env as KEY=VALUE entries, for exec.Cmd.Env.
+func (s *Server) Environ() []string {
+	var out []string
+	for k, v := range s.Env() {
+		out = append(out, k+"="+v)
+	}
+	return out
 }
 
 // Env is what a daemon needs in its environment to use the server.
