@@ -5,57 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$PATH:/usr/local/go/bin"
-# While the unit tests run, the guest images the end-to-end tests use are
-# built (or found in ~/.cache/agentvm) in the background with the same
-# guest agent the tests build (go build -trimpath, as setup.sh does), and
-# the S3 server the cluster tests use is built from its Go module (internal/s3test).
-prep_log=$(mktemp)
-prep_pid=
-if [ "$(id -u)" = 0 ]; then
-	echo "==> building the guest images and the test S3 server in the background (log: $prep_log)"
-	cache=${AGENTVM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentvm} # as image.DefaultCacheDir
-	set -m # the builds get a process group of their own, ended if this script stops first
-	(
-		for img in default code-interpreter browser; do
-			bin/agentvm image build --force=false --name "$img" --guest-agent bin/agentvm-guest
-		done
-		vgw_dir="$cache/tools/versitygw-v1.8.0"
-		if [ ! -x "$vgw_dir/versitygw" ]; then
-			mkdir -p "$vgw_dir" && GOBIN="$vgw_dir" GOFLAGS= go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
-		fi
-	) </dev/null >"$prep_log" 2>&1 &
-	prep_pid=$!
-	set +m
-	trap 'kill -- -"$prep_pid" 2>/dev/null; rm -f "$prep_log"' EXIT
-fi
-echo "==> go vet"
-go vet ./...
-echo "==> unit tests (-race; the store's suite on SQLite and on a PostgreSQL it starts)"
-env -u AGENTVM_TEST_NO_POSTGRES go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
-echo "==> code interpreter server (python unittest, real Jupyter kernels)"
-(cd internal/image/codeinterp && CODEINTERP_REQUIRE=1 /usr/bin/python3 -m unittest -q test_server)
-echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"
-FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 # The end-to-end suite runs on QEMU 10 (on Debian 12 the bookworm-backports
 # packages unpacked beside the distribution's QEMU 7.2, which stays installed),
 # and a smoke subset (create, exec, suspend/wake, snapshot, fork) on the
 # distribution's QEMU. AGENTVM_QEMU, when set, names the QEMU for the suite.
-# Package e2e's tests run two at a time (each calls t.Parallel; the VMs of
-# one test mostly keep one core busy, and its waits leave it idle;
-# AGENTVM_E2E_PARALLEL changes how many). Beside them, one after the other,
-# run the browser VMs' long test (package e2e/browser) and the smoke subset
-# on the distribution's QEMU; that log follows theirs. At the end the
-# slowest tests of both are listed, to see where the time goes.
-if [ -n "$prep_pid" ]; then
-	echo "==> waiting for the background image builds"
-	if ! wait "$prep_pid"; then
-		cat "$prep_log"
-		echo "scripts/test.sh: building the guest images or the test S3 server failed (above)" >&2
-		exit 1
-	fi
-	trap - EXIT
-	rm -f "$prep_log"
-fi
 smoke='^(TestCreateAndExec|TestPauseSuspendWake|TestSnapshotAndFork)$'
 qemu_major=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p')
 e2e_qemu=${AGENTVM_QEMU:-}
@@ -73,14 +26,57 @@ e2e_go() {
 	fi
 }
 suite_qemu=${e2e_qemu:-qemu-system-x86_64}
-echo "==> end-to-end tests (real QEMU VMs) on $("$suite_qemu" --version | head -1): $suite_qemu"
-side_log=$(mktemp)
-e2e_log=$(mktemp)
+# From here two things run in the background, each in a process group of
+# its own that ends if this script stops first:
+# - the test S3 server the cluster tests use, built from its Go module
+#   (internal/s3test);
+# - the long lane: the guest images the end-to-end tests use, built (or
+#   found in ~/.cache/agentvm) with the same guest agent the tests build,
+#   then at once the browser VMs' test (package e2e/browser, half an hour
+#   of Chromium under emulation) and the smoke tests on the distribution's
+#   QEMU. It starts while the unit tests run, so the long test does not
+#   set the suite's length; its log is printed after package e2e's.
+# Then package e2e's tests run two at a time (each calls t.Parallel; the
+# VMs of one test mostly keep one core busy, and its waits leave it idle;
+# AGENTVM_E2E_PARALLEL changes how many). At the end the slowest tests of
+# both are listed, to see where the time goes.
+cache=${AGENTVM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentvm} # as image.DefaultCacheDir
+work=$(mktemp -d)
+side_log=$work/side.log
+e2e_log=$work/e2e.log
+s3_pid=
+side_pid=
+# Stopped early (a failure under set -e, Ctrl-C, a CI timeout): what runs
+# in the background ends too, and what the long lane logged so far is shown.
+stop_background() {
+	[ -z "$s3_pid" ] || kill -- -"$s3_pid" 2>/dev/null || true
+	if [ -n "$side_pid" ]; then
+		kill -- -"$side_pid" 2>/dev/null || true
+		echo "==> the long lane (images, browser test, smoke tests), stopped (the end of its log)"
+		tail -n 200 "$side_log"
+	fi
+	rm -rf "$work"
+}
+trap stop_background EXIT
+trap 'exit 130' INT TERM
+set -m # the background jobs get process groups of their own
+vgw_dir="$cache/tools/versitygw-v1.8.0"
+if [ "$(id -u)" = 0 ] && [ ! -x "$vgw_dir/versitygw" ]; then
+	(mkdir -p "$vgw_dir" && GOBIN="$vgw_dir" GOFLAGS= go install github.com/versity/versitygw/cmd/versitygw@v1.8.0) </dev/null >"$work/s3.log" 2>&1 &
+	s3_pid=$!
+fi
 par=${AGENTVM_E2E_PARALLEL:-2}
-echo "    $par at a time; beside them: the browser VMs' test (e2e/browser), then the smoke tests on the distribution's QEMU (their log follows)"
-set -m # its own process group, ended if this script stops first
+echo "==> in the background: the guest images, then the browser VMs' test (e2e/browser) and the smoke tests on the distribution's QEMU (log: $side_log, printed at the end)"
 (
+	if [ "$(id -u)" = 0 ]; then
+		echo "==> building the guest images"
+		for img in default code-interpreter browser; do
+			bin/agentvm image build --force=false --name "$img" --guest-agent bin/agentvm-guest || { echo 1 >"$work/images.rc"; exit 1; }
+		done
+	fi
+	echo 0 >"$work/images.rc"
 	src=0
+	echo "==> the browser VMs' test on $("$suite_qemu" --version | head -1)"
 	e2e_go -timeout 75m -v ./e2e/browser/ || src=$?
 	if [ -n "$e2e_qemu" ]; then
 		echo "==> end-to-end smoke tests on the distribution's $(qemu-system-x86_64 --version | head -1)"
@@ -90,22 +86,44 @@ set -m # its own process group, ended if this script stops first
 ) </dev/null >"$side_log" 2>&1 &
 side_pid=$!
 set +m
-# Stopped early (a failure under set -e, Ctrl-C, a CI timeout): the tests
-# beside end too, and what they logged so far is shown.
-trap 'kill -- -"$side_pid" 2>/dev/null; echo "==> the tests beside, stopped (the end of their log)"; tail -n 200 "$side_log"; rm -f "$side_log" "$e2e_log"' EXIT
-trap 'exit 130' INT TERM
+echo "==> go vet"
+go vet ./...
+echo "==> unit tests (-race; the store's suite on SQLite and on a PostgreSQL it starts)"
+env -u AGENTVM_TEST_NO_POSTGRES go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
+echo "==> code interpreter server (python unittest, real Jupyter kernels)"
+(cd internal/image/codeinterp && CODEINTERP_REQUIRE=1 /usr/bin/python3 -m unittest -q test_server)
+echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"
+FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
+if [ -n "$s3_pid" ]; then
+	echo "==> waiting for the test S3 server's build"
+	if ! wait "$s3_pid"; then
+		cat "$work/s3.log"
+		echo "scripts/test.sh: building the test S3 server failed (above)" >&2
+		exit 1
+	fi
+	s3_pid=
+fi
+echo "==> waiting for the guest images"
+while [ ! -s "$work/images.rc" ] && kill -0 "$side_pid" 2>/dev/null; do sleep 2; done
+if [ "$(cat "$work/images.rc" 2>/dev/null)" != 0 ]; then
+	cat "$side_log"
+	side_pid=
+	echo "scripts/test.sh: building the guest images failed (above)" >&2
+	exit 1
+fi
+echo "==> end-to-end tests (real QEMU VMs) on $("$suite_qemu" --version | head -1): $suite_qemu"
+echo "    $par at a time; the long lane goes on beside them"
 rc=0
 e2e_go -timeout 75m -parallel "$par" -v ./e2e/ 2>&1 | tee "$e2e_log" || rc=$?
 src=0
 wait "$side_pid" || src=$?
-trap - EXIT INT TERM
-echo "==> beside them: the browser VMs' test (e2e/browser) and the smoke tests on the distribution's QEMU"
+side_pid=
+echo "==> beside them: the guest images, the browser VMs' test (e2e/browser) and the smoke tests on the distribution's QEMU"
 cat "$side_log"
 echo "==> the slowest end-to-end tests"
 grep -hE '^--- (PASS|FAIL): Test[A-Za-z0-9_]+ \([0-9.]+s\)' "$e2e_log" "$side_log" |
 	sed -E 's/^--- (PASS|FAIL): (Test[A-Za-z0-9_]+) \(([0-9.]+)s\)/\3 \2 \1/' | sort -rn | head -n 12 |
 	awk '{printf "    %7.0f s  %s%s\n", $1, $2, ($3 == "FAIL" ? " (failed)" : "")}' || true
-rm -f "$side_log" "$e2e_log"
 if [ "$rc" != 0 ] || [ "$src" != 0 ]; then
 	echo "scripts/test.sh: end-to-end tests failed (above)" >&2
 	exit 1
