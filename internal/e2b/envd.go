@@ -272,8 +272,12 @@ func (c *envdCall) start(ctx context.Context, req *startRequest, st *stream) err
 	}
 	// Who ran what as whom, as the native exec records it.
 	c.s.cfg.VMs.Event(c.vm.ID, "exec", c.p.Actor(), "envd: %s (user %s)", strings.Join(ps.Argv, " "), c.user)
-	return c.relay(ctx, ps2, st)
+	return c.relay(ctx, ps2, st, req.PTY != nil)
 }
+
+// ptyReady bounds how long a terminal's start event waits for the first
+// output of its program (see relay).
+var ptyReady = 3 * time.Second
 
 func (c *envdCall) connect(ctx context.Context, req *connectRequest, st *stream) error {
 	sel, err := selector(req.Process)
@@ -284,12 +288,20 @@ func (c *envdCall) connect(ctx context.Context, req *connectRequest, st *stream)
 	if err != nil {
 		return guestRPCError(err)
 	}
-	return c.relay(ctx, ps, st)
+	return c.relay(ctx, ps, st, false)
 }
 
 // relay forwards a managed process's events to the stream, with keepalives
 // in between, until the end event, the client leaving or the deadline.
-func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) error {
+//
+// With holdStart (a terminal's start), the start event waits for the
+// program's first output, its end, or ptyReady: a shell's first output is
+// its prompt, so input a client sends once pty.create returns reaches a
+// shell that reads it. Sent at once, as envd does, input typed while a
+// login shell still starts (a few hundred ms under emulation and load) is
+// echoed by the terminal and answered only later, after a client that
+// waited 300 ms for the answer has gone.
+func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, holdStart bool) error {
 	defer ps.Close()
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	defer stop()
@@ -298,6 +310,16 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 	tick := time.NewTicker(c.ka)
 	defer tick.Stop()
 	started := false
+	var held *processEvent // the terminal's start, not sent yet
+	var ready <-chan time.Time
+	flush := func() error {
+		if held == nil {
+			return nil
+		}
+		pe := *held
+		held, ready = nil, nil
+		return st.Send(processEventResponse{Event: pe})
+	}
 	for {
 		select {
 		case ev, ok := <-events:
@@ -313,10 +335,22 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 				return rpcErr(codeUnavailable, "the process stream: %v", err)
 			}
 			var pe processEvent
+			if ev.Type != guest.ProcEventStart {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
 			switch ev.Type {
 			case guest.ProcEventStart:
 				started = true
 				pe.Start = &startEvent{PID: uint32(ev.PID)}
+				if holdStart {
+					held = &pe
+					timer := time.NewTimer(ptyReady)
+					defer timer.Stop()
+					ready = timer.C
+					continue
+				}
 			case guest.ProcEventStdout:
 				pe.Data = &dataEvent{Stdout: ev.Data}
 			case guest.ProcEventStderr:
@@ -344,8 +378,12 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream) 
 			if pe.End != nil {
 				return nil
 			}
+		case <-ready:
+			if err := flush(); err != nil {
+				return err
+			}
 		case <-tick.C:
-			if started {
+			if started && held == nil {
 				if err := st.Send(processEventResponse{Event: processEvent{Keepalive: &empty{}}}); err != nil {
 					return err
 				}
