@@ -276,8 +276,12 @@ func (c *envdCall) start(ctx context.Context, req *startRequest, st *stream) err
 }
 
 // ptyReady bounds how long a terminal's start event waits for the first
-// output of its program (see relay).
-var ptyReady = 3 * time.Second
+// output of its program (see relay). E2B's SDKs always start an
+// interactive login shell, which prints a prompt; on a machine this busy
+// (E2B's pty test beside two busy cores and the race-enabled unit tests
+// once saw no prompt within 3 s) that can take seconds; only a silent
+// program waits all of it.
+var ptyReady = 10 * time.Second
 
 func (c *envdCall) connect(ctx context.Context, req *connectRequest, st *stream) error {
 	sel, err := selector(req.Process)
