@@ -177,7 +177,11 @@ func (s *Server) start() {
 	s.logBuf = &syncBuffer{}
 	cmd.Stdout = s.logBuf
 	cmd.Stderr = pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A test binary killed before its cleanups (a timeout, the script
+	// stopped) takes its servers with it: SIGTERM is a server's orderly
+	// stop, which ends its VMs' QEMUs. In a process group of its own, it
+	// is left alone by a signal to the test's group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func fakeChromium(t *testing.T) *httptest.Server {
 func TestClient(t *testing.T) {
 	srv := fakeChromium(t)
 	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b := New(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer

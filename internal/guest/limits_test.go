@@ -40,7 +40,7 @@ func newFakeGuest(t *testing.T, h http.Handler) (*Client, *yamux.Session) {
 			(&http.Server{Handler: h}).Serve(sess)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := NewClient(ctx, hostEnd, HandshakeOptions{})
 	if err != nil {
@@ -220,7 +220,7 @@ func TestStreamCap(t *testing.T) {
 	if _, err := c.gate.open(); !errors.Is(err, ErrTooManyStreams) {
 		t.Fatalf("stream %d: err = %v, want ErrTooManyStreams", MaxStreams+1, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := c.Info(ctx)
 	if !errors.Is(err, ErrTooManyStreams) || !strings.Contains(err.Error(), "too many concurrent streams to this VM") {

@@ -84,7 +84,7 @@ func TestHostHandshakeClock(t *testing.T) {
 				}
 			}
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		before := time.Now()
 		_, res, err := HostHandshake(ctx, h, HandshakeOptions{SetClock: c.setClock})
 		cancel()
@@ -135,7 +135,7 @@ func TestHostHandshake(t *testing.T) {
 	defer h.Close()
 	defer g.Close()
 	go fakeGuest(t, g, "1", "AFTER")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	conn, res, err := HostHandshake(ctx, h, HandshakeOptions{})
 	if err != nil {
@@ -162,7 +162,7 @@ func TestHostHandshakeProtoMismatch(t *testing.T) {
 	defer h.Close()
 	defer g.Close()
 	go fakeGuest(t, g, "2.0", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, _, err := HostHandshake(ctx, h, HandshakeOptions{})
 	if !errors.Is(err, ErrProtoMismatch) {

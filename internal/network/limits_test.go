@@ -32,7 +32,7 @@ func (e limitEvents) expect(t *testing.T, want ...string) {
 				t.Fatalf("unexpected limit event %q (want %v)", got, want)
 			}
 			need[got]--
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Minute):
 			t.Fatalf("limit events: still waiting for %v", need)
 		}
 	}

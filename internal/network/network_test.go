@@ -44,7 +44,7 @@ func setupConfig(t *testing.T, cfg Config) (*Network, *fakeQEMU) {
 	q := newFakeQEMU(t, n.Config(), filepath.Join(t.TempDir(), "net.sock"))
 	t.Cleanup(func() { _ = n.Close() })
 	q.listen()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- n.Attach(ctx, q.path) }()
@@ -107,7 +107,7 @@ func tcpEcho(t *testing.T, addr string) (netip.AddrPort, <-chan struct{}) {
 
 func expectRefused(t *testing.T, q *fakeQEMU, dst netip.AddrPort) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := q.dialTCP(ctx, dst)
 	if err == nil {
@@ -191,7 +191,7 @@ func TestEgressAllowedPrivate(t *testing.T) {
 	hostIP := hostIPv4(t)
 	all, accepted := tcpEcho(t, "0.0.0.0:0")
 	dst := netip.AddrPortFrom(hostIP, all.Port())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := q.dialTCP(ctx, dst)
 	if err != nil {
@@ -215,7 +215,7 @@ func TestEgressAllowedPrivate(t *testing.T) {
 	q.injectSYN(netip.AddrPortFrom(n.GuestIP(), 40001), dst)
 	select {
 	case <-accepted:
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("injected SYN was not forwarded")
 	}
 	// ... but never towards loopback, nor into the virtual subnet.
@@ -240,7 +240,7 @@ func TestDialGuest(t *testing.T) {
 	}
 	defer ln.Close()
 	go echo(ln, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := n.DialGuest(ctx, 8080)
 	if err != nil {
@@ -285,7 +285,7 @@ func TestDNS(t *testing.T) {
 		t.Fatalf("not a DNS response: %v", r)
 	}
 	// A real name: if the host can resolve it, so must the guest.
-	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	hctx, hcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer hcancel()
 	if ips, err := net.DefaultResolver.LookupIPAddr(hctx, "deb.debian.org."); err == nil && len(ips) > 0 {
 		r := dnsQuery(t, uc, "deb.debian.org")
@@ -303,7 +303,7 @@ func TestDNS(t *testing.T) {
 		t.Logf("host cannot resolve deb.debian.org (%v); real-name check skipped", err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tc, err := q.dialTCP(ctx, netip.AddrPortFrom(n.Gateway(), 53))
 	if err != nil {
@@ -408,7 +408,7 @@ func TestAttachLifecycle(t *testing.T) {
 	}
 
 	// The socket appears later: Attach waits for it.
-	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- n.Attach(ctx, q.path) }()
@@ -459,7 +459,7 @@ func TestCloseNoLeak(t *testing.T) {
 		}
 		q := newFakeQEMU(t, n.Config(), filepath.Join(t.TempDir(), "leak.sock"))
 		q.listen()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		errc := make(chan error, 1)
 		go func() { errc <- n.Attach(ctx, q.path) }()
@@ -551,7 +551,7 @@ func TestMalformedFramesFromGuest(t *testing.T) {
 	}
 	q := newFakeQEMU(t, n.Config(), filepath.Join(t.TempDir(), "net.sock"))
 	q.listen()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- n.Attach(ctx, q.path) }()
@@ -579,7 +579,7 @@ func TestMalformedFramesFromGuest(t *testing.T) {
 	go func() { _ = n.Close(); close(closed) }()
 	select {
 	case <-closed:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("Close hung after runt frames")
 	}
 }

@@ -57,7 +57,7 @@ func Start(ctx context.Context, dir string) (*Server, error) {
 	}
 	s.cmd = exec.Command(bin, "--port", addr, "--access", s.Access, "--secret", s.Secret, "posix", s.Root)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL} // ends with the test binary
 	if err := s.cmd.Start(); err != nil {
 		s.log.Close()
 		return nil, err

@@ -81,7 +81,7 @@ func TestWarmPoolFills(t *testing.T) {
 	p.endFill(k)
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("close did not finish after the last fill ended")
 	}
 	if p.startFill(k) {

@@ -86,7 +86,7 @@ func (e *env) connect(hostConn net.Conn, garbage string) *guest.Client {
 	if garbage != "" {
 		hostConn.Write([]byte(garbage))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := guest.NewClient(ctx, hostConn, guest.HandshakeOptions{})
 	if err != nil {
@@ -516,7 +516,7 @@ func TestConnectUnixSocket(t *testing.T) {
 			go func() { io.Copy(c, h); c.Close() }()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := guest.Connect(ctx, sock, guest.HandshakeOptions{})
 	if err != nil {

@@ -521,7 +521,7 @@ func checkSystemdRunParses(t *testing.T, args []string) {
 		t.Log("no systemd-run: options not checked")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "systemd-run", args...).CombinedOutput()
 	s := string(out)

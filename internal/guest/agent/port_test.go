@@ -49,7 +49,7 @@ func readView(t *testing.T, v *view) (string, error) {
 	select {
 	case r := <-c:
 		return r.s, r.err
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("view read did not return")
 		return "", nil
 	}

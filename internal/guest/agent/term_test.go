@@ -152,7 +152,10 @@ func (o *termOut) waitFor(t *testing.T, sub string) {
 
 func (o *termOut) waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	timer := time.NewTimer(15 * time.Second)
+	// Generous: the flood subtest pushes 26 MiB through a pty, tr and the
+	// stream under -race, and once needed more than 15 s with two busy
+	// cores, the other packages' tests and a VM beside it.
+	timer := time.NewTimer(2 * time.Minute)
 	defer timer.Stop()
 	for {
 		o.mu.Lock()

@@ -47,7 +47,7 @@ func fakeMachine(t *testing.T, reply func(m qmpCall) string) (*Machine, *recordi
 		}
 		return []string{qmpReturn(m, `{}`)}, false
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	q, err := DialQMP(ctx, sock, nil)
 	if err != nil {

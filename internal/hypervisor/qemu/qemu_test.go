@@ -110,7 +110,7 @@ func TestQMP(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "qmp.sock")
 	fakeQEMU(t, sock)
 	events := make(chan string, 10)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	q, err := DialQMP(ctx, sock, func(e Event) { events <- e.Event })
 	if err != nil {

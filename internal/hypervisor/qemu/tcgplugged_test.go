@@ -23,7 +23,7 @@ func pluggedQMP(t *testing.T, reply string, asked *atomic.Int32) *QMP {
 		}
 		return []string{qmpReturn(m, reply)}, false
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	q, err := DialQMP(ctx, sock, func(Event) {})
 	if err != nil {
@@ -46,7 +46,7 @@ func TestPrecopyAbortsOnPlugged(t *testing.T) {
 	} {
 		var asked atomic.Int32
 		m := &Machine{cfg: Config{Accel: c.accel, Layout: c.layout}, qmp: pluggedQMP(t, c.reply, &asked)}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		got := m.precopyAbortsOnPlugged(ctx)
 		cancel()
 		if got != c.want || (asked.Load() > 0) != c.asks {
