@@ -181,16 +181,32 @@ func (a *Agent) Run(ctx context.Context) error {
 // Upgrade: proto. When it cannot, it answers an error (or closes the
 // connection) itself and returns ok false.
 func switchProtocols(w http.ResponseWriter, proto string) (conn net.Conn, br *bufio.Reader, ok bool) {
+	conn, br, ok = hijack(w)
+	if ok && !sendSwitch(conn, proto) {
+		return nil, nil, false
+	}
+	return conn, br, ok
+}
+
+// hijack takes the connection of an upgrade request; sendSwitch then
+// answers 101. Between the two a handler can get ready for the stream
+// (a terminal registers its client), so a caller that sees the 101 sees
+// everything after it.
+func hijack(w http.ResponseWriter) (net.Conn, *bufio.Reader, bool) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "internal", "hijack: "+err.Error())
 		return nil, nil, false
 	}
+	return conn, brw.Reader, true
+}
+
+func sendSwitch(conn net.Conn, proto string) bool {
 	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+proto+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
 		conn.Close()
-		return nil, nil, false
+		return false
 	}
-	return conn, brw.Reader, true
+	return true
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

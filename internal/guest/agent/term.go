@@ -296,7 +296,7 @@ func (m *termManager) handleAttach(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "terminal "+strconv.Quote(t.name)+" is closing")
 		return
 	}
-	conn, br, ok := switchProtocols(w, guest.TermUpgrade)
+	conn, br, ok := hijack(w)
 	if !ok {
 		return
 	}

@@ -373,7 +373,10 @@ func setWinsize(ptmx *os.File, cols, rows int) error {
 }
 
 // serveClient runs one attached client on a hijacked stream until it
-// detaches, is dropped, or the terminal ends.
+// detaches, is dropped, or the terminal ends. The client is registered
+// before the 101 goes out: a caller whose attach has returned gets all
+// the output from then on (a client without scrollback attached while
+// another typed once missed the answer under load).
 func (t *terminal) serveClient(conn net.Conn, br *bufio.Reader, att guest.TermAttach) {
 	c := &termClient{conn: conn, wake: make(chan struct{}, 1), wdone: make(chan struct{})}
 	t.mu.Lock()
@@ -396,6 +399,12 @@ func (t *terminal) serveClient(conn net.Conn, br *bufio.Reader, att guest.TermAt
 		conn.SetWriteDeadline(time.Now().Add(termFinishTimeout))
 	}
 	t.mu.Unlock()
+	if !sendSwitch(conn, guest.TermUpgrade) {
+		t.mu.Lock()
+		delete(t.clients, c)
+		t.mu.Unlock()
+		return
+	}
 	go c.writeLoop()
 	if att.Cols > 0 && att.Rows > 0 {
 		t.resize(att.Cols, att.Rows)

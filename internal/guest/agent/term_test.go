@@ -372,6 +372,27 @@ func TestTerm(t *testing.T) {
 		b.waitFor(t, "other-8")
 	})
 
+	t.Run("attached-on-return", func(t *testing.T) {
+		// An attach that has returned is registered: output from then on
+		// reaches it, without a wait for the client count. (The 101 went
+		// out before the registration once, and a client without
+		// scrollback missed the next line under load; this checks the
+		// count straight after each of many attaches.)
+		termShell(t, e.c, "reg")
+		for i := range 30 {
+			s, err := e.c.AttachTerm(ctx, "reg", guest.TermAttach{NoScrollback: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ti := getTerm(t, e.c, "reg"); ti.Clients != 2 {
+				t.Fatalf("attach %d returned before its client was registered: %d clients", i, ti.Clients)
+			}
+			s.Close()
+			waitTerm(t, e.c, "reg", "the attach gone", func(ti *guest.TermInfo, err error) bool { return err == nil && ti.Clients == 1 })
+		}
+		e.c.DeleteTerm(ctx, "reg")
+	})
+
 	t.Run("resize", func(t *testing.T) {
 		o := attachTerm(t, e.c, "sh1", guest.TermAttach{NoScrollback: true})
 		if err := e.c.ResizeTerm(ctx, "sh1", guest.TermSize{Cols: 120, Rows: 40}); err != nil {
