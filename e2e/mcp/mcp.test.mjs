@@ -28,10 +28,15 @@ async function http(token) {
   return c
 }
 
+// A create may cold-boot a template first (a minute and more under
+// emulation on a fresh machine, longer while another test builds one):
+// tool calls get ten minutes instead of the client's 60 s default.
+const slow = { timeout: 600_000 }
+
 const textOf = (r) => r.content.filter((c) => c.type === 'text').map((c) => c.text).join('\n')
 
 async function call(c, name, args) {
-  const r = await c.callTool({ name, arguments: args })
+  const r = await c.callTool({ name, arguments: args }, undefined, slow)
   assert.ok(!r.isError, `${name} failed: ${textOf(r)}`)
   return textOf(r)
 }
@@ -54,7 +59,7 @@ for (const [kind, connect] of [['stdio', () => stdio()], ['streamable HTTP', () 
     assert.match(out, /exit code: 0/)
     assert.match(out, /--- stdout ---\nhi\nLinux/)
     assert.match(out, /--- stderr ---\nerr/)
-    const fail = await c.callTool({ name: 'exec', arguments: { vm, command: 'exit 3' } })
+    const fail = await c.callTool({ name: 'exec', arguments: { vm, command: 'exit 3' } }, undefined, slow)
     assert.equal(fail.isError, true)
     assert.match(textOf(fail), /exit code: 3/)
     // long output: cut with a marker that says where the rest is
@@ -88,13 +93,13 @@ for (const [kind, connect] of [['stdio', () => stdio()], ['streamable HTTP', () 
     assert.match(screen, /42/)
 
     // bad arguments are tool errors a model can read, not protocol failures
-    const bad = await c.callTool({ name: 'exec', arguments: { vm } })
+    const bad = await c.callTool({ name: 'exec', arguments: { vm } }, undefined, slow)
     assert.equal(bad.isError, true)
     assert.match(textOf(bad), /command/)
-    const missing = await c.callTool({ name: 'exec', arguments: { vm: 'no-such-vm-x', command: 'true' } })
+    const missing = await c.callTool({ name: 'exec', arguments: { vm: 'no-such-vm-x', command: 'true' } }, undefined, slow)
     assert.equal(missing.isError, true)
     assert.match(textOf(missing), /no VM/)
-    const wrongType = await c.callTool({ name: 'fork_vm', arguments: { vm, count: 'many' } })
+    const wrongType = await c.callTool({ name: 'fork_vm', arguments: { vm, count: 'many' } }, undefined, slow)
     assert.equal(wrongType.isError, true)
 
     assert.match(await call(c, 'delete_vm', { vm }), /Deleted/)
@@ -108,17 +113,17 @@ test('run_code: a code-interpreter VM, state, a chart as an image, an error', as
   try {
     await call(c, 'run_code', { vm, code: 'total = 40' })
     assert.match(await call(c, 'run_code', { vm, code: 'print("sum"); total + 2' }), /--- stdout ---\nsum\n[\s\S]*--- value \(text\/plain\) ---\n42/)
-    const chart = await c.callTool({ name: 'run_code', arguments: { vm, code: 'import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()' } })
+    const chart = await c.callTool({ name: 'run_code', arguments: { vm, code: 'import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()' } }, undefined, slow)
     assert.ok(!chart.isError, textOf(chart))
     const img = chart.content.find((x) => x.type === 'image')
     assert.equal(img?.mimeType, 'image/png')
     assert.equal(Buffer.from(img.data, 'base64').subarray(1, 4).toString(), 'PNG')
-    const err = await c.callTool({ name: 'run_code', arguments: { vm, code: 'raise KeyError("missing")' } })
+    const err = await c.callTool({ name: 'run_code', arguments: { vm, code: 'raise KeyError("missing")' } }, undefined, slow)
     assert.equal(err.isError, true)
     assert.match(textOf(err), /KeyError/)
     const js = await call(c, 'run_code', { vm, code: '6 * 7', language: 'javascript' })
     assert.match(js, /42/)
-    const both = await c.callTool({ name: 'run_code', arguments: { vm, code: '1', language: 'python', context: 'x' } })
+    const both = await c.callTool({ name: 'run_code', arguments: { vm, code: '1', language: 'python', context: 'x' } }, undefined, slow)
     assert.equal(both.isError, true)
   } finally {
     await call(c, 'delete_vm', { vm })
@@ -132,7 +137,7 @@ test('a scoped token sees only its VM', async () => {
     assert.ok(names.includes('exec'))
     // vm defaults to the token's VM; another VM is refused
     assert.match(await call(c, 'exec', { command: 'hostname' }), new RegExp(env.AGENTVM_SCOPED_VM))
-    const other = await c.callTool({ name: 'exec', arguments: { vm: 'not-mine', command: 'true' } })
+    const other = await c.callTool({ name: 'exec', arguments: { vm: 'not-mine', command: 'true' } }, undefined, slow)
     assert.equal(other.isError, true)
   }
 })
