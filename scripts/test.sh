@@ -46,8 +46,9 @@ side_log=$work/side.log
 e2e_log=$work/e2e.log
 s3_pid=
 side_pid=
-# Stopped early (a failure under set -e, Ctrl-C, a CI timeout): what runs
-# in the background ends too, and what the long lane logged so far is shown.
+# Stopped early (a failure under set -e, Ctrl-C, a CI timeout's SIGTERM):
+# what runs in the background ends too, and what the long lane logged so
+# far is shown. Killed outright (SIGKILL), the lane's watchdog ends it.
 stop_background() {
 	[ -z "$s3_pid" ] || kill -- -"$s3_pid" 2>/dev/null || true
 	if [ -n "$side_pid" ]; then
@@ -68,6 +69,11 @@ fi
 par=${AGENTVM_E2E_PARALLEL:-2}
 echo "==> in the background: the guest images, then the browser VMs' test (e2e/browser) and the smoke tests on the distribution's QEMU (log: $side_log, printed at the end)"
 (
+	# A script killed outright (SIGKILL, no trap) takes the lane with it.
+	lane=$BASHPID # the lane's process group
+	(while kill -0 $$ 2>/dev/null; do sleep 5; done; kill -- -"$lane" 2>/dev/null) </dev/null >/dev/null 2>&1 &
+	watchdog=$!
+	trap 'kill "$watchdog" 2>/dev/null' EXIT
 	if [ "$(id -u)" = 0 ]; then
 		echo "==> building the guest images"
 		for img in default code-interpreter browser; do

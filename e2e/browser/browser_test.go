@@ -127,11 +127,11 @@ func TestBrowser(t *testing.T) {
 	// subtest's DevTools request through the preview URL wakes it), and the
 	// QA VM goes when its subtests are done.
 	if _, err := s.Client.SuspendVM(ctx, "b1"); err != nil {
-		t.Fatalf("suspend b1 while the QA VM works: %v", err)
+		t.Errorf("suspend b1 while the QA VM works: %v", err) // the subtests below do not need it
 	}
 	t.Run("QA app with PostgreSQL", func(t *testing.T) { b.qaScenario(t) })
 	t.Run("MCP tools", func(t *testing.T) { b.mcpTools(t) })
-	if err := s.Client.DeleteVM(ctx, "qa"); err != nil {
+	if err := s.Client.DeleteVM(ctx, "qa"); err != nil && !client.IsNotFound(err) { // (none if its create failed)
 		t.Errorf("delete the QA VM: %v", err)
 	}
 	t.Run("stop and start keep the profile", func(t *testing.T) { b.stopStart(t) })

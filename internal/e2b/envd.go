@@ -316,6 +316,9 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, 
 	started := false
 	var held *processEvent // the terminal's start, not sent yet
 	var ready <-chan time.Time
+	readyTimer := time.NewTimer(ptyReady)
+	readyTimer.Stop()
+	defer readyTimer.Stop()
 	flush := func() error {
 		if held == nil {
 			return nil
@@ -331,6 +334,7 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, 
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
+				flush() // a held start first: the client learns the pid of what may still run
 				err := <-errc
 				c.abortIfGone(st.w)
 				if errors.Is(err, io.EOF) {
@@ -346,13 +350,15 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, 
 			}
 			switch ev.Type {
 			case guest.ProcEventStart:
+				if started {
+					continue // one start per process; a hostile agent's repeats are dropped
+				}
 				started = true
 				pe.Start = &startEvent{PID: uint32(ev.PID)}
 				if holdStart {
 					held = &pe
-					timer := time.NewTimer(ptyReady)
-					defer timer.Stop()
-					ready = timer.C
+					readyTimer.Reset(ptyReady)
+					ready = readyTimer.C
 					continue
 				}
 			case guest.ProcEventStdout:

@@ -8,6 +8,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"os"
+	osuser "os/user"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -173,7 +174,9 @@ func TestEnvdOnFakeVM(t *testing.T) {
 	// the agent refuses it, and the stream ends with that error.
 	noUser := root
 	noUser.user = ""
-	if _, last := noUser.stream(t, "/process.Process/Start", startRequest{Process: &processConfig{Cmd: "true"}}); !strings.Contains(last, `"code":"unauthenticated"`) {
+	if _, err := osuser.Lookup("user"); err == nil {
+		t.Log("this host has a user named user: not checking envd's default user")
+	} else if _, last := noUser.stream(t, "/process.Process/Start", startRequest{Process: &processConfig{Cmd: "true"}}); !strings.Contains(last, `"code":"unauthenticated"`) {
 		t.Fatalf("start as a user the guest lacks: %s", last)
 	}
 	if code, b := root.unary(t, "/process.Process/NoSuchCall", empty{}, nil); code != http.StatusNotImplemented {
@@ -191,6 +194,9 @@ func TestEnvdOnFakeVM(t *testing.T) {
 		t.Fatalf("make an existing dir: %d %s", code, b)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "a", "f.txt"), []byte("12345"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "a", "f.txt"), 0o640); err != nil { // whatever the umask
 		t.Fatal(err)
 	}
 	var ls listDirResponse

@@ -54,6 +54,15 @@ func TestTerminalStartWaitsForItsProgram(t *testing.T) {
 	}
 	next := func(br *bufio.Reader) string {
 		t.Helper()
+		done := make(chan struct{})
+		defer close(done)
+		go func() { // a stream that never sends fails the test instead of hanging it
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				panic("no message on the stream within a minute")
+			}
+		}()
 		var hdr [5]byte
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			t.Fatalf("stream: %v", err)
@@ -75,12 +84,13 @@ func TestTerminalStartWaitsForItsProgram(t *testing.T) {
 	select {
 	case msg = <-first:
 		close(release)
+		t.Fatalf("the terminal's first event %s came before its shell's first output", msg)
 	case <-time.After(time.Second):
 		close(release)
 		msg = <-first
 	}
 	if !strings.Contains(msg, `"start"`) || !prompted.Load() {
-		t.Fatalf("the terminal's first event %s came before its shell's first output (prompted: %v)", msg, prompted.Load())
+		t.Fatalf("the terminal's first event: %s (prompted: %v)", msg, prompted.Load())
 	}
 	if msg = next(br); !strings.Contains(msg, `"pty"`) {
 		t.Fatalf("after the start: %s", msg)
@@ -92,11 +102,34 @@ func TestTerminalStartWaitsForItsProgram(t *testing.T) {
 	if msg := next(open(`{"process":{"cmd":"/bin/sleep","args":["1000"]}}`)); !strings.Contains(msg, `"start"`) {
 		t.Fatalf("a plain process's first event: %s", msg)
 	}
+	// An agent that repeats the start (root in the guest can replace the
+	// agent) gets one start through; the held start is not queued again.
+	repeat := http.NewServeMux()
+	repeat.HandleFunc("POST "+guest.PathProcs, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for range 1000 {
+			w.Write([]byte(`{"type":"start","pid":9}` + "\n"))
+		}
+		w.Write([]byte(`{"type":"pty","data":"JCA="}` + "\n"))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	h.vms.g = guesttest.Agent(t, repeat)
+	rb := open(`{"process":{"cmd":"/bin/bash"},"pty":{"size":{"cols":80,"rows":24}}}`)
+	if a, b := next(rb), next(rb); !strings.Contains(a, `"start"`) || !strings.Contains(b, `"pty"`) {
+		t.Fatalf("repeated starts: %s then %s", a, b)
+	}
+
 	// A silent terminal program starts after ptyReady.
+	h.vms.g = guesttest.Agent(t, silentAgent())
 	defer func(d time.Duration) { ptyReady = d }(ptyReady)
-	ptyReady = 200 * time.Millisecond
+	ptyReady = 300 * time.Millisecond
+	start := time.Now()
 	if msg := next(open(`{"process":{"cmd":"/bin/cat"},"pty":{"size":{"cols":80,"rows":24}}}`)); !strings.Contains(msg, `"start"`) {
 		t.Fatalf("a silent terminal's first event: %s", msg)
+	}
+	if d := time.Since(start); d < ptyReady {
+		t.Fatalf("a silent terminal's start came after %v, before ptyReady (%v): it was not held", d, ptyReady)
 	}
 }
 

@@ -51,7 +51,23 @@ type Image struct {
 	// Ready is a command the guest runs until it succeeds before a template of
 	// this image is saved (nil: the agent answering is enough).
 	Ready []string
+	// Warm runs once in the guest before a template of this image is saved
+	// (nil: nothing): what a VM's first command reads goes into the guest's
+	// page cache, so every VM restored from the template starts it warm.
+	Warm []string
 }
+
+// warmCommand is every image's Warm: each user's login shell (run as that
+// user, so nothing it writes in a home changes owner) and Python with
+// modules most programs import. Failures are ignored (an image may have no
+// Python); under TCG a first bash -l took 403 ms in a fresh VM and 90 ms
+// the second time, python3 1262 and 516 ms.
+var warmCommand = []string{"sh", "-c", `for h in /root /home/*; do
+	[ -d "$h" ] || continue
+	u=$(stat -c %U "$h") && runuser -u "$u" -- env HOME="$h" bash -lic true </dev/null >/dev/null 2>&1
+done
+command -v python3 >/dev/null && python3 -c 'import json, os, re, subprocess, sys' >/dev/null 2>&1
+true`}
 
 const (
 	kernelName = "vmlinuz"
@@ -103,6 +119,7 @@ func Ensure(ctx context.Context, o Options) (*Image, error) {
 	hash := imageHash(recipe, agentSum, fl)
 	img := newImage(o.CacheDir, hash)
 	img.Name = name
+	img.Warm = warmCommand
 	if fl != nil {
 		img.Ready = fl.ready
 	}

@@ -48,7 +48,7 @@ func setupConfig(t *testing.T, cfg Config) (*Network, *fakeQEMU) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- n.Attach(ctx, q.path) }()
-	q.accept(10 * time.Second)
+	q.accept(time.Minute)
 	if err := <-errc; err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
@@ -375,7 +375,7 @@ func TestReattach(t *testing.T) {
 
 	// QEMU's side drops the stream; the Network re-dials on its own.
 	q.disconnect()
-	q.accept(10 * time.Second)
+	q.accept(time.Minute)
 	if !n.Connected() {
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -414,7 +414,7 @@ func TestAttachLifecycle(t *testing.T) {
 	go func() { errc <- n.Attach(ctx, q.path) }()
 	time.Sleep(300 * time.Millisecond)
 	q.listen()
-	q.accept(10 * time.Second)
+	q.accept(time.Minute)
 	if err := <-errc; err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
@@ -425,7 +425,7 @@ func TestAttachLifecycle(t *testing.T) {
 	q.disconnect()
 	errc2 := make(chan error, 1)
 	go func() { errc2 <- n.Attach(ctx, q.path) }()
-	q.accept(10 * time.Second)
+	q.accept(time.Minute)
 	if err := <-errc2; err != nil {
 		t.Fatalf("Attach after Detach: %v", err)
 	}
@@ -463,7 +463,7 @@ func TestCloseNoLeak(t *testing.T) {
 		defer cancel()
 		errc := make(chan error, 1)
 		go func() { errc <- n.Attach(ctx, q.path) }()
-		q.accept(10 * time.Second)
+		q.accept(time.Minute)
 		if err := <-errc; err != nil {
 			t.Fatal(err)
 		}
@@ -555,7 +555,7 @@ func TestMalformedFramesFromGuest(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- n.Attach(ctx, q.path) }()
-	q.accept(10 * time.Second)
+	q.accept(time.Minute)
 	if err := <-errc; err != nil {
 		t.Fatalf("Attach: %v", err)
 	}

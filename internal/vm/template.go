@@ -194,12 +194,9 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	if err := waitReady(rctx, agent, img); err != nil {
 		return nil, fmt.Errorf("template of image %s: %w%s", img.Name, err, qemu.LogTail(p.Log))
 	}
-	// What a sandbox's first command reads (a login shell's files, Python's
-	// start) goes into the guest's page cache before the snapshot, so every
-	// VM restored from it starts its first command warm (measured under
-	// TCG in a VM fresh from a template without this: bash -l took 403 ms
-	// the first time and 90 ms the second, python3 1262 ms and then 516).
-	agent.Run(rctx, guest.ExecRequest{Shell: warmCommand, TimeoutMS: 120000}, nil, nil, nil)
+	if len(img.Warm) > 0 { // the image's first-command warm-up (image.Image.Warm)
+		agent.Run(rctx, guest.ExecRequest{Argv: img.Warm, TimeoutMS: 120000}, nil, nil, nil)
+	}
 	agent.Run(rctx, guest.ExecRequest{Argv: []string{"sync"}}, nil, nil, nil)
 	agent.Close()
 	if err := m.SaveState(ctx, t.state()); err != nil {
@@ -222,14 +219,6 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	log.Info("template saved", "dir", dir)
 	return t, nil
 }
-
-// warmCommand runs, before a template is saved, what a sandbox's first
-// command reads: each user's login shell files, and Python's interpreter
-// with modules most programs import. Failures are ignored (an image may
-// have no Python or no users).
-const warmCommand = `for h in /root /home/*; do [ -d "$h" ] && HOME="$h" bash -lic true </dev/null >/dev/null 2>&1; done
-command -v python3 >/dev/null && python3 -c 'import json, os, re, subprocess, sys' >/dev/null 2>&1
-true`
 
 // readyTimeout bounds an image's readiness after its template's cold boot:
 // Chromium's first start took 140 s here under TCG on an idle 2-core host
