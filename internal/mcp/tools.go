@@ -299,16 +299,24 @@ func (t *tools) read(ctx context.Context, in readIn) (*sdk.CallToolResult, error
 		return nil, toolError("read_file", err)
 	}
 	start := in.Offset
-	if utf8.Valid(trimRunes(data)) {
-		// Text: pages begin and end on whole characters, so each reads as
-		// text (a page boundary inside a character would make it binary).
-		if in.Offset > 0 {
-			for i := 0; i < 3 && len(data) > 0 && !isRuneStart(data[0]); i++ {
-				data, start = data[1:], start+1
-			}
+	// Text: pages begin and end on whole characters, so each reads as
+	// text (a page boundary inside a character would make it binary). A
+	// page that begins inside one skips to the next before the check.
+	lead, skip := data, 0
+	if in.Offset > 0 {
+		for skip < 3 && len(lead) > 0 && !isRuneStart(lead[0]) {
+			lead, skip = lead[1:], skip+1
 		}
-		if fi != nil && fi.Size > in.Offset+int64(len(data)) {
-			data = trimRunes(data)
+	}
+	if utf8.Valid(trimRunes(lead)) {
+		page := lead
+		if fi != nil && fi.Size > start+int64(skip)+int64(len(page)) {
+			page = trimRunes(page)
+		}
+		// A page shorter than one character stays as it was (shown as
+		// binary), so the next offset moves on.
+		if len(page) > 0 || len(data) == 0 {
+			data, start = page, start+int64(skip)
 		}
 	}
 	end := start + int64(len(data))
