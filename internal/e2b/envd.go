@@ -316,9 +316,6 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, 
 	started := false
 	var held *processEvent // the terminal's start, not sent yet
 	var ready <-chan time.Time
-	readyTimer := time.NewTimer(ptyReady)
-	readyTimer.Stop()
-	defer readyTimer.Stop()
 	flush := func() error {
 		if held == nil {
 			return nil
@@ -357,8 +354,9 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, 
 				pe.Start = &startEvent{PID: uint32(ev.PID)}
 				if holdStart {
 					held = &pe
-					readyTimer.Reset(ptyReady)
-					ready = readyTimer.C
+					timer := time.NewTimer(ptyReady) // once: only the first start gets here
+					defer timer.Stop()
+					ready = timer.C
 					continue
 				}
 			case guest.ProcEventStdout:
