@@ -97,6 +97,7 @@ type launching struct {
 	done   func()          // ends actx
 	resize bool            // the disk grew since the state was saved
 	log    []any           // what the steps add to the "launched" line
+	handed func()          // ends the daemon's hold on m (unfinished), from "start" on
 }
 
 // launch runs the list of steps for v's kind of launch.
@@ -112,6 +113,9 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 	defer func() {
 		if l.done != nil {
 			l.done()
+		}
+		if l.handed != nil {
+			l.handed()
 		}
 	}()
 	names := make([]string, 0, len(steps))
@@ -129,7 +133,7 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 // QEMU and network after. A QEMU that a signal ended before the guest was up
 // is a crash (crashError), which a restore retries.
 func (l *launching) fail(err error) error {
-	if l.in == nil {
+	if l.m == nil {
 		if l.net != nil {
 			l.net.Close()
 		}
@@ -138,16 +142,26 @@ func (l *launching) fail(err error) error {
 		}
 		return err
 	}
+	exited := false
 	select {
 	case <-l.m.Done(): // it exited on its own before the VM was up
-		l.in.kill()
-		if st := l.m.ExitStatus(); strings.Contains(st, "signal:") { // a crash, not an exit of its own choosing
-			return &crashError{err: fmt.Errorf("%w (%s): %w", qemu.ErrExited, st, err)}
-		}
-		return err
+		exited = true
 	default:
 	}
-	l.in.kill()
+	if l.in != nil {
+		l.in.kill()
+	} else { // a step between start and pid failed
+		if l.net != nil {
+			l.net.Close()
+		}
+		l.m.Kill()
+	}
+	if !exited {
+		return err
+	}
+	if st := l.m.ExitStatus(); strings.Contains(st, "signal:") { // a crash, not an exit of its own choosing
+		return &crashError{err: fmt.Errorf("%w (%s): %w", qemu.ErrExited, st, err)}
+	}
 	return err
 }
 
@@ -185,6 +199,7 @@ func (l *launching) start(ctx context.Context) error {
 		return err
 	}
 	l.m = m
+	l.handed = l.s.unfinished.add(m) // a daemon that stops before the publish kills it
 	l.log = append(l.log, "qemu_ms", time.Since(l.t0).Milliseconds(), "restore", l.mc.Incoming != "")
 	return nil
 }
@@ -198,20 +213,26 @@ func (l *launching) recordPID(ctx context.Context) error {
 	return nil
 }
 
-// attach connects the network to QEMU's socket. It re-dials until QEMU
-// answers, and stops when QEMU exits (a crash right after the restore)
-// instead of waiting out the caller's deadline.
+// attach connects the network to QEMU's socket.
 func (l *launching) attach(ctx context.Context) error {
+	return attachNetwork(ctx, l.net, l.mc.NetSock, l.m)
+}
+
+// attachNetwork connects net to m's network socket. It re-dials until QEMU
+// answers, and stops when QEMU exits (a crash right after the restore, a
+// daemon that stops mid-build) instead of waiting out the caller's
+// deadline, which a template build does not have.
+func attachNetwork(ctx context.Context, net *network.Network, sock string, m Machine) error {
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-l.m.Done():
+		case <-m.Done():
 			cancel()
 		case <-nctx.Done():
 		}
 	}()
-	if err := l.net.Attach(nctx, l.mc.NetSock); err != nil {
+	if err := net.Attach(nctx, sock); err != nil {
 		return fmt.Errorf("attach network: %w", err)
 	}
 	return nil

@@ -147,6 +147,8 @@ type Service struct {
 
 	pool *warmPool
 
+	unfinished unfinished // machines started and not yet published or ended
+
 	syncs sync.WaitGroup // saved states being synced to disk (syncSaved)
 	// pendingLayers are disk layers made for a capture that no record
 	// names yet (path -> struct{}): gcLayers leaves them alone.
@@ -203,7 +205,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	s.bg, s.stopBg = context.WithCancel(context.Background())
 	s.storing, s.fetching, s.uploadSlots = map[string]*upload{}, make(chan struct{}, 1), make(chan struct{}, 2)
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
-		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig,
+		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig, unfinished: &s.unfinished,
 		newNetwork: func() (*network.Network, error) {
 			return network.New(s.networkConfig(0), cfg.Log.With("vm", "template"))
 		}}
@@ -366,8 +368,12 @@ func hashStrings(parts ...string) string {
 }
 
 // Close destroys the warm pool and detaches from all other VMs without stopping
-// them: QEMU outlives the daemon.
+// them: QEMU outlives the daemon. A machine still being made (a create, a
+// wake or a template build under way) is killed: nothing would finish it.
 func (s *Service) Close() {
+	if n := s.unfinished.kill(); n > 0 {
+		s.log.Warn("stopping: killed the machines still being started", "machines", n)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	s.drainPool(ctx)
 	cancel()

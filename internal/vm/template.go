@@ -57,6 +57,7 @@ type templates struct {
 	// and network (the service's, as for any VM).
 	machineConfig func(v *store.VM, p paths, img *image.Image) qemu.Config
 	newNetwork    func() (*network.Network, error)
+	unfinished    *unfinished // holds a build's machine (the service's)
 }
 
 // key names a template shape: a restore needs all of these to match.
@@ -167,8 +168,9 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 		return nil, err
 	}
 	defer m.Kill()
-	if err := net.Attach(ctx, p.Net); err != nil {
-		return nil, fmt.Errorf("template network: %w", err)
+	defer ts.unfinished.add(m)() // a daemon that stops mid-build kills it
+	if err := attachNetwork(ctx, net, p.Net, m); err != nil {
+		return nil, fmt.Errorf("template %w", err)
 	}
 	bctx, cancel := context.WithTimeout(ctx, ts.bootTimeout)
 	defer cancel()
