@@ -615,6 +615,16 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 		vmError(w, err)
 		return
 	}
+	// A sandbox its timeout is pausing was answered paused at once
+	// (pausing), and the timeout loop may not have reached it yet: a
+	// filesystem-only pause that has not happened happens now, so that the
+	// resume boots it from its disk as the caller was promised.
+	if cur, err := s.cfg.Store.GetSandbox(r.Context(), v.ID); err == nil && pausing(cur) && cur.PauseDisk && v.State == store.StateRunning {
+		if v, err = s.cfg.VMs.Stop(vm.WithActor(r.Context(), "e2b timeout"), v.ID); err != nil {
+			vmError(w, err)
+			return
+		}
+	}
 	if req.Memory != nil && !*req.Memory && (v.State == store.StateSuspended || v.State == store.StatePaused) {
 		if v, err = s.cfg.VMs.Stop(r.Context(), v.ID); err != nil {
 			vmError(w, err)

@@ -441,3 +441,47 @@ func TestSnapshotsAndForksOnFakeVMs(t *testing.T) {
 	code, b = e.call(t, "POST", "/sandboxes", e.key, `{"templateID":"tmpl1"}`)
 	wantAPIError(t, "create from a deleted template", code, b, http.StatusNotFound, "not found")
 }
+
+// A connect to a sandbox whose filesystem-only auto-pause was announced
+// (past its end, answered paused) but not yet done by the timeout loop
+// does that pause first: the resume boots the VM from its disk, as
+// E2B's test_auto_pause_filesystem_only_reboots expects (under load the
+// loop came late, and the connect found the old machine running on).
+func TestConnectDoesAnAnnouncedFilesystemOnlyPause(t *testing.T) {
+	e := newFakeE2B(t)
+	a := e.create(t, `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"timeout":1}`)
+	deadline := time.Now().Add(time.Minute)
+	for e.info(t, a.SandboxID).State != "paused" {
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox is not answered paused a minute past its end")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := e.vmState(t, a.SandboxID); st != store.StateRunning {
+		t.Fatalf("the VM is %s before the connect (no timeout loop runs here)", st)
+	}
+	v, err := e.svc.Get(e.ctx, a.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boots := func() int {
+		n := 0
+		for _, c := range e.hv.Starts() {
+			if c.ID == v.ID && c.Incoming == "" {
+				n++
+			}
+		}
+		return n
+	}
+	before := boots()
+	code, b := e.call(t, "POST", "/sandboxes/"+a.SandboxID+"/connect", e.key, `{"timeout":60}`)
+	if code != http.StatusCreated {
+		t.Fatalf("connect: %d %s, want 201 (resumed)", code, b)
+	}
+	if boots() != before+1 {
+		t.Fatalf("the connect booted the VM %d times, want once", boots()-before)
+	}
+	if st := e.vmState(t, a.SandboxID); st != store.StateRunning {
+		t.Fatalf("after the connect the VM is %s", st)
+	}
+}
