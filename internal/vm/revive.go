@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/store"
@@ -56,7 +57,7 @@ func (s *Service) revivable(ctx context.Context, v *store.VM) *store.Snapshot {
 // running or paused, or suspended (and its state not yet stored). A
 // stopped or crashed VM stays as it was; one being made or deleted too.
 func Revivable(st store.State) bool {
-	return st == store.StateRunning || st == store.StatePaused || st == store.StateSuspended
+	return slices.Contains(takeovers[opRevive].from, st)
 }
 
 // revive takes v, a lost node's VM, over and restores it here from sn
@@ -65,12 +66,16 @@ func Revivable(st store.State) bool {
 func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) error {
 	// The lock is taken before the takeover, so that a request that loses
 	// it waits for the restore (GetLocal).
-	unlock, err := s.ops.wait(ctx, v.ID, "revive")
+	unlock, err := s.ops.wait(ctx, v.ID, opRevive)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	from, was := v.Node, v.State
+	if err := checkTakeover(opRevive, was, store.StateCrashed); err != nil {
+		s.log.Error("revive", "vm", v.ID, "err", err)
+		return err
+	}
 	if err := s.store.ReviveVM(ctx, v.ID, from, s.cfg.Node, string(was)); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return fmt.Errorf("%w: %v", ErrConflict, err)
@@ -94,7 +99,9 @@ func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) e
 		}
 		s.killOwnQEMUs(v)
 		os.RemoveAll(s.paths(v.ID).Dir)
-		if gerr := s.store.GiveBackVM(rctx, &before, s.cfg.Node); gerr != nil {
+		if gerr := checkTakeover(opGiveBack, store.StateCrashed, before.State); gerr != nil {
+			s.log.Error("revive", "vm", v.ID, "err", gerr)
+		} else if gerr := s.store.GiveBackVM(rctx, &before, s.cfg.Node); gerr != nil {
 			s.log.Warn("give a VM whose revive failed back to its lost node", "vm", v.ID, "err", gerr)
 		}
 		*v = before

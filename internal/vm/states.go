@@ -103,6 +103,37 @@ var internal = []struct {
 	{[]store.State{store.StateCrashed}, store.StateStopped, "a start of a crashed VM failed: it is stopped, with the error"},
 }
 
+// takeovers are the moves of a VM between cluster nodes (revive.go): the
+// store makes them (store.ReviveVM, store.GiveBackVM) in one conditional
+// statement with the change of node, after checkTakeover. No other path
+// may make them: they are not in allowed.
+var takeovers = map[string]struct {
+	from []store.State
+	to   []store.State
+}{
+	// A lost node's VM that was live is this node's, crashed, until its
+	// snapshot is restored (then a start's move: crashed to running).
+	opRevive: {from: []store.State{store.StateRunning, store.StatePaused, store.StateSuspended}, to: []store.State{store.StateCrashed}},
+	// A revive that failed gives the VM back to its lost node as it was.
+	opGiveBack: {from: []store.State{store.StateCrashed}, to: []store.State{store.StateRunning, store.StatePaused, store.StateSuspended}},
+}
+
+// Takeover moves (takeovers).
+const (
+	opRevive   = "revive"
+	opGiveBack = "give back"
+)
+
+// checkTakeover answers whether takeover op may move a VM from one state
+// to another; a refusal is a programming error, and the store is not asked.
+func checkTakeover(op string, from, to store.State) error {
+	m, ok := takeovers[op]
+	if !ok || !slices.Contains(m.from, from) || !slices.Contains(m.to, to) {
+		return fmt.Errorf("no %s from %s to %s in the state machine", op, from, to)
+	}
+	return nil
+}
+
 // allowed reports whether a VM may move from one state to another: the
 // moves of table (from a start state to the during state, and on to the
 // target) and the internal ones.
