@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
@@ -48,7 +49,38 @@ func Loopback(r *http.Request) bool {
 	return ok
 }
 
-func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+// wakeGrace is how long the dial of a request that woke its VM waits for
+// something to listen on the port: a server whose VM was paused or
+// suspended in the middle of its start (an E2B sandbox whose timeout came
+// a second after it ran `python3 -m http.server`) listens a moment after
+// the wake, not at once.
+const wakeGrace = 10 * time.Second
+
+// dial connects to the port of the target addr names. After a wake it
+// retries "nothing listens" for wakeGrace.
+func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	t, _ := ctx.Value(ctxKey{}).(target)
+	var deadline time.Time
+	for {
+		c, err := p.dialOnce(ctx, addr)
+		if err == nil || !t.asleep || !errors.Is(err, vm.ErrNoListener) {
+			return c, err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(wakeGrace)
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (p *Proxy) dialOnce(ctx context.Context, addr string) (net.Conn, error) {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, err

@@ -143,6 +143,10 @@ type target struct {
 	// loopback: the caller may reach servers on the guest's loopback
 	// (loopback.go).
 	loopback bool
+	// asleep: the VM was paused or suspended when the request came, so
+	// the request wakes it, and its dial waits a moment for a listener
+	// (wakeGrace).
+	asleep bool
 }
 
 // host is the transport's address for t.
@@ -401,6 +405,7 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	// A paused sandbox is unreachable until connect resumes it, unless it
 	// asked to be woken by its traffic.
 	var reached bool
+	asleep := v.State != store.StateRunning
 	if v, reached = c.Reach(ctx, v); !reached {
 		c.NotFound(w, v.Name)
 		return true
@@ -432,7 +437,7 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	if !c.Allow(w, r, v, port, pr != nil) {
 		return true
 	}
-	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port), loopback: pr != nil}))
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port), loopback: pr != nil, asleep: asleep}))
 	return true
 }
 
@@ -525,7 +530,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopba
 		return
 	}
 	defer p.cfg.VMs.Hold(v.ID)() // preview traffic keeps the VM awake
-	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port), loopback: loopback}))
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port), loopback: loopback, asleep: v.State != store.StateRunning}))
 }
 
 // sameHostTarget is where a URL that carried a token redirects to: its path

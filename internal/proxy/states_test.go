@@ -25,6 +25,7 @@ type stateVMs struct {
 	state   store.State
 	backend string
 	dialErr error // returned by DialPort instead of a connection
+	refuse  int   // the next dials that find nothing listening
 	woken   int
 	dials   int
 }
@@ -47,6 +48,10 @@ func (f *stateVMs) DialPort(ctx context.Context, _ string, _ int) (net.Conn, err
 		f.woken++
 	}
 	st, err := f.state, f.dialErr
+	if f.refuse > 0 && st == store.StateRunning {
+		f.refuse--
+		err = fmt.Errorf("%w: %w: connect to port 3000: connection refused", vm.ErrUnavailable, vm.ErrNoListener)
+	}
 	f.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -125,4 +130,48 @@ func TestPreviewInEveryState(t *testing.T) {
 // DialGuest: the VM's ports listen on its address.
 func (f *stateVMs) DialGuest(ctx context.Context, id string, port int) (net.Conn, error) {
 	return f.DialPort(ctx, id, port)
+}
+
+// A request that wakes its VM waits a moment for a server that listens
+// only after the wake (one paused in the middle of its start): its dial
+// retries "nothing listens"; a request to a running VM does not.
+func TestPreviewWaitsForAServerAfterAWake(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from the VM") }))
+	defer backend.Close()
+	backend.Config.SetKeepAlivesEnabled(false)
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	f := &stateVMs{backend: backend.Listener.Addr().String()}
+	p, err := New(Config{Listen: "127.0.0.1:0", Domain: "localhost", Auth: auth.New(st, "avm_admin"), Store: st, VMs: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, c := range []struct {
+		state store.State
+		code  int
+		dials int
+	}{
+		{store.StateSuspended, http.StatusOK, 4},
+		{store.StatePaused, http.StatusOK, 4},
+		{store.StateRunning, http.StatusBadGateway, 1},
+	} {
+		f.mu.Lock()
+		f.state, f.refuse, f.dials = c.state, 3, 0
+		f.mu.Unlock()
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = "3000-web.localhost"
+		r.Header.Set("Authorization", "Bearer avm_admin")
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		f.mu.Lock()
+		dials := f.dials
+		f.mu.Unlock()
+		if rec.Code != c.code || dials != c.dials {
+			t.Errorf("%s, the server listening after 3 refused dials: %d after %d dials, want %d after %d", c.state, rec.Code, dials, c.code, c.dials)
+		}
+	}
 }
