@@ -132,9 +132,13 @@ func (s *Server) Forget(vmID string) {
 
 // Run enforces sandbox timeouts until ctx ends: a sandbox whose end time
 // has passed is deleted, or suspended when it was created with autoPause.
+// Up to expirers sandboxes are handled at once, each by one goroutine: a
+// slow suspend or shutdown does not hold up the others' ends.
 func (s *Server) Run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	f := newFanout(expirers)
+	defer f.wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -150,10 +154,57 @@ func (s *Server) Run(ctx context.Context, every time.Duration) {
 			if sb.EndAt.IsZero() || sb.EndAt.After(now) {
 				continue
 			}
-			s.expire(ctx, sb)
+			if !f.try(sb.VMID, func() { s.expire(ctx, sb) }) && f.full() {
+				break // the rest at the next tick
+			}
 		}
 	}
 }
+
+// expirers is how many sandbox timeouts Run applies at once.
+const expirers = 4
+
+// fanout runs functions by key, at most n at once and one per key.
+type fanout struct {
+	mu    sync.Mutex
+	n     int
+	keys  map[string]bool
+	group sync.WaitGroup
+}
+
+func newFanout(n int) *fanout { return &fanout{n: n, keys: map[string]bool{}} }
+
+// try starts fn for key in a goroutine, unless one runs for key already or
+// n run; it reports whether it started fn.
+func (f *fanout) try(key string, fn func()) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keys[key] || len(f.keys) >= f.n {
+		return false
+	}
+	f.keys[key] = true
+	f.group.Add(1)
+	go func() {
+		defer f.group.Done()
+		defer func() {
+			f.mu.Lock()
+			delete(f.keys, key)
+			f.mu.Unlock()
+		}()
+		fn()
+	}()
+	return true
+}
+
+// full reports whether n functions run.
+func (f *fanout) full() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.keys) >= f.n
+}
+
+// wait waits for every function started.
+func (f *fanout) wait() { f.group.Wait() }
 
 // writeJSON answers with a JSON body.
 func writeJSON(w http.ResponseWriter, status int, v any) {
