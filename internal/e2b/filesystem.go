@@ -233,6 +233,7 @@ type watcher struct {
 	user     string // who made it: its entries are stat-ed as that user
 	entries  bool   // the events carry their entries, stat-ed when polled
 	stop     context.CancelFunc
+	ws       *guest.WatchStream
 	mu       sync.Mutex
 	events   []filesystemEvent
 	err      error
@@ -283,7 +284,7 @@ func (c *envdCall) createWatcher(ctx context.Context, req *watchRequest) (*creat
 	b := make([]byte, 8)
 	rand.Read(b)
 	id := "w-" + hex.EncodeToString(b)
-	w := &watcher{vmID: c.vm.ID, root: req.Path, user: c.user, entries: req.IncludeEntry, stop: cancel, lastPoll: time.Now()}
+	w := &watcher{vmID: c.vm.ID, root: req.Path, user: c.user, entries: req.IncludeEntry, stop: cancel, ws: ws, lastPoll: time.Now()}
 	s.mu.Lock()
 	s.watchers[id] = w
 	s.mu.Unlock()
@@ -334,11 +335,15 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 	if err != nil {
 		return nil, err
 	}
-	// A round trip to the agent first, best effort: events the agent
-	// read before it answers (say of the write this caller just made)
-	// have most likely come in by then, though on a stream of their own.
+	// Every change the agent's watch has seen (say, of the write this
+	// caller just made) comes in first: a sync puts a mark behind them in
+	// the watch's queue and returns once the stream has passed it. An
+	// agent from before syncs gets a round trip instead, after which
+	// those events have most likely come in, on their own stream.
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	c.g.Ping(pctx)
+	if err := w.ws.Sync(pctx); err != nil {
+		c.g.Ping(pctx)
+	}
 	cancel()
 	w.mu.Lock()
 	out := &watcherEventsResponse{Events: w.events}

@@ -62,6 +62,14 @@ const (
 // watched directory; "error" ends the stream (its name says why).
 const PathWatch = "/v1/files/watch"
 
+// PathWatchSync: POST /v1/files/watch/sync?id=&mark= puts a mark in the
+// event queue of the watch opened with sync=id (hex, at most 64
+// characters, as is mark), behind every change it has seen so far: the
+// stream reports it, in its turn, as an event of op "sync" named mark
+// (WatchStream.Sync). 404 when no such watch is open (or the agent is
+// older than syncs). Since protocol 1.2.
+const PathWatchSync = "/v1/files/watch/sync"
+
 // Watch operations.
 const (
 	WatchStart  = "start"
@@ -71,6 +79,7 @@ const (
 	WatchRename = "rename"
 	WatchChmod  = "chmod"
 	WatchError  = "error"
+	WatchSync   = "sync" // a mark of PathWatchSync
 )
 
 // Limits of directory watches.

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 )
 
 // maxProcEventLine bounds one line of a managed process stream read from
@@ -133,49 +131,3 @@ func (c *Client) ProcSignal(ctx context.Context, req ProcSignal) error {
 func (c *Client) ProcResize(ctx context.Context, req ProcResize) error {
 	return c.do(ctx, http.MethodPost, PathProcsResize, req, nil)
 }
-
-// WatchStream is an open directory watch.
-type WatchStream struct{ *ndjson }
-
-// WatchDir opens a watch on the directory path as user (see PathWatch); it
-// returns once the watch is in place.
-func (c *Client) WatchDir(ctx context.Context, path, user string, recursive bool) (*WatchStream, error) {
-	q := url.Values{"path": {path}, "user": {user}, "recursive": {strconv.FormatBool(recursive)}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+PathWatch+"?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("guest: watch: %w", err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		return nil, decodeAPIError(resp)
-	}
-	s := &WatchStream{newNDJSON(resp.Body)}
-	ev, err := s.Next()
-	if err == nil && ev.Op != WatchStart {
-		err = fmt.Errorf("guest: watch: unexpected first event %q", ev.Op)
-	}
-	if err != nil {
-		resp.Body.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
-// Next returns the next change; an "error" event is returned as an error.
-func (s *WatchStream) Next() (WatchEvent, error) {
-	var ev WatchEvent
-	if err := s.next(&ev); err != nil {
-		return ev, err
-	}
-	if ev.Op == WatchError {
-		return ev, errors.New("guest: watch: " + ev.Name)
-	}
-	return ev, nil
-}
-
-// Close ends the watch.
-func (s *WatchStream) Close() error { return s.body.Close() }

@@ -21,8 +21,9 @@ import (
 const ProtoVersion = 1
 
 // ProtoMinor is this package's protocol minor: 1 sets the guest's clock from
-// the handshake's START line (handshake.go).
-const ProtoMinor = 1
+// the handshake's START line (handshake.go); 2 has watch syncs
+// (PathWatchSync).
+const ProtoMinor = 2
 
 // Version is the agent version string; override with
 // -ldflags "-X github.com/agentvm/agentvm/internal/guest.Version=...".

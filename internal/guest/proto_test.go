@@ -27,7 +27,7 @@ func TestGuestScan(t *testing.T) {
 	if err != nil || nonce != "aaaa" || !g.Clock.IsZero() {
 		t.Fatalf("Scan = %q, %v, clock %v", nonce, err, g.Clock)
 	}
-	if want := "AGENTVM-READY aaaa v9 1.1\n"; out.String() != want {
+	if want := "AGENTVM-READY aaaa v9 1.2\n"; out.String() != want {
 		t.Fatalf("replies %q, want %q", out.String(), want)
 	}
 	rest, _ := io.ReadAll(br)
@@ -41,7 +41,7 @@ func TestGuestScan(t *testing.T) {
 	if nonce, err := g.Scan(br, &out); err != nil || nonce != "cccc" || !g.Clock.Equal(clock) {
 		t.Fatalf("second Scan = %q, %v, clock %v", nonce, err, g.Clock)
 	}
-	if want := "AGENTVM-READY cccc v9 1.1\n"; out.String() != want {
+	if want := "AGENTVM-READY cccc v9 1.2\n"; out.String() != want {
 		t.Fatalf("replies %q, want %q", out.String(), want)
 	}
 	// A clock field that is not a positive number is no clock.

@@ -45,6 +45,7 @@ func (a *Agent) registerFiles(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+guest.PathFilesMkdir, a.handleFileMkdir)
 	mux.HandleFunc("POST "+guest.PathFilesMove, a.handleFileRename)
 	mux.HandleFunc("POST "+guest.PathWatch, a.handleWatch)
+	mux.HandleFunc("POST "+guest.PathWatchSync, a.handleWatchSync)
 	mux.HandleFunc("GET "+guest.PathFilesTar, a.handleTarRead)
 	mux.HandleFunc("PUT "+guest.PathFilesTar, a.handleTarWrite)
 }

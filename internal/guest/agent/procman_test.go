@@ -3,11 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -329,5 +332,69 @@ func TestWatchInPlaceWriteEvents(t *testing.T) {
 	}
 	if want := []string{"create new.txt", "chmod new.txt", "write new.txt"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("events %v, want %v", got, want)
+	}
+}
+
+// A sync returns only once the stream has returned every change made
+// before it: a poll right after a write (E2B's GetWatcherEvents) finds
+// the write's events. A sync of a watch that is not open is a 404.
+func TestWatchSync(t *testing.T) {
+	e := startAgent(t)
+	e.connect(e.port.Attach(t), "")
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	dir := t.TempDir()
+	s, err := e.c.WatchDir(ctx, dir, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	go func() {
+		for {
+			ev, err := s.Next()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got = append(got, ev.Op+" "+ev.Name)
+			mu.Unlock()
+		}
+	}()
+	for i := range 20 {
+		name := fmt.Sprintf("f%d.txt", i)
+		if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, name), strings.NewReader("abc"), false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sync(ctx); err != nil {
+			t.Fatalf("sync %d: %v", i, err)
+		}
+		mu.Lock()
+		n := len(got)
+		last := ""
+		if n > 0 {
+			last = got[n-1]
+		}
+		mu.Unlock()
+		if n != 3*(i+1) || last != "write "+name {
+			t.Fatalf("after write %d and a sync: %d events, the last %q (want %d, %q)", i, n, last, 3*(i+1), "write "+name)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 20 {
+		t.Fatalf("the watched directory has %d entries: a sync's mark shows there", len(entries))
+	}
+	s.Close()
+	// The agent ends the watch when it sees the stream closed.
+	for {
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		err := s.Sync(sctx)
+		scancel()
+		var ae *guest.APIError
+		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("sync of a closed watch: %v, want a 404", err)
+		}
 	}
 }

@@ -45,10 +45,17 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 	}
 	f := os.NewFile(uintptr(fd), "inotify") // in the runtime poller: Close ends a pending Read
 	defer f.Close()
-	wt := &watcher{u: u, fd: fd, dirs: map[int]string{}, tempMoves: map[uint32]bool{}}
+	wt := &watcher{u: u, fd: fd, dirs: map[int]string{}, tempMoves: map[uint32]bool{}, syncWd: -1}
 	if err := wt.add(root, ""); err != nil {
 		writeFileError(w, err)
 		return
+	}
+	if id := r.URL.Query().Get("sync"); id != "" {
+		// Without its sync directory the watch works, and its syncs
+		// answer 404 (the host then does without).
+		if done, err := wt.addSync(id); err == nil {
+			defer done()
+		}
 	}
 	if recursive {
 		if err := wt.addTree(root, ""); err != nil {
@@ -92,6 +99,12 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 			if raw.Mask&unix.IN_Q_OVERFLOW != 0 {
 				send(guest.WatchEvent{Op: guest.WatchError, Name: "too many changes at once: events were lost"})
 				return
+			}
+			if int(raw.Wd) == wt.syncWd {
+				if raw.Mask&unix.IN_CREATE != 0 {
+					evs = append(evs, guest.WatchEvent{Op: guest.WatchSync, Name: name})
+				}
+				continue
 			}
 			rel, ok := wt.dirs[int(raw.Wd)]
 			if !ok {
@@ -171,6 +184,7 @@ type watcher struct {
 	// tempMoves are the cookies of renames away from the agent's own
 	// temporaries (tempName), whose arrival is reported as a write.
 	tempMoves map[uint32]bool
+	syncWd    int // the watch of the sync directory (-1: none; watchsync.go)
 }
 
 // agentTemp matches tempName's names.
