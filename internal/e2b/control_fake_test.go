@@ -484,4 +484,23 @@ func TestConnectDoesAnAnnouncedFilesystemOnlyPause(t *testing.T) {
 	if st := e.vmState(t, a.SandboxID); st != store.StateRunning {
 		t.Fatalf("after the connect the VM is %s", st)
 	}
+
+	// Not when its end has not come, nor for a pause that keeps memory:
+	// the connect finds it running and leaves it so (200, no boot).
+	for _, body := range []string{
+		`{"templateID":"base","autoPause":true,"autoPauseMemory":false,"timeout":3600}`,
+		`{"templateID":"base","autoPause":true,"timeout":1}`,
+	} {
+		b := e.create(t, body)
+		time.Sleep(1500 * time.Millisecond) // a 1 s timeout has passed (no loop pauses it here)
+		bv, err := e.svc.Get(e.ctx, b.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		starts := len(e.hv.Starts())
+		code, out := e.call(t, "POST", "/sandboxes/"+b.SandboxID+"/connect", e.key, `{"timeout":60}`)
+		if code != http.StatusOK || len(e.hv.Starts()) != starts || e.vmState(t, b.SandboxID) != store.StateRunning {
+			t.Errorf("connect to %s (%s): %d %s after %d starts, VM %s", body, bv.ID, code, out, len(e.hv.Starts())-starts, e.vmState(t, b.SandboxID))
+		}
+	}
 }

@@ -82,6 +82,9 @@ type launchStep struct {
 	run  func(l *launching, ctx context.Context) error
 }
 
+// testHookStarted runs once a launch has started its machine (tests).
+var testHookStarted = func(vmID string) {}
+
 // launching is a launch in progress: what its steps made so far.
 type launching struct {
 	s  *Service
@@ -89,15 +92,15 @@ type launching struct {
 	mc qemu.Config
 	o  launchOpts
 
-	t0     time.Time
-	net    *network.Network
-	m      Machine
-	in     *instance       // from "pid" on: a failure kills it
-	actx   context.Context // the agent's deadline, from the handshake on
-	done   func()          // ends actx
-	resize bool            // the disk grew since the state was saved
-	log    []any           // what the steps add to the "launched" line
-	handed func()          // ends the daemon's hold on m (unfinished), from "start" on
+	t0      time.Time
+	net     *network.Network
+	m       Machine
+	in      *instance       // from "pid" on: a failure kills it
+	actx    context.Context // the agent's deadline, from the handshake on
+	done    func()          // ends actx
+	resize  bool            // the disk grew since the state was saved
+	log     []any           // what the steps add to the "launched" line
+	release func()          // ends the daemon's hold on m (unfinished), from "start" on
 }
 
 // launch runs the list of steps for v's kind of launch.
@@ -114,8 +117,8 @@ func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o lau
 		if l.done != nil {
 			l.done()
 		}
-		if l.handed != nil {
-			l.handed()
+		if l.release != nil {
+			l.release()
 		}
 	}()
 	names := make([]string, 0, len(steps))
@@ -156,7 +159,7 @@ func (l *launching) fail(err error) error {
 		}
 		l.m.Kill()
 	}
-	if !exited {
+	if !exited || errors.Is(err, errStopping) || l.s.unfinished.stopping() { // a kill of ours is no crash to retry
 		return err
 	}
 	if st := l.m.ExitStatus(); strings.Contains(st, "signal:") { // a crash, not an exit of its own choosing
@@ -199,7 +202,11 @@ func (l *launching) start(ctx context.Context) error {
 		return err
 	}
 	l.m = m
-	l.handed = l.s.unfinished.add(m) // a daemon that stops before the publish kills it
+	// A daemon that stops before the publish kills it.
+	if l.release, err = l.s.unfinished.add(m); err != nil {
+		return err
+	}
+	testHookStarted(l.v.ID)
 	l.log = append(l.log, "qemu_ms", time.Since(l.t0).Milliseconds(), "restore", l.mc.Incoming != "")
 	return nil
 }
@@ -316,6 +323,9 @@ func (l *launching) identity(ctx context.Context) error {
 func (l *launching) publish(context.Context) error {
 	now := time.Now().UTC()
 	l.v.PID, l.v.StartedAt, l.v.Error = l.m.PID(), &now, "" // the caller records it running
+	if !l.s.unfinished.handOver(l.m) {                      // the daemon is stopping: it was killed
+		return errStopping
+	}
 	if !l.s.setInstance(l.v.ID, l.in) {
 		return fmt.Errorf("%w: this node was fenced while the VM started (%s)", ErrUnavailable, l.s.fenceReason())
 	}

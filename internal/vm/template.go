@@ -168,7 +168,22 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 		return nil, err
 	}
 	defer m.Kill()
-	defer ts.unfinished.add(m)() // a daemon that stops mid-build kills it
+	handed, err := ts.unfinished.add(m) // a daemon that stops mid-build kills it
+	if err != nil {
+		return nil, err
+	}
+	defer handed()
+	// Every step below ends when the machine does (the build itself has
+	// no deadline: it outlives the caller).
+	ctx, cancelOnExit := context.WithCancel(ctx)
+	defer cancelOnExit()
+	go func() {
+		select {
+		case <-m.Done():
+			cancelOnExit()
+		case <-ctx.Done():
+		}
+	}()
 	if err := attachNetwork(ctx, net, p.Net, m); err != nil {
 		return nil, fmt.Errorf("template %w", err)
 	}
@@ -204,6 +219,7 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	if err := m.SaveState(ctx, t.state()); err != nil {
 		return nil, fmt.Errorf("save template state: %w%s", err, qemu.LogTail(p.Log))
 	}
+	handed() // saved: its exit from here on is the build's own
 	m.Quit()
 	for _, f := range []string{t.ram(), t.disk(), t.state()} {
 		os.Chmod(f, 0o444)

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,15 +22,27 @@ func (k *killCount) Kill() error { k.kills.Add(1); return nil }
 // over is not, and one added after the stop is killed at once.
 func TestUnfinishedKill(t *testing.T) {
 	var u unfinished
-	held, handed, late := &killCount{}, &killCount{}, &killCount{}
-	u.add(held)
-	u.add(handed)()
+	held, handed, released, late := &killCount{}, &killCount{}, &killCount{}, &killCount{}
+	if _, err := u.add(held); err != nil {
+		t.Fatal(err)
+	}
+	u.add(handed)
+	if !u.handOver(handed) {
+		t.Fatal("a held machine was not handed over")
+	}
+	release, _ := u.add(released)
+	release()
 	if n := u.kill(); n != 1 {
 		t.Fatalf("kill ended %d machines, want 1", n)
 	}
-	u.add(late)()
-	if held.kills.Load() != 1 || handed.kills.Load() != 0 || late.kills.Load() != 1 {
-		t.Fatalf("kills: held %d, handed %d, late %d; want 1, 0, 1", held.kills.Load(), handed.kills.Load(), late.kills.Load())
+	if _, err := u.add(late); !errors.Is(err, errStopping) {
+		t.Fatalf("add after kill: %v", err)
+	}
+	if u.handOver(held) {
+		t.Error("a killed machine was handed over")
+	}
+	if held.kills.Load() != 1 || handed.kills.Load() != 0 || released.kills.Load() != 0 || late.kills.Load() != 1 {
+		t.Fatalf("kills: held %d, handed %d, released %d, late %d; want 1, 0, 0, 1", held.kills.Load(), handed.kills.Load(), released.kills.Load(), late.kills.Load())
 	}
 }
 
@@ -37,7 +50,10 @@ func TestUnfinishedKill(t *testing.T) {
 // template's machine boots, leaves no machine running (it left them
 // running, unowned, until a next start of the daemon found them).
 func TestCloseKillsUnfinishedMachines(t *testing.T) {
-	for _, tc := range []struct{ name, prefix string }{{"create", "vm-"}, {"template build", "tpl-"}} {
+	for _, tc := range []struct {
+		name, prefix string
+		held         bool // the stop comes once the launch holds the machine, not while QEMU starts
+	}{{"create", "vm-", false}, {"create, machine held", "vm-", true}, {"template build", "tpl-", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
 			if tc.prefix == "vm-" {
@@ -45,12 +61,21 @@ func TestCloseKillsUnfinishedMachines(t *testing.T) {
 			}
 			closed := make(chan struct{})
 			var blocked atomic.Bool
-			e.hv.OnStarted(func(cfg qemu.Config) {
-				if strings.HasPrefix(cfg.ID, tc.prefix) && blocked.CompareAndSwap(false, true) {
+			stop := func(id string) {
+				if strings.HasPrefix(id, tc.prefix) && blocked.CompareAndSwap(false, true) {
 					go func() { e.s.Close(); close(closed) }()
 					<-closed // the daemon stopped while this machine started
+					if tc.held && e.hv.MachineOf(id) != nil {
+						t.Error("the stopped daemon left the machine it held running")
+					}
 				}
-			})
+			}
+			if tc.held {
+				testHookStarted = stop
+				t.Cleanup(func() { testHookStarted = func(string) {} })
+			} else {
+				e.hv.OnStarted(func(cfg qemu.Config) { stop(cfg.ID) })
+			}
 			errc := make(chan error, 1)
 			go func() {
 				_, _, err := e.s.Create(e.ctx, CreateOptions{Name: "box", MemoryMiB: 512})

@@ -524,15 +524,20 @@ func (m *Machine) Quit() error {
 	return m.Kill()
 }
 
-// Kill sends SIGKILL and waits for the exit.
+// Kill sends SIGKILL and waits for the exit. A machine that has exited is
+// not signalled again: its pid may be another process's by now.
 func (m *Machine) Kill() error {
-	if err := syscall.Kill(m.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return err
-	}
 	select {
 	case <-m.done:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("qemu pid %d did not exit after SIGKILL", m.pid)
+	default:
+		if err := syscall.Kill(m.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return err
+		}
+		select {
+		case <-m.done:
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("qemu pid %d did not exit after SIGKILL", m.pid)
+		}
 	}
 	if m.qmp != nil {
 		m.qmp.Close()
