@@ -230,19 +230,25 @@ func (l *launching) attach(ctx context.Context) error {
 // daemon that stops mid-build) instead of waiting out the caller's
 // deadline, which a template build does not have.
 func attachNetwork(ctx context.Context, net *network.Network, sock string, m Machine) error {
-	nctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := untilExit(ctx, m)
 	defer cancel()
+	if err := net.Attach(ctx, sock); err != nil {
+		return fmt.Errorf("attach network: %w", err)
+	}
+	return nil
+}
+
+// untilExit is ctx, also ended when m exits.
+func untilExit(ctx context.Context, m Machine) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		select {
 		case <-m.Done():
 			cancel()
-		case <-nctx.Done():
+		case <-ctx.Done():
 		}
 	}()
-	if err := net.Attach(nctx, sock); err != nil {
-		return fmt.Errorf("attach network: %w", err)
-	}
-	return nil
+	return ctx, cancel
 }
 
 // handshake opens the agent session. In a wake the handshake carries the

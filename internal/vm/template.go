@@ -175,15 +175,8 @@ func (ts *templates) build(ctx context.Context, img *image.Image, key, dir strin
 	defer handed()
 	// Every step below ends when the machine does (the build itself has
 	// no deadline: it outlives the caller).
-	ctx, cancelOnExit := context.WithCancel(ctx)
-	defer cancelOnExit()
-	go func() {
-		select {
-		case <-m.Done():
-			cancelOnExit()
-		case <-ctx.Done():
-		}
-	}()
+	ctx, stopWatch := untilExit(ctx, m)
+	defer stopWatch()
 	if err := attachNetwork(ctx, net, p.Net, m); err != nil {
 		return nil, fmt.Errorf("template %w", err)
 	}
