@@ -405,10 +405,15 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	// A paused sandbox is unreachable until connect resumes it, unless it
 	// asked to be woken by its traffic.
 	var reached bool
-	asleep := v.State != store.StateRunning
+	asleep, started := v.State != store.StateRunning, v.StartedAt
 	if v, reached = c.Reach(ctx, v); !reached {
 		c.NotFound(w, v.Name)
 		return true
+	}
+	// A sandbox its timeout was pausing is recorded running until the
+	// suspend is done, and Reach woke it after: its machine is new.
+	if restarted := (started == nil) != (v.StartedAt == nil) || started != nil && !v.StartedAt.Equal(*started); restarted {
+		asleep = true
 	}
 	defer p.cfg.VMs.Hold(v.ID)()
 	if port == p.cfg.CompatPort {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
@@ -36,8 +37,10 @@ func (f *stateVMs) Get(_ context.Context, ref string) (*store.VM, error) {
 	if ref != "web" && ref != "vm1" {
 		return nil, fmt.Errorf("%w: no VM %q", vm.ErrNotFound, ref)
 	}
-	return &store.VM{ID: "vm1", Name: "web", State: f.state}, nil
+	return &store.VM{ID: "vm1", Name: "web", State: f.state, StartedAt: &stateVMsStarted}, nil
 }
+
+var stateVMsStarted = time.Unix(1_800_000_000, 0)
 
 func (f *stateVMs) DialPort(ctx context.Context, _ string, _ int) (net.Conn, error) {
 	f.mu.Lock()
@@ -172,6 +175,50 @@ func TestPreviewWaitsForAServerAfterAWake(t *testing.T) {
 		f.mu.Unlock()
 		if rec.Code != c.code || dials != c.dials {
 			t.Errorf("%s, the server listening after 3 refused dials: %d after %d dials, want %d after %d", c.state, rec.Code, dials, c.code, c.dials)
+		}
+	}
+}
+
+// restartingCompat owns every VM, and its Reach finds each one's machine
+// new (started) or not, as E2B's does for a sandbox its timeout was
+// pausing: recorded running, then woken once the suspend is done.
+type restartingCompat struct {
+	fakeCompat
+	restart bool
+}
+
+func (c restartingCompat) Reach(_ context.Context, v *store.VM) (*store.VM, bool) {
+	w := *v
+	if c.restart {
+		now := time.Now()
+		w.StartedAt = &now
+	}
+	return &w, true
+}
+
+// A compatibility-layer request whose VM was recorded running but woken by
+// its Reach (a timeout's suspend under way) waits for a listener as after
+// any wake; one whose machine Reach did not change does not.
+func TestCompatWaitsForAServerAfterAWake(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from the VM") }))
+	defer backend.Close()
+	backend.Config.SetKeepAlivesEnabled(false)
+	for _, restart := range []bool{true, false} {
+		f := &stateVMs{backend: backend.Listener.Addr().String(), state: store.StateRunning, refuse: 3}
+		p, _ := newProxyOn(t, f, restartingCompat{restart: restart})
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = "3000-web.localhost"
+		rec := httptest.NewRecorder()
+		p.ServeHTTP(rec, r)
+		f.mu.Lock()
+		dials := f.dials
+		f.mu.Unlock()
+		want, wantDials := http.StatusOK, 4
+		if !restart {
+			want, wantDials = http.StatusBadGateway, 1
+		}
+		if rec.Code != want || dials != wantDials {
+			t.Errorf("machine restarted by Reach %v: %d after %d dials, want %d after %d", restart, rec.Code, dials, want, wantDials)
 		}
 	}
 }
