@@ -53,7 +53,7 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 	if id := r.URL.Query().Get("sync"); id != "" {
 		// Without its sync directory the watch works, and its syncs
 		// answer 404 (the host then does without).
-		if done, err := wt.addSync(id); err == nil {
+		if done, err := wt.addSync(a.path(syncDir), id); err == nil {
 			defer done()
 		}
 	}

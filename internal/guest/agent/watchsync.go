@@ -20,8 +20,9 @@ import (
 // mark, every one of those changes has gone out before it. The files are
 // the agent's (root's), in a directory no user can read.
 
-// syncDir holds the sync directories (a tmpfs in the guest).
-var syncDir = "/run/agentvm-watch"
+// syncDir holds the sync directories (a tmpfs in the guest), under the
+// agent's Root.
+const syncDir = "/run/agentvm-watch"
 
 // syncName is what a sync id and a mark may be: they name files.
 var syncName = regexp.MustCompile(`^[0-9a-f]{1,64}$`)
@@ -32,13 +33,13 @@ var watchSyncs = struct {
 	dirs map[string]string
 }{dirs: map[string]string{}}
 
-// addSync makes watch wt's sync directory for id and watches it; done
-// removes it.
-func (wt *watcher) addSync(id string) (done func(), err error) {
+// addSync makes watch wt's sync directory for id in base and watches it;
+// done removes it.
+func (wt *watcher) addSync(base, id string) (done func(), err error) {
 	if !syncName.MatchString(id) {
 		return nil, &fileError{http.StatusBadRequest, guest.CodeInvalid, "sync: not a hex id of at most 64 characters"}
 	}
-	dir := filepath.Join(syncDir, id)
+	dir := filepath.Join(base, id)
 	watchSyncs.Lock()
 	_, taken := watchSyncs.dirs[id]
 	if !taken {
@@ -54,9 +55,9 @@ func (wt *watcher) addSync(id string) (done func(), err error) {
 		watchSyncs.Unlock()
 		os.RemoveAll(dir)
 	}
-	if err := os.MkdirAll(syncDir, 0o700); err != nil {
+	if err := os.MkdirAll(base, 0o700); err != nil {
 		forget()
-		return nil, pathError(syncDir, err)
+		return nil, pathError(base, err)
 	}
 	os.RemoveAll(dir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
