@@ -141,7 +141,7 @@ func (l *launching) fail(err error) error {
 			l.net.Close()
 		}
 		if errors.Is(err, qemu.ErrExited) {
-			return &crashError{err: err}
+			return &crashError{err: err, unstarted: true}
 		}
 		return err
 	}
@@ -340,8 +340,13 @@ func (l *launching) publish(context.Context) error {
 }
 
 // crashError is a launch whose QEMU exited on its own before the VM was up
-// (a crash during or right after the state load).
-type crashError struct{ err error }
+// (a crash during or right after the state load). unstarted: it died in
+// the start itself (loading the state, or at the cont that would run the
+// guest), so the guest has not run.
+type crashError struct {
+	err       error
+	unstarted bool
+}
 
 func (e *crashError) Error() string { return e.err.Error() }
 func (e *crashError) Unwrap() error { return e.err }
@@ -350,9 +355,9 @@ func (e *crashError) Unwrap() error { return e.err }
 // base (v.Disk). A QEMU that crashes before the guest is up is retried once,
 // in a fresh QEMU on a fresh overlay (the crashed guest may have written to
 // the first), and the crash is logged with QEMU's exit status and the state
-// file; only a second failure reaches the caller. A wake is not retried: its
-// disk is the VM's own, which the crashed guest may have changed after the
-// state was saved.
+// file; only a second failure reaches the caller. A wake is retried only
+// when QEMU died in its start (wakeLocked): its disk is the VM's own, which a
+// guest that ran may have changed after the state was saved.
 func (s *Service) launchOnOverlay(ctx context.Context, v *store.VM, base string, mc qemu.Config, o launchOpts) error {
 	for attempt := 1; ; attempt++ {
 		if err := disk.Overlay(ctx, base, v.Disk, 0); err != nil {

@@ -257,7 +257,18 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	// not hold the VM, and everyone queued behind its lock, for ever.
 	lctx, cancel := context.WithTimeout(ctx, wakeTimeout)
 	defer cancel()
-	if err := s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock}); err != nil {
+	err = s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock})
+	if ce := (*crashError)(nil); errors.As(err, &ce) && ce.unstarted && lctx.Err() == nil {
+		// QEMU died loading the state or at the cont that would have run
+		// the guest (QEMU 10.0.2 segfaulted so, once in hundreds): the
+		// guest never ran, its disk is as the suspend left it, and the
+		// state file is intact. Once more in a fresh QEMU.
+		s.log.Warn("wake crashed: qemu exited in its start; retrying once in a fresh qemu", "vm", v.ID, "state", mc.Incoming, "err", err)
+		s.Event(v.ID, "lifecycle", ActorSystem, "wake from %s crashed in QEMU's start (%v); retrying once in a fresh QEMU", mc.Incoming, err)
+		s.killStrays(v, 0)
+		err = s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock})
+	}
+	if err != nil {
 		s.killStrays(v, 0)
 		v.PID, v.Error = 0, "wake failed: "+err.Error() // still suspended
 		s.store.UpdateVM(context.Background(), v)
