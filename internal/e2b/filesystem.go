@@ -340,8 +340,11 @@ func (c *envdCall) getWatcherEvents(ctx context.Context, req *watcherIDRequest) 
 	// the watch's queue and returns once the stream has passed it. An
 	// agent from before syncs gets a round trip instead, after which
 	// those events have most likely come in, on their own stream.
+	w.mu.Lock()
+	pumping := w.err == nil // an ended watch reads no mark
+	w.mu.Unlock()
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if err := w.ws.Sync(pctx); err != nil {
+	if !pumping || w.ws.Sync(pctx) != nil {
 		c.g.Ping(pctx)
 	}
 	cancel()

@@ -75,6 +75,8 @@ func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error
 		select {
 		case <-ctx.Done():
 			return nil, err
+		case <-t.gone: // the client went away
+			return nil, err
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

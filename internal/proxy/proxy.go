@@ -131,6 +131,7 @@ type ctxKey struct{}
 type inKey struct{}
 
 func withTarget(r *http.Request, t target) *http.Request {
+	t.gone = r.Context().Done()
 	ctx := context.WithValue(r.Context(), ctxKey{}, t)
 	return r.WithContext(context.WithValue(ctx, inKey{}, r))
 }
@@ -147,6 +148,9 @@ type target struct {
 	// the request wakes it, and its dial waits a moment for a listener
 	// (wakeGrace).
 	asleep bool
+	// gone ends when the client's request does: the transport dials with
+	// a context that outlives it, and the wait after a wake must not.
+	gone <-chan struct{}
 }
 
 // host is the transport's address for t.
