@@ -159,7 +159,7 @@ func (l *launching) fail(err error) error {
 		}
 		l.m.Kill()
 	}
-	if !exited || errors.Is(err, errStopping) || l.s.unfinished.stopping() { // a kill of ours is no crash to retry
+	if !exited || l.s.unfinished.stopping() { // a kill of ours (the daemon stopping) is no crash to retry
 		return err
 	}
 	if st := l.m.ExitStatus(); strings.Contains(st, "signal:") { // a crash, not an exit of its own choosing

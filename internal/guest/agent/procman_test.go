@@ -301,19 +301,27 @@ func TestWatchDir(t *testing.T) {
 	}
 }
 
-// TestWatchInPlaceWriteEvents: a new file written in place, as envd writes
-// one, shows exactly what envd's does: created, its owner set, written;
-// E2B's SDK tests count them.
-func TestWatchInPlaceWriteEvents(t *testing.T) {
+// watchTempDir starts an agent and watches a new temporary directory
+// (not recursively) through it.
+func watchTempDir(t *testing.T) (*env, context.Context, string, *guest.WatchStream) {
+	t.Helper()
 	e := startAgent(t)
 	e.connect(e.port.Attach(t), "")
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
+	t.Cleanup(cancel)
 	dir := t.TempDir()
 	s, err := e.c.WatchDir(ctx, dir, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e, ctx, dir, s
+}
+
+// TestWatchInPlaceWriteEvents: a new file written in place, as envd writes
+// one, shows exactly what envd's does: created, its owner set, written;
+// E2B's SDK tests count them.
+func TestWatchInPlaceWriteEvents(t *testing.T) {
+	e, ctx, dir, s := watchTempDir(t)
 	defer s.Close()
 	if _, err := e.c.WriteFileInPlace(ctx, "", filepath.Join(dir, "new.txt"), strings.NewReader("abc"), false, nil); err != nil {
 		t.Fatal(err)
@@ -339,15 +347,7 @@ func TestWatchInPlaceWriteEvents(t *testing.T) {
 // before it: a poll right after a write (E2B's GetWatcherEvents) finds
 // the write's events. A sync of a watch that is not open is a 404.
 func TestWatchSync(t *testing.T) {
-	e := startAgent(t)
-	e.connect(e.port.Attach(t), "")
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
-	dir := t.TempDir()
-	s, err := e.c.WatchDir(ctx, dir, "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, ctx, dir, s := watchTempDir(t)
 	var mu sync.Mutex
 	var got []string
 	go func() {
