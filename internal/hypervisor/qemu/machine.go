@@ -381,34 +381,39 @@ func (m *Machine) Status(ctx context.Context) (string, error) {
 	return s.Status, err
 }
 
-// WaitIncoming waits until an incoming migration finished and the guest runs.
-func (m *Machine) WaitIncoming(ctx context.Context) error {
+// waitLoaded waits until an incoming migration has loaded the state. It
+// reports whether the guest already runs (QEMU starts a guest saved while
+// running itself); a guest saved stopped waits for run.
+func (m *Machine) waitLoaded(ctx context.Context) (running bool, err error) {
 	for {
 		st, err := m.Status(ctx)
 		if err != nil {
-			return err
+			return false, err
 		}
 		switch st {
 		case "running":
-			return nil
+			return true, nil
 		case "paused", "postmigrate", "prelaunch":
-			// The state was saved from a stopped guest, so QEMU does not autostart it.
-			if _, err := m.qmp.Execute(ctx, "cont", nil); err != nil {
-				return err
-			}
-			return nil
+			return false, nil
 		case "inmigrate", "restore-vm":
 		default:
-			return fmt.Errorf("restore ended in state %q%s", st, LogTail(m.cfg.LogPath))
+			return false, fmt.Errorf("restore ended in state %q%s", st, LogTail(m.cfg.LogPath))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("restore: %w", ctx.Err())
+			return false, fmt.Errorf("restore: %w", ctx.Err())
 		case <-m.done:
-			return fmt.Errorf("qemu exited during restore%s", LogTail(m.cfg.LogPath))
+			return false, fmt.Errorf("qemu exited during restore%s", LogTail(m.cfg.LogPath))
 		case <-time.After(3 * time.Millisecond):
 		}
 	}
+}
+
+// run starts the loaded guest: the last command of a restore, so that a
+// QEMU dying at any other finds a guest that has not run.
+func (m *Machine) run(ctx context.Context) error {
+	_, err := m.qmp.Execute(ctx, "cont", nil)
+	return err
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -455,12 +460,20 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 		if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"channels": fileChannel(m.cfg.Incoming)}); err != nil {
 			return err
 		}
-		if err := m.WaitIncoming(ctx); err != nil {
+		running, err := m.waitLoaded(ctx)
+		if err != nil {
 			return err
 		}
-		// Off again: this QEMU's own saves (snapshots and forks) choose
-		// their format, and mapped-ram needs a file, not a pipe.
-		return m.setMappedRAM(ctx, false, false)
+		// Off again, before the guest runs: this QEMU's own saves
+		// (snapshots and forks) choose their format, and mapped-ram needs
+		// a file, not a pipe.
+		if err := m.setMappedRAM(ctx, false, false); err != nil {
+			return err
+		}
+		if running {
+			return nil
+		}
+		return m.run(ctx)
 	}
 	// Incoming streams go through a pipe (Config.StateCat): QEMU 7.2 reading the state from a passed
 	// file descriptor segfaulted now and then when several restores of one file ran
@@ -481,7 +494,10 @@ func (m *Machine) startIncoming(ctx context.Context) error {
 	if _, err := m.qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return err
 	}
-	return m.WaitIncoming(ctx)
+	if running, err := m.waitLoaded(ctx); err != nil || running {
+		return err
+	}
+	return m.run(ctx)
 }
 
 // SaveState stops the guest and writes its device state, but not the RAM it shares
