@@ -127,7 +127,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if err != nil {
 		return err
 	}
-	s.stopStoring(uploadKey(v.ID)) // a delete does not wait for an upload
+	s.stash.stopUpload(uploadKey(v.ID)) // a delete does not wait for an upload
 	unlock, err := s.ops.wait(ctx, v.ID, "delete")
 	if err != nil {
 		return err
@@ -316,7 +316,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	s.removeOrphanSnapshots(ctx)
 	s.removeMovedVMs(ctx)
 	s.gcLayers(ctx)
-	s.removePartialFetches()
+	s.stash.removePartial()
 	s.storeUnstored(ctx)
 	return nil
 }

@@ -311,7 +311,7 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 	}
 	// Paused, suspended, or an operation (say a suspend) is under way: queue
 	// behind it; an upload of its suspended state stops.
-	s.stopStoring(uploadKey(v.ID))
+	s.stash.stopUpload(uploadKey(v.ID))
 	defer s.ops.lock(v.ID, "wake")()
 	if v, err = s.Get(ctx, v.ID); err != nil {
 		return nil, err

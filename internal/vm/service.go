@@ -154,16 +154,9 @@ type Service struct {
 	// names yet (path -> struct{}): gcLayers leaves them alone.
 	pendingLayers sync.Map
 
-	// Background work that stops with the daemon: snapshots and suspended
-	// VMs being stored in the object store (objects.go), by key, at most
-	// uploadSlots at once. fetching holds one token: fetches from the
-	// object store go one at a time (fetchTurn).
-	bg          context.Context
-	stopBg      context.CancelFunc
-	uploads     sync.WaitGroup
-	storing     map[string]*upload
-	fetching    chan struct{}
-	uploadSlots chan struct{}
+	// stash stores snapshots and suspended VMs in the object store and
+	// fetches them from it (stash.go).
+	stash *stash
 
 	// Fencing (node.go): why the node is fenced ("": it is not), how many
 	// fences there have been, and the VMs they killed since the last
@@ -202,8 +195,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, fencedVMs: map[string]bool{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
-	s.bg, s.stopBg = context.WithCancel(context.Background())
-	s.storing, s.fetching, s.uploadSlots = map[string]*upload{}, make(chan struct{}, 1), make(chan struct{}, 2)
+	s.stash = newStash(cfg.Objects, cfg.DataDir, cfg.Log)
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
 		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig, unfinished: &s.unfinished,
 		newNetwork: func() (*network.Network, error) {
@@ -384,10 +376,7 @@ func (s *Service) Close() {
 	// the disk before the daemon exits: a host rebooting next would find it
 	// unsynced and count its memory lost.
 	s.syncs.Wait()
-	s.mu.Lock()
-	s.stopBg() // under s.mu: no store starts after this
-	s.mu.Unlock()
-	s.uploads.Wait()
+	s.stash.close()
 }
 
 // takeInstances empties the instance map and returns what it held.

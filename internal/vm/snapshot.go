@@ -156,7 +156,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 		s.unstoreSnapshot(ctx, sn)
 		return nil
 	}
-	s.stopStoring(sn.ID) // a delete does not wait for an upload
+	s.stash.stopUpload(sn.ID) // a delete does not wait for an upload
 	l := s.snapLock(sn.ID)
 	if !l.TryLock() {
 		return fmt.Errorf("%w: snapshot %s is being restored; retry when the create is done", ErrConflict, sn.Name)

@@ -29,7 +29,7 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	s.stopStoring(uploadKey(v.ID)) // nor does any user operation
+	s.stash.stopUpload(uploadKey(v.ID)) // nor does any user operation
 	unlock, err := s.ops.try(v.ID, v.Name, op)
 	if err != nil && (!s.ops.isBusy(v.ID) || s.ops.busyWith(v.ID) == opExitHandling) {
 		// The record of an unexpected exit is being written (the VM may

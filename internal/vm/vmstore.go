@@ -36,7 +36,7 @@ func (s *Service) storeSuspendedLater(v *store.VM) {
 	if s.cfg.Objects == nil || s.cfg.Node == "" {
 		return
 	}
-	s.startUpload(uploadKey(v.ID), func(ctx context.Context) error { return s.storeSuspended(ctx, v.ID) })
+	s.stash.startUpload(uploadKey(v.ID), func(ctx context.Context) error { return s.storeSuspended(ctx, v.ID) })
 }
 
 // thenStore wraps the unlock of an operation that stopped VM id's upload
@@ -81,7 +81,7 @@ func (s *Service) storeSuspendedLocked(ctx context.Context, v *store.VM) error {
 		return fmt.Errorf("%w: its memory may have been lost in a host crash", errNotStorable)
 	}
 	start, top := time.Now(), s.diskPath(v)
-	m, err := s.putState(ctx, top, append(append([]string{}, v.Layers...), top), state)
+	m, err := s.stash.put(ctx, top, append(append([]string{}, v.Layers...), top), state)
 	if err != nil {
 		return err
 	}
@@ -221,13 +221,13 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 		return nil // fetched, woken or moved meanwhile
 	}
 	*v = *cur
-	release, err := s.fetchTurn(ctx, "VM "+v.Name)
+	release, err := s.stash.turn(ctx, "VM "+v.Name)
 	if err != nil {
 		return err
 	}
 	defer release()
 	start := time.Now()
-	m, err := s.getManifest(ctx, vmManifest(v.ID, v.StoredManifest), v.StoredManifest, v.DiskBytes, v.MemoryMiB)
+	m, err := s.stash.manifest(ctx, vmManifest(v.ID, v.StoredManifest), v.StoredManifest, v.DiskBytes, v.MemoryMiB)
 	if err != nil {
 		return fmt.Errorf("VM %s's stored state: %w", v.Name, err)
 	}
@@ -237,7 +237,7 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 		return err
 	}
 	top := s.newLayerPath(v.ID)
-	top, layers, fetched, err := s.fetchChain(ctx, m, v.DiskBytes, top)
+	top, layers, fetched, err := s.stash.fetchChain(ctx, m, v.DiskBytes, top)
 	if err != nil {
 		os.Remove(top)
 		return fmt.Errorf("%w: VM %s's stored state: %v", ErrUnavailable, v.Name, err)
@@ -246,7 +246,7 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return err
 	}
-	n, err := s.fetchState(ctx, m, s.suspendPath(v.ID), v.MemoryMiB)
+	n, err := s.stash.fetchState(ctx, m, s.suspendPath(v.ID), v.MemoryMiB)
 	if err != nil {
 		return fmt.Errorf("%w: VM %s's stored state: %v", ErrUnavailable, v.Name, err)
 	}
