@@ -134,7 +134,7 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	if err := o.Validate(); err != nil {
 		return nil, false, err
 	}
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return nil, false, err
 	}
 	if err := s.checkNetwork(ctx, o.Network); err != nil {

@@ -40,7 +40,7 @@ const forkAttempts = 3
 // is deleted and made again from a new capture of the parent; after forkAttempts
 // captures the fork fails and leaves no child behind. The parent is only captured.
 func (s *Service) fork(ctx context.Context, idOrName string, fo ForkOptions) (*ForkResult, error) {
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return nil, err
 	}
 	count := fo.Count

@@ -333,7 +333,7 @@ func (l *launching) publish(context.Context) error {
 		return errStopping
 	}
 	if !l.s.setInstance(l.v.ID, l.in) {
-		return fmt.Errorf("%w: this node was fenced while the VM started (%s)", ErrUnavailable, l.s.fenceReason())
+		return fmt.Errorf("%w: this node was fenced while the VM started (%s)", ErrUnavailable, l.s.fence.why())
 	}
 	go l.s.monitor(l.v.ID, l.in)
 	return nil

@@ -146,7 +146,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 		}
 		return s.forgetLost(ctx, v)
 	}
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return err
 	}
 	if err := checkTransition(opDelete, v); err != nil {
@@ -477,7 +477,7 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 		s.store.UpdateVM(ctx, v)
 	}
 	if !s.setInstance(v.ID, in) {
-		return fmt.Errorf("this node was fenced (%s)", s.fenceReason())
+		return fmt.Errorf("this node was fenced (%s)", s.fence.why())
 	}
 	go s.monitor(v.ID, in)
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)

@@ -54,7 +54,7 @@ func (s *Service) snapshotHere(sn *store.Snapshot) error {
 // comes back. Its exposures go, and the delete hooks run, as for any
 // delete; this node's files are not touched.
 func (s *Service) forgetLost(ctx context.Context, v *store.VM) error {
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return err
 	}
 	if err := s.store.ForgetVM(ctx, v.ID, v.Node); err != nil {
@@ -79,7 +79,7 @@ func (s *Service) IsLocal(v *store.VM) bool { return s.ours(v) == nil }
 // the store is read, which may be what is gone) and for another node's VM
 // (ErrOtherNode).
 func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, error) {
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return nil, err
 	}
 	v, err := s.Get(ctx, idOrName)
@@ -145,22 +145,17 @@ func (s *Service) localVMs(ctx context.Context) ([]*store.VM, error) {
 // with ErrUnavailable naming reason, and a machine an operation was
 // starting is killed as it would be recorded (setInstance).
 func (s *Service) Fence(reason string) {
-	s.mu.Lock()
-	s.fenced = reason
-	s.fenceEpoch++
-	s.mu.Unlock()
+	s.fence.raise(reason)
 	ins := s.takeInstances()
+	ids := make([]string, 0, len(ins))
 	for _, in := range ins {
 		in.mu.Lock()
 		in.expectExit = true // not a crash for the monitor to record
 		in.mu.Unlock()
 		in.machine.Kill()
+		ids = append(ids, in.id)
 	}
-	s.mu.Lock()
-	for _, in := range ins {
-		s.fencedVMs[in.id] = true
-	}
-	s.mu.Unlock()
+	s.fence.kill(ids...)
 	for _, in := range ins {
 		in.kill() // networks and agent sessions
 	}
@@ -173,15 +168,9 @@ func (s *Service) Fence(reason string) {
 // a machine is crashed, with the reason, and a warm-pool VM deleted. Then
 // it lets operations through again, unless a new fence came meanwhile.
 func (s *Service) Unfence(ctx context.Context) error {
-	s.unfenceMu.Lock()
-	defer s.unfenceMu.Unlock()
-	s.mu.Lock()
-	epoch, reason := s.fenceEpoch, s.fenced
-	ids := make([]string, 0, len(s.fencedVMs))
-	for id := range s.fencedVMs {
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
+	s.fence.unfence.Lock()
+	defer s.fence.unfence.Unlock()
+	epoch, reason, ids := s.fence.pending()
 	var errs []error
 	for _, id := range ids {
 		if err := s.recordFenced(ctx, id, reason); err != nil {
@@ -191,14 +180,7 @@ func (s *Service) Unfence(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return err // still fenced; the next rejoin tries again
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fenceEpoch == epoch {
-		s.fenced = ""
-		for _, id := range ids {
-			delete(s.fencedVMs, id)
-		}
-	}
+	s.fence.lower(epoch, ids)
 	return nil
 }
 
@@ -230,20 +212,4 @@ func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
 }
 
 // CheckFenced refuses an operation while the node is fenced.
-func (s *Service) CheckFenced() error { return s.checkFenced() }
-
-// checkFenced refuses an operation while the node is fenced.
-func (s *Service) checkFenced() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fenced != "" {
-		return fmt.Errorf("%w: this node stopped its VMs and takes no operations until it is back in the cluster (%s)", ErrUnavailable, s.fenced)
-	}
-	return nil
-}
-
-func (s *Service) fenceReason() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.fenced
-}
+func (s *Service) CheckFenced() error { return s.fence.check() }

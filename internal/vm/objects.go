@@ -44,9 +44,6 @@ func (s *Service) storeSnapshotLater(sn *store.Snapshot) {
 	s.stash.startUpload(sn.ID, func(ctx context.Context) error { return s.storeSnapshot(ctx, sn) })
 }
 
-
-
-
 // errNotStorable: a snapshot or suspended VM that no retry will store (it
 // is gone, its files are, or its memory may be torn).
 var errNotStorable = errors.New("cannot be stored")
@@ -85,7 +82,6 @@ func (s *Service) storeSnapshot(ctx context.Context, sn *store.Snapshot) error {
 	s.log.Info("snapshot stored", "snapshot", sn.ID, "store", o, "bytes", m.bytes(), "ms", time.Since(start).Milliseconds())
 	return nil
 }
-
 
 // bytes is the size of the files m names.
 func (m *storedState) bytes() int64 {
@@ -163,10 +159,6 @@ func (s *Service) fetchSnapshot(ctx context.Context, sn *store.Snapshot) (frozen
 	return frozen, layers, state, nil
 }
 
-
-
-
-
 // The largest files a manifest may name: a disk chain's qcow2 files hold
 // at most the disk and their metadata, a state at most the memory and the
 // devices' state.
@@ -196,7 +188,6 @@ func (m *storedState) check(diskBytes, memMiB int64) error {
 	return m.State.Check(memFileMax(memMiB))
 }
 
-
 // syncFile flushes a file (or a directory's entries) to the disk.
 func syncFile(p string) error {
 	f, err := os.Open(p)
@@ -206,7 +197,6 @@ func syncFile(p string) error {
 	defer f.Close()
 	return f.Sync()
 }
-
 
 // unstoreSnapshot removes sn's manifest, if it has one (its chunks stay:
 // other snapshots may share them).

@@ -97,7 +97,7 @@ func (s *Service) RunPolicies(ctx context.Context, interval time.Duration) {
 const policyOpTimeout = 2 * time.Minute
 
 func (s *Service) applyPolicies(ctx context.Context) {
-	if s.fenceReason() != "" {
+	if s.fence.why() != "" {
 		return
 	}
 	vms, err := s.localVMs(ctx)

@@ -158,13 +158,7 @@ type Service struct {
 	// fetches them from it (stash.go).
 	stash *stash
 
-	// Fencing (node.go): why the node is fenced ("": it is not), how many
-	// fences there have been, and the VMs they killed since the last
-	// Unfence. unfenceMu serialises Unfence.
-	fenced     string
-	fenceEpoch int
-	fencedVMs  map[string]bool
-	unfenceMu  sync.Mutex
+	fence fence // this node's fence (node.go)
 }
 
 // New creates the service. Call Reconcile before serving requests.
@@ -193,7 +187,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	if hv == nil {
 		hv = HypervisorOf(qemuDriver{})
 	}
-	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, fencedVMs: map[string]bool{}, started: time.Now(),
+	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
 	s.stash = newStash(cfg.Objects, cfg.DataDir, cfg.Log)
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
@@ -277,12 +271,12 @@ func (s *Service) instance(id string) *instance {
 // leave it running (Unfence records what became of the VM).
 func (s *Service) setInstance(id string, in *instance) bool {
 	s.mu.Lock()
-	fenced := s.fenced != "" && in != nil
+	fenced := in != nil && s.fence.why() != ""
 	switch {
 	case in == nil:
 		delete(s.instances, id)
 	case fenced:
-		s.fencedVMs[id] = true
+		s.fence.kill(id)
 	default:
 		s.instances[id] = in
 	}

@@ -173,7 +173,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 
 // createFrom makes a new VM from a snapshot: its processes and files, a fresh identity.
 func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) (*store.VM, bool, error) {
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return nil, false, err
 	}
 	if o.IdempotencyKey != "" {

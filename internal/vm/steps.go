@@ -98,7 +98,7 @@ func memAvailableMiB() (int64, error) {
 // insertRow claims a name, idempotency key and network for a new VM in state
 // "creating". If the idempotency key was used before, it returns that VM as prev.
 func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *store.VM, err error) {
-	if err := s.checkFenced(); err != nil {
+	if err := s.fence.check(); err != nil {
 		return nil, nil, err
 	}
 	id := "vm-" + randHex(6)
