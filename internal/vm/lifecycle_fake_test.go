@@ -35,12 +35,7 @@ type fakeEnv struct {
 
 func newFakeEnv(t *testing.T) *fakeEnv {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("the in-process guest agent runs commands as the VM's users: needs root")
-	}
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("needs qemu-img for the disk overlays")
-	}
+	skipWithoutFakeMachines(t)
 	dir := t.TempDir()
 	run, err := os.MkdirTemp("", "avm-run-") // unix socket paths must stay short
 	if err != nil {
@@ -68,6 +63,17 @@ func newFakeEnv(t *testing.T) *fakeEnv {
 		}
 	})
 	return e
+}
+
+// skipWithoutFakeMachines skips a test where fake machines cannot run.
+func skipWithoutFakeMachines(t *testing.T) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("the in-process guest agent runs commands as the VM's users: needs root")
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("needs qemu-img for the disk overlays")
+	}
 }
 
 // newService starts a service on the env's store, files and processes: a
