@@ -7,22 +7,46 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/pgtest"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.StopShared()
+	os.Exit(code)
+}
+
 // Routing a request to a running sandbox (the proxy's VM lookup, Owns,
 // Reach, and the VM service's wake check that envd's Guest starts with)
 // reads the database only the first time: then it is served from the
-// store's read cache, and a change shows at once.
+// store's read cache, and a change shows at once. On PostgreSQL too, while
+// the node listens to the others (as every cluster node does).
 func TestRoutingReadsNoStore(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { routingReadsNoStore(t, filepath.Join(t.TempDir(), "db"), false) })
+	t.Run("postgres", func(t *testing.T) { routingReadsNoStore(t, pgtest.Database(t), true) })
+}
+
+func routingReadsNoStore(t *testing.T, dsn string, listen bool) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "db"))
+	st, err := store.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	if listen {
+		lctx, stop := context.WithCancel(ctx)
+		listening, ended := make(chan struct{}), make(chan error, 1)
+		go func() { ended <- st.Listen(lctx, func() { close(listening) }, nil, func(string) {}) }()
+		defer func() { stop(); <-ended }()
+		select {
+		case <-listening:
+		case err := <-ended:
+			t.Fatalf("listen: %v", err)
+		}
+	}
 	run, err := os.MkdirTemp("", "avm-e2b-")
 	if err != nil {
 		t.Fatal(err)

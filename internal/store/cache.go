@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The records every request reads to find its way (a VM by id or name,
@@ -19,13 +20,24 @@ import (
 //     write can forget to). A read stores what it read only if no write
 //     began meanwhile (the generation is unchanged), so a read that raced a
 //     write never stores the old row after the write emptied the cache.
-//   - It serves only on SQLite, whose one writer is this process (the data
-//     dir's flock). On PostgreSQL other nodes write too, and the reads
-//     that decide which node owns a VM (take, GetLocal, a fence's record)
-//     must see their writes at once: a cluster reads the database until
-//     those reads are split from routing's (issue 29's fleet package).
+//   - On SQLite this process is the only writer (the data dir's flock): the
+//     cache always serves. On PostgreSQL other nodes write too: each write
+//     to a cached table is followed by a notification (cacheNotice) that
+//     empties the cache of every node listening, and the cache serves only
+//     while this node listens (Listen), emptied when it starts and after
+//     every quiet listenIdle (a notification lost in sending). What another
+//     node wrote can so show here a notification's delivery late (about a
+//     millisecond); a node's own VMs are written only by itself while it
+//     holds its lease, so what it reads of them is exact, and the moves
+//     between nodes (adopt, revive, move, forget) are conditional
+//     statements that check the database, not the cache.
 //
 // Returned records are copies: callers change theirs freely.
+
+// cacheNotice is the notification (on NotifyChannel) a write to a cached
+// table sends on PostgreSQL; Listen empties the cache when it hears one and
+// does not pass it on.
+const cacheNotice = "store:changed"
 
 // cachedTables names the tables whose rows the cache holds.
 var cachedTables = regexp.MustCompile(`(?i)\b(vms|sandboxes|ports)\b`)
@@ -38,6 +50,7 @@ type readCache struct {
 	mu        sync.Mutex
 	gen       uint64
 	local     bool // SQLite: this process is the only writer
+	listening int  // PostgreSQL: Listen calls that listen now
 	vms       map[string]*VM
 	sandboxes map[string]*Sandbox // nil: the VM is no sandbox
 	ports     map[string][]*Port
@@ -70,7 +83,16 @@ func (c *readCache) changed() {
 func (c *readCache) begin() (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.gen, c.local
+	return c.gen, c.local || c.listening > 0
+}
+
+// listen counts a Listen that starts (+1) or ends (-1) listening; either
+// empties the cache.
+func (c *readCache) listen(d int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.listening += d
+	c.reset()
 }
 
 func (c *readCache) vm(key string) *VM {
@@ -175,8 +197,21 @@ func clonePorts(ps []*Port) []*Port {
 	return out
 }
 
-// wrote empties the cache after a write to a cached table.
-func (s *Store) wrote() { s.cache.changed() }
+// wrote empties the cache after a write to a cached table and, on
+// PostgreSQL, tells the other nodes to empty theirs (cacheNotice). The
+// notification goes out even if the caller has gone: the write is done.
+func (s *Store) wrote(ctx context.Context) {
+	s.cache.changed()
+	if !s.pg {
+		return
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	s.retry(nctx, func() error {
+		_, err := s.db.ExecContext(nctx, `SELECT pg_notify($1, $2)`, NotifyChannel, cacheNotice)
+		return err
+	})
+}
 
 // vmExists reports whether a VM has id (from the cache when it holds it).
 func (s *Store) vmExists(ctx context.Context, id string) bool {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -202,9 +203,11 @@ func TestReadCacheRaces(t *testing.T) {
 	}
 }
 
-// On PostgreSQL other nodes write too: every read goes to the database,
-// and sees another store's write at once.
-func TestReadCachePostgresReads(t *testing.T) {
+// On PostgreSQL other nodes write too: the cache serves only while the
+// store listens to them, and another store's write (another node's) shows
+// once its notification arrives; a store that does not listen reads the
+// database every time.
+func TestReadCachePostgresFollowsOtherNodes(t *testing.T) {
 	dsn := pgtest.Database(t)
 	a, err := Open(dsn)
 	if err != nil {
@@ -222,15 +225,68 @@ func TestReadCachePostgresReads(t *testing.T) {
 	}
 	b.GetVM(ctx, "web")
 	if n := reads(b, func() { b.GetVM(ctx, "web") }); n == 0 {
-		t.Fatal("a PostgreSQL store answered from its cache")
+		t.Fatal("a PostgreSQL store that does not listen answered from its cache")
 	}
+
+	// Only the notifications may empty the cache here, not the catch-up
+	// after a quiet listenIdle.
+	idle := listenIdle
+	listenIdle = time.Hour
+	defer func() { listenIdle = idle }()
+	lctx, stop := context.WithCancel(ctx)
+	listening, ended := make(chan struct{}), make(chan error, 1)
+	go func() {
+		ended <- b.Listen(lctx, func() { close(listening) }, nil, func(msg string) {})
+	}()
+	select {
+	case <-listening:
+	case err := <-ended:
+		t.Fatalf("listen: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("not listening after a minute")
+	}
+	b.GetVM(ctx, "web")
+	b.ListPorts(ctx, "vm1")
+	b.GetSandbox(ctx, "vm1")
+	if n := reads(b, func() { b.GetVM(ctx, "web"); b.GetVM(ctx, "vm1"); b.ListPorts(ctx, "vm1"); b.GetSandbox(ctx, "vm1") }); n != 0 {
+		t.Fatalf("routing reads of a listening store read the database %d times, want 0", n)
+	}
+
 	v, _ := a.GetVM(ctx, "vm1")
 	v.State = StateSuspended
 	if err := a.UpdateVM(ctx, v); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := b.GetVM(ctx, "web"); err != nil || got.State != StateSuspended {
-		t.Fatalf("the other store's read right after the write: %v %+v", err, got)
+	waitCache(t, "the other node's suspend", func() bool { got, err := b.GetVM(ctx, "web"); return err == nil && got.State == StateSuspended })
+	if err := a.PutPort(ctx, &Port{VMID: "vm1", Port: 8080, Kind: "http", Public: true, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	waitCache(t, "the other node's exposure", func() bool { ps, err := b.ListPorts(ctx, "vm1"); return err == nil && len(ps) == 1 })
+	if err := a.DeleteVM(ctx, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	waitCache(t, "the other node's delete", func() bool { _, err := b.GetVM(ctx, "web"); return errors.Is(err, ErrNotFound) })
+
+	stop()
+	<-ended
+	if err := a.CreateVM(ctx, &VM{ID: "vm2", Name: "web2", State: StateRunning, CPUs: 1, MemoryMiB: 512, NetIndex: 2, CreatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	b.GetVM(ctx, "web2")
+	if n := reads(b, func() { b.GetVM(ctx, "web2") }); n == 0 {
+		t.Fatal("a store that stopped listening still answered from its cache")
+	}
+}
+
+// waitCache waits (generously) for another node's write to show.
+func waitCache(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not show in 30 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

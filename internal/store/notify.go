@@ -64,6 +64,9 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 		if _, err := pc.Exec(ctx, `LISTEN `+NotifyChannel); err != nil {
 			return err
 		}
+		// The read cache serves while a Listen listens (cache.go).
+		s.cache.listen(1)
+		defer s.cache.listen(-1)
 		if onListen != nil {
 			onListen()
 		}
@@ -72,6 +75,9 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 			n, err := pc.WaitForNotification(wctx)
 			cancel()
 			switch {
+			case err == nil && n.Payload == cacheNotice:
+				s.cache.changed()
+				continue
 			case err == nil:
 				heard(n.Payload)
 				continue
@@ -83,6 +89,7 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 			if err := pc.Ping(ctx); err != nil {
 				return fmt.Errorf("listen: the connection does not answer: %w", err)
 			}
+			s.cache.changed() // a notification lost in sending goes stale no longer than this
 			if idle != nil {
 				idle()
 			}

@@ -167,7 +167,7 @@ func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 		return mapErr(err)
 	}
 	err = tx.Commit()
-	s.wrote()
+	s.wrote(ctx)
 	return err
 }
 
