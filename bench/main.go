@@ -13,6 +13,7 @@
 //	go run ./bench -browser [-creates 10] [-execs 50]  # browser image: create to CDP, screenshots, fork with an open page (browser.go)
 //	go run ./bench -memory  # daemon RSS under parallel buffered execs and screenshots, default --memory-budget vs off (memory.go)
 //	go run ./bench -crashloop [-crashloop-creates 500]  # creates in a loop on the distribution's QEMU and AGENTVM_QEMU: restores that crashed, creates that failed (crashloop.go)
+//	go run ./bench -compare REV  # before/after: create, exec, fork, an E2B commands.run and a preview request, p50 on SQLite and PostgreSQL, this tree against git revision REV (compare.go)
 //	go run ./bench -memgrow  # live memory grow of a running VM, 1 GiB -> 4 GiB, against stop/resize/start (memgrow.go)
 //
 // It builds the binaries into a temp dir, starts its own `agentvm serve` on a fresh
@@ -57,6 +58,7 @@ type options struct {
 	memgrow      bool
 	memory       bool
 	crashLoop    bool
+	compare      string
 }
 
 func main() {
@@ -87,8 +89,9 @@ func main() {
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
 	flag.Int64Var(&lcMemoryMiB, "lc-memory", 1024, "VM memory in MiB for -lifecycle")
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
+	flag.StringVar(&o.compare, "compare", "", "run only the before/after benchmark against this git revision (built in the run): create, exec, fork, an E2B commands.run and a preview request, p50 on SQLite and on PostgreSQL, with ratios to the revision's; implies -keep-template unless it is given")
 	flag.Parse()
-	if o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop {
+	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -204,6 +207,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.cluster {
 		phases = b.runCluster
 	}
+	if o.compare != "" {
+		phases = b.runCompare
+	}
 	if o.lifecycle {
 		phases = b.runLifecycle
 		r.Config.MemoryMiB, r.Config.DiskGiB = lcMemoryMiB, 0
@@ -248,6 +254,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.browser:
 		r.PrintBrowser(os.Stdout)
 		out = modeJSON(r, "browser", r.Browser)
+	case o.compare != "":
+		r.PrintCompare(os.Stdout)
+		out = modeJSON(r, "compare", r.Compare)
 	case o.cluster:
 		r.PrintCluster(os.Stdout)
 		out = modeJSON(r, "cluster", r.Cluster)

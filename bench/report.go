@@ -135,6 +135,7 @@ type Report struct {
 	CrashLoop *CrashLoopReport `json:"crashloop,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`
 	Cluster   *ClusterReport   `json:"cluster,omitempty"`
+	Compare   *CompareReport   `json:"compare,omitempty"`
 	Access    *AccessReport    `json:"access,omitempty"`
 	Net       *NetReport       `json:"net,omitempty"`
 	Notes     []string         `json:"notes"`
