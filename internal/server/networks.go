@@ -20,7 +20,7 @@ func (s *Server) networkRoutes(mux patternMux) {
 
 func (s *Server) networkToAPI(r *http.Request, n *store.Network) api.NetworkInfo {
 	out := api.NetworkInfo{Name: n.Name, Egress: (*api.Egress)(n.Egress), CreatedAt: n.CreatedAt, VMs: []string{}}
-	if ms, err := s.svc.NetworkMembers(r.Context(), n.Name); err == nil {
+	if ms, err := s.svc.Networks().Members(r.Context(), n.Name); err == nil {
 		for _, m := range ms {
 			out.VMs = append(out.VMs, m.Name)
 		}
@@ -33,7 +33,7 @@ func (s *Server) createNetwork(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &req) {
 		return
 	}
-	n, err := s.svc.CreateNetwork(r.Context(), req.Name, (*store.Egress)(req.Egress))
+	n, err := s.svc.Networks().Create(r.Context(), req.Name, (*store.Egress)(req.Egress))
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -64,7 +64,7 @@ func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteNetwork(w http.ResponseWriter, r *http.Request) {
-	if err := s.svc.DeleteNetwork(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.svc.Networks().Delete(r.Context(), r.PathValue("name")); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -76,7 +76,7 @@ func (s *Server) setNetworkEgress(w http.ResponseWriter, r *http.Request) {
 	if !decodeJSON(w, r, &e) {
 		return
 	}
-	n, err := s.svc.SetNetworkEgress(r.Context(), r.PathValue("name"), (*store.Egress)(&e))
+	n, err := s.svc.Networks().SetEgress(r.Context(), r.PathValue("name"), (*store.Egress)(&e))
 	if err != nil {
 		writeErr(w, err)
 		return

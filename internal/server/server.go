@@ -339,7 +339,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.svc.SetDaemonListeners(own)
+	s.svc.Networks().SetDaemonListeners(own)
 	s.svc.OnDelete(s.forgetDeletedVM)
 	s.svc.OnOp(s.metrics.observe) // lifecycle latencies; exec and other relays observe their own
 	if cfg.Cluster {

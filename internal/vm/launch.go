@@ -169,7 +169,7 @@ func (l *launching) fail(err error) error {
 }
 
 func (l *launching) network(context.Context) error {
-	net, err := l.s.newNetwork(l.v)
+	net, err := l.s.nets.open(l.v)
 	if err != nil {
 		return err
 	}

@@ -412,7 +412,7 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	if err != nil {
 		return err
 	}
-	net, err := s.newNetwork(v)
+	net, err := s.nets.open(v)
 	if err != nil {
 		m.Close()
 		return err

@@ -2,12 +2,9 @@ package vm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/store"
@@ -53,37 +50,6 @@ func checkEgress(e *store.Egress) error {
 	return err
 }
 
-// effectiveEgress is the VM's policy, else its network's, else public.
-func (s *Service) effectiveEgress(v *store.VM) network.Egress {
-	e := v.Egress
-	if e == nil && v.Network != "" {
-		if n, err := s.store.GetNetwork(context.Background(), v.Network); err == nil {
-			e = n.Egress
-		}
-	}
-	eg, err := EgressToNetwork(e)
-	if err != nil {
-		s.log.Warn("bad stored egress policy; denying egress", "vm", v.ID, "err", err)
-		return network.Egress{Mode: network.EgressDeny}
-	}
-	return eg
-}
-
-// vmNetConfig is the network configuration of a VM: its subnet, policy and
-// private-network routing.
-func (s *Service) vmNetConfig(v *store.VM) network.Config {
-	c := s.networkConfig(v.NetIndex)
-	c.Egress = s.effectiveEgress(v)
-	id := v.ID
-	c.Peer = func(a netip.Addr) *network.Network { return s.peerFor(id, a) }
-	c.Names = func() map[string]netip.Addr { return s.namesFor(id) }
-	c.OnLimit = func(kind string, limit int) {
-		s.EventData(id, "network", ActorSystem, map[string]string{"limit": kind, "max": strconv.Itoa(limit)},
-			"the guest reached its limit of %d concurrent %s; more are refused", limit, limitNoun(kind))
-	}
-	return c
-}
-
 func limitNoun(kind string) string {
 	switch kind {
 	case network.LimitTCP:
@@ -94,63 +60,6 @@ func limitNoun(kind string) string {
 		return "DNS queries"
 	}
 	return kind
-}
-
-// peerFor returns the network of the running VM whose guest address is a
-// when it is on the same private network as the VM id.
-func (s *Service) peerFor(id string, a netip.Addr) *network.Network {
-	ctx := context.Background()
-	me, err := s.store.GetVM(ctx, id)
-	if err != nil || me.Network == "" {
-		return nil
-	}
-	s.mu.Lock()
-	var peerID string
-	var peerNet *network.Network
-	for pid, in := range s.instances {
-		if pid != id && in.net != nil && in.net.Config().Subnet.Contains(a) {
-			peerID, peerNet = pid, in.net
-			break
-		}
-	}
-	s.mu.Unlock()
-	if peerNet == nil {
-		return nil
-	}
-	if p, err := s.store.GetVM(ctx, peerID); err != nil || p.Network != me.Network {
-		return nil
-	}
-	return peerNet
-}
-
-// namesFor maps the names of the other VMs on the VM's private network to
-// their addresses.
-func (s *Service) namesFor(id string) map[string]netip.Addr {
-	ctx := context.Background()
-	me, err := s.store.GetVM(ctx, id)
-	if err != nil || me.Network == "" {
-		return nil
-	}
-	vms, err := s.store.ListVMs(ctx)
-	if err != nil {
-		return nil
-	}
-	out := map[string]netip.Addr{}
-	for _, v := range vms {
-		if v.Network == me.Network && v.State != statePool {
-			out[v.Name] = s.networkConfig(v.NetIndex).GuestIP()
-		}
-	}
-	return out
-}
-
-// applyEgress pushes the VM's effective policy into its running network.
-func (s *Service) applyEgress(v *store.VM) {
-	if in := s.instance(v.ID); in != nil && in.net != nil {
-		if err := in.net.SetEgress(s.effectiveEgress(v)); err != nil {
-			s.log.Warn("apply egress policy", "vm", v.ID, "err", err)
-		}
-	}
 }
 
 // SetEgress replaces a VM's own egress policy (nil: follow its network's);
@@ -172,8 +81,8 @@ func (s *Service) SetEgress(ctx context.Context, idOrName string, e *store.Egres
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return nil, err
 	}
-	s.applyEgress(v)
-	s.logEvent(v.ID, "egress policy set: %s", describeEgress(s.effectiveEgress(v)))
+	s.nets.apply(v)
+	s.logEvent(v.ID, "egress policy set: %s", describeEgress(s.nets.effectiveEgress(v)))
 	return v, nil
 }
 
@@ -208,91 +117,11 @@ func (s *Service) SetNetwork(ctx context.Context, idOrName, name string) (*store
 	if err := s.store.UpdateVM(ctx, v); err != nil {
 		return nil, err
 	}
-	s.applyEgress(v)
+	s.nets.apply(v)
 	if name == "" {
 		s.logEvent(v.ID, "left its private network")
 	} else {
 		s.logEvent(v.ID, "joined private network %s", name)
 	}
 	return v, nil
-}
-
-// CreateNetwork creates a private network.
-func (s *Service) CreateNetwork(ctx context.Context, name string, e *store.Egress) (*store.Network, error) {
-	if err := ValidateName(name); err != nil {
-		return nil, err
-	}
-	if err := checkEgress(e); err != nil {
-		return nil, err
-	}
-	n := &store.Network{Name: name, Egress: e, CreatedAt: time.Now().UTC()}
-	if err := s.store.CreateNetwork(ctx, n); err != nil {
-		if errors.Is(err, store.ErrConflict) {
-			return nil, fmt.Errorf("%w: a network named %q already exists", ErrConflict, name)
-		}
-		return nil, err
-	}
-	return n, nil
-}
-
-// NetworkMembers lists the VMs on a network.
-func (s *Service) NetworkMembers(ctx context.Context, name string) ([]*store.VM, error) {
-	vms, err := s.store.ListVMs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []*store.VM
-	for _, v := range vms {
-		if v.Network == name && v.State != statePool {
-			out = append(out, v)
-		}
-	}
-	return out, nil
-}
-
-// DeleteNetwork removes an empty private network.
-func (s *Service) DeleteNetwork(ctx context.Context, name string) error {
-	if _, err := s.store.GetNetwork(ctx, name); err != nil {
-		return fmt.Errorf("%w: no network %q", ErrNotFound, name)
-	}
-	members, err := s.NetworkMembers(ctx, name)
-	if err != nil {
-		return err
-	}
-	if len(members) > 0 {
-		names := make([]string, 0, len(members))
-		for _, m := range members {
-			names = append(names, m.Name)
-		}
-		return fmt.Errorf("%w: network %s still has VMs: %s (detach or delete them first)", ErrConflict, name, strings.Join(names, ", "))
-	}
-	return s.store.DeleteNetwork(ctx, name)
-}
-
-// SetNetworkEgress changes a network's policy and applies it to its running
-// VMs that have no policy of their own.
-func (s *Service) SetNetworkEgress(ctx context.Context, name string, e *store.Egress) (*store.Network, error) {
-	if err := checkEgress(e); err != nil {
-		return nil, err
-	}
-	n, err := s.store.GetNetwork(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("%w: no network %q", ErrNotFound, name)
-	}
-	n.Egress = e
-	if err := s.store.UpdateNetwork(ctx, n); err != nil {
-		return nil, err
-	}
-	members, _ := s.NetworkMembers(ctx, name)
-	for _, v := range members {
-		s.applyEgress(v)
-	}
-	return n, nil
-}
-
-// SetDaemonListeners sets the daemon's own listen addresses, which no VM
-// may reach whatever its policy (see network.Policy.Listeners). Call it
-// before Reconcile.
-func (s *Service) SetDaemonListeners(addrs []netip.AddrPort) {
-	s.cfg.Policy.Listeners = append([]netip.AddrPort(nil), addrs...)
 }

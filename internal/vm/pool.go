@@ -70,7 +70,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		s.destroy(context.Background(), v)
 		return nil, false, err
 	}
-	s.applyEgress(v)
+	s.nets.apply(v)
 	resize := o.DiskBytes > imgSize
 	if resize {
 		if err := in.machine.BlockResize(ctx, o.DiskBytes); err != nil {

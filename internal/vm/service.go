@@ -157,6 +157,7 @@ type Service struct {
 	// stash stores snapshots and suspended VMs in the object store and
 	// fetches them from it (stash.go).
 	stash *stash
+	nets  *Networks // private networks and each VM's network (nets.go)
 
 	fence fence // this node's fence (node.go)
 }
@@ -190,10 +191,29 @@ func New(cfg Config, st Store) (*Service, error) {
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
 	s.stash = newStash(cfg.Objects, cfg.DataDir, cfg.Log)
+	s.nets = &Networks{store: s.store, log: cfg.Log, policy: cfg.Policy,
+		live: func(id string) *network.Network {
+			if in := s.instance(id); in != nil {
+				return in.net
+			}
+			return nil
+		},
+		each: func(fn func(id string, n *network.Network) bool) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for id, in := range s.instances {
+				if in.net != nil && !fn(id, in.net) {
+					return
+				}
+			}
+		},
+		event: func(id string, data map[string]string, format string, args ...any) {
+			s.EventData(id, "network", ActorSystem, data, format, args...)
+		}}
 	s.tpl = &templates{dir: cfg.TemplateDir, runDir: cfg.RunDir, qemuVersion: cfg.QEMUVersion, accel: cfg.Accel,
 		bootTimeout: cfg.BootTimeout, hv: hv, log: cfg.Log, machineConfig: s.machineConfig, unfinished: &s.unfinished,
 		newNetwork: func() (*network.Network, error) {
-			return network.New(s.networkConfig(0), cfg.Log.With("vm", "template"))
+			return network.New(s.nets.config(0), cfg.Log.With("vm", "template"))
 		}}
 	return s, nil
 }
@@ -327,10 +347,6 @@ func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Con
 	}
 }
 
-func (s *Service) networkConfig(idx int) network.Config {
-	return network.Config{Subnet: network.SubnetForIndex(idx), MAC: GuestMAC, Policy: s.cfg.Policy}
-}
-
 func randHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
@@ -383,10 +399,6 @@ func (s *Service) takeInstances() []*instance {
 	}
 	s.instances = map[string]*instance{}
 	return ins
-}
-
-func (s *Service) newNetwork(v *store.VM) (*network.Network, error) {
-	return network.New(s.vmNetConfig(v), s.log.With("vm", v.ID))
 }
 
 // logEvent appends a lifecycle line to the VM's log, beside the serial console

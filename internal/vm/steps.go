@@ -159,7 +159,7 @@ func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time
 	}
 	s.log.Info("vm created", "vm", v.ID, "name", v.Name, "ms", v.CreateMs, "from", from)
 	s.logEvent(v.ID, "created %s from %s in %d ms (qemu pid %d, accel %s, %d vCPU, %d MiB, ip %s)",
-		v.Name, from, v.CreateMs, v.PID, s.cfg.Accel, v.CPUs, v.MemoryMiB, s.networkConfig(v.NetIndex).GuestIP())
+		v.Name, from, v.CreateMs, v.PID, s.cfg.Accel, v.CPUs, v.MemoryMiB, s.nets.config(v.NetIndex).GuestIP())
 	return nil
 }
 
