@@ -147,8 +147,8 @@ func (s *Server) sandboxOf(w http.ResponseWriter, r *http.Request, p *auth.Princ
 	id := r.PathValue("id")
 	v, err := s.cfg.VMs.Get(r.Context(), id)
 	var sb *store.Sandbox
-	if err == nil {
-		sb, err = s.cfg.Store.GetSandbox(r.Context(), v.ID)
+	if err == nil { // the control plane reads what it may change from the database
+		sb, err = s.cfg.Store.GetSandboxFresh(r.Context(), v.ID)
 	}
 	if err != nil || v.Name != id {
 		apiError(w, http.StatusNotFound, "sandbox %q not found", id)
@@ -619,7 +619,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	// (pausing), and the timeout loop may not have reached it yet: a
 	// filesystem-only pause that has not happened happens now, so that the
 	// resume boots it from its disk as the caller was promised.
-	if cur, err := s.cfg.Store.GetSandbox(r.Context(), v.ID); err == nil && pausing(cur) && cur.PauseDisk && v.State == store.StateRunning {
+	if cur, err := s.cfg.Store.GetSandboxFresh(r.Context(), v.ID); err == nil && pausing(cur) && cur.PauseDisk && v.State == store.StateRunning {
 		if v, err = s.cfg.VMs.Stop(vm.WithActor(r.Context(), "e2b timeout"), v.ID); err != nil {
 			vmError(w, err)
 			return
@@ -652,7 +652,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	// and a shorter timeout than what is left changes nothing (a scoped
 	// key must not shorten a life, which only kill and the timeout
 	// endpoint, both the admin's, may do).
-	if sb, err = s.cfg.Store.GetSandbox(r.Context(), v.ID); err != nil {
+	if sb, err = s.cfg.Store.GetSandboxFresh(r.Context(), v.ID); err != nil {
 		vmError(w, err)
 		return
 	}

@@ -42,6 +42,14 @@ type fakeE2B struct {
 
 func newFakeE2B(t *testing.T) *fakeE2B {
 	t.Helper()
+	return newFakeE2BOn(t, "")
+}
+
+// newFakeE2BOn is newFakeE2B on the store at dsn ("": a SQLite file of the
+// test's); a PostgreSQL store listens to the other nodes, as a cluster
+// node's does.
+func newFakeE2BOn(t *testing.T, dsn string) *fakeE2B {
+	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("the in-process guest agent runs commands as the VM's users: needs root")
 	}
@@ -56,11 +64,27 @@ func newFakeE2B(t *testing.T) *fakeE2B {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
-	st, err := store.Open(filepath.Join(dir, "db"))
+	if dsn == "" {
+		dsn = filepath.Join(dir, "db")
+	}
+	st, err := store.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	if strings.HasPrefix(dsn, "postgres") {
+		lctx, stop := context.WithCancel(context.Background())
+		listening, ended := make(chan struct{}), make(chan error, 1)
+		go func() { ended <- st.Listen(lctx, func() { close(listening) }, nil, func(string) {}) }()
+		t.Cleanup(func() { stop(); <-ended })
+		select {
+		case <-listening:
+		case err := <-ended:
+			t.Fatalf("listen: %v", err)
+		case <-time.After(time.Minute):
+			t.Fatal("not listening after a minute")
+		}
+	}
 	img, err := fakehv.Image(filepath.Join(dir, "image"))
 	if err != nil {
 		t.Fatal(err)

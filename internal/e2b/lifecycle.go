@@ -115,7 +115,7 @@ func (s *Server) Reach(ctx context.Context, v *store.VM) (*store.VM, bool) {
 	if err != nil {
 		return v, false
 	}
-	if sb, err = s.cfg.Store.GetSandbox(ctx, v.ID); err != nil {
+	if sb, err = s.cfg.Store.GetSandboxFresh(ctx, v.ID); err != nil {
 		return v, false
 	}
 	switch cur.State {
@@ -159,7 +159,7 @@ func (s *Server) expire(ctx context.Context, sb *store.Sandbox) {
 		return
 	}
 	// The list may be old by now: a wake may have given it a new end.
-	if sb, err = s.cfg.Store.GetSandbox(ctx, sb.VMID); err != nil || sb.EndAt.IsZero() || sb.EndAt.After(time.Now()) {
+	if sb, err = s.cfg.Store.GetSandboxFresh(ctx, sb.VMID); err != nil || sb.EndAt.IsZero() || sb.EndAt.After(time.Now()) {
 		return
 	}
 	switch {

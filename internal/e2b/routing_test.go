@@ -3,13 +3,10 @@ package e2b
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/agentvm/agentvm/internal/pgtest"
 	"github.com/agentvm/agentvm/internal/store"
-	"github.com/agentvm/agentvm/internal/vm"
 )
 
 func TestMain(m *testing.M) {
@@ -24,75 +21,48 @@ func TestMain(m *testing.M) {
 // store's read cache, and a change shows at once. On PostgreSQL too, while
 // the node listens to the others (as every cluster node does).
 func TestRoutingReadsNoStore(t *testing.T) {
-	t.Run("sqlite", func(t *testing.T) { routingReadsNoStore(t, filepath.Join(t.TempDir(), "db"), false) })
-	t.Run("postgres", func(t *testing.T) { routingReadsNoStore(t, pgtest.Database(t), true) })
+	t.Run("sqlite", func(t *testing.T) { routingReadsNoStore(t, newFakeE2B(t)) })
+	t.Run("postgres", func(t *testing.T) { routingReadsNoStore(t, newFakeE2BOn(t, pgtest.Database(t))) })
 }
 
-func routingReadsNoStore(t *testing.T, dsn string, listen bool) {
+func routingReadsNoStore(t *testing.T, e *fakeE2B) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	st, err := store.Open(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if listen {
-		lctx, stop := context.WithCancel(ctx)
-		listening, ended := make(chan struct{}), make(chan error, 1)
-		go func() { ended <- st.Listen(lctx, func() { close(listening) }, nil, func(string) {}) }()
-		defer func() { stop(); <-ended }()
-		select {
-		case <-listening:
-		case err := <-ended:
-			t.Fatalf("listen: %v", err)
-		}
-	}
-	run, err := os.MkdirTemp("", "avm-e2b-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(run)
-	svc, err := vm.New(vm.Config{DataDir: dir, RunDir: run, CacheDir: filepath.Join(dir, "cache")}, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.CreateVM(ctx, &store.VM{ID: "vm1", Name: "isbx1", State: store.StateRunning, CPUs: 1, MemoryMiB: 512, NetIndex: 1, CreatedAt: time.Now().UTC()}); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.PutSandbox(ctx, &store.Sandbox{VMID: "vm1", TemplateID: "base", EndAt: time.Now().Add(time.Hour), CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	s := New(Config{VMs: svc, Store: st})
+	id := e.create(t, `{"timeout":600}`).SandboxID
 	route := func() *store.VM {
 		t.Helper()
-		v, err := svc.Get(ctx, "isbx1")
-		if err != nil || !s.Owns(ctx, v) {
+		v, err := e.svc.Get(ctx, id)
+		if err != nil || !e.s.Owns(ctx, v) {
 			t.Fatalf("get and owns: %v %+v", err, v)
 		}
-		v, ok := s.Reach(ctx, v)
+		v, ok := e.s.Reach(ctx, v)
 		if !ok {
 			t.Fatalf("reach: %+v", v)
 		}
-		if v, err = svc.Wake(ctx, v.ID); err != nil || v.State != store.StateRunning {
+		if v, err = e.svc.Wake(ctx, v.ID); err != nil || v.State != store.StateRunning {
 			t.Fatalf("wake: %v %+v", err, v)
 		}
 		return v
 	}
 	route()
-	before := st.Reads()
+	before := e.st.Reads()
 	for range 10 {
 		route()
 	}
-	if n := st.Reads() - before; n != 0 {
+	if n := e.st.Reads() - before; n != 0 {
 		t.Fatalf("ten routings read the database %d times, want 0", n)
 	}
-	// A pause shows in the next routing.
-	v, _ := st.GetVM(ctx, "vm1")
-	v.State = store.StateSuspended
-	if err := st.UpdateVM(ctx, v); err != nil {
+	// A suspend shows in the next routing (the suspend's own write empties
+	// the cache): the sandbox is not reached (no autoResume) until a wake.
+	if _, err := e.svc.Suspend(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := svc.Get(ctx, "isbx1"); got.State != store.StateSuspended {
-		t.Fatalf("after a suspend: %+v", got)
+	if v, err := e.svc.Get(ctx, id); err != nil || v.State != store.StateSuspended {
+		t.Fatalf("after a suspend: %v %+v", err, v)
+	} else if _, ok := e.s.Reach(ctx, v); ok {
+		t.Fatal("a suspended sandbox without autoResume was reached")
 	}
+	if v, err := e.svc.Wake(ctx, id); err != nil || v.State != store.StateRunning {
+		t.Fatalf("wake: %v %+v", err, v)
+	}
+	route()
 }

@@ -205,7 +205,7 @@ func (s *Store) exec(ctx context.Context, q string, args ...any) (res sql.Result
 		return err
 	})
 	if cachedTables.MatchString(q) {
-		s.wrote(ctx)
+		s.wrote()
 	}
 	return res, err
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // The records every request reads to find its way (a VM by id or name,
@@ -21,16 +20,16 @@ import (
 //     began meanwhile (the generation is unchanged), so a read that raced a
 //     write never stores the old row after the write emptied the cache.
 //   - On SQLite this process is the only writer (the data dir's flock): the
-//     cache always serves. On PostgreSQL other nodes write too: each write
-//     to a cached table is followed by a notification (cacheNotice) that
-//     empties the cache of every node listening, and the cache serves only
-//     while this node listens (Listen), emptied when it starts and after
-//     every quiet listenIdle (a notification lost in sending). What another
-//     node wrote can so show here a notification's delivery late (about a
-//     millisecond); a node's own VMs are written only by itself while it
-//     holds its lease, so what it reads of them is exact, and the moves
-//     between nodes (adopt, revive, move, forget) are conditional
-//     statements that check the database, not the cache.
+//     cache always serves. On PostgreSQL other nodes write too: a trigger
+//     on each cached table sends a notification (cacheNotice) at the commit
+//     of every statement that writes it, which empties the cache of every
+//     node listening, and the cache serves only while this node listens
+//     (Listen), emptied when it starts listening. What another node wrote
+//     can so show here a notification's delivery late (a millisecond or
+//     so): that is for routing. What decides or changes a VM (which node
+//     owns it, an operation's record, a sandbox's end) reads the database
+//     (GetVMFresh, GetSandboxFresh), and the moves between nodes (adopt,
+//     revive, move, forget) are conditional statements besides.
 //
 // Returned records are copies: callers change theirs freely.
 
@@ -197,21 +196,10 @@ func clonePorts(ps []*Port) []*Port {
 	return out
 }
 
-// wrote empties the cache after a write to a cached table and, on
-// PostgreSQL, tells the other nodes to empty theirs (cacheNotice). The
-// notification goes out even if the caller has gone: the write is done.
-func (s *Store) wrote(ctx context.Context) {
-	s.cache.changed()
-	if !s.pg {
-		return
-	}
-	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	s.retry(nctx, func() error {
-		_, err := s.db.ExecContext(nctx, `SELECT pg_notify($1, $2)`, NotifyChannel, cacheNotice)
-		return err
-	})
-}
+// wrote empties the cache after a write to a cached table. On PostgreSQL
+// the write's own trigger tells every listening node, this one too
+// (migration 10).
+func (s *Store) wrote() { s.cache.changed() }
 
 // vmExists reports whether a VM has id (from the cache when it holds it).
 func (s *Store) vmExists(ctx context.Context, id string) bool {

@@ -267,14 +267,26 @@ func TestReadCachePostgresFollowsOtherNodes(t *testing.T) {
 	}
 	waitCache(t, "the other node's delete", func() bool { _, err := b.GetVM(ctx, "web"); return errors.Is(err, ErrNotFound) })
 
-	stop()
-	<-ended
+	// The listening connection dies (a failover, a firewall): Listen ends
+	// and the cache stops serving.
+	defer stop()
+	if _, err := a.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("Listen ended without an error when its connection was terminated")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Listen still runs a minute after its connection was terminated")
+	}
 	if err := a.CreateVM(ctx, &VM{ID: "vm2", Name: "web2", State: StateRunning, CPUs: 1, MemoryMiB: 512, NetIndex: 2, CreatedAt: time.Now().UTC()}); err != nil {
 		t.Fatal(err)
 	}
 	b.GetVM(ctx, "web2")
 	if n := reads(b, func() { b.GetVM(ctx, "web2") }); n == 0 {
-		t.Fatal("a store that stopped listening still answered from its cache")
+		t.Fatal("a store whose listening connection died still answered from its cache")
 	}
 }
 

@@ -179,6 +179,9 @@ ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
 	`ALTER TABLE sandboxes ADD COLUMN pause_disk INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 0;`,
+	// 10: PostgreSQL's notifications of writes to the cached tables; this
+	// process is SQLite's only writer, so nothing here.
+	`SELECT 1;`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -177,6 +177,22 @@ ALTER TABLE nodes ADD COLUMN draining BOOLEAN NOT NULL DEFAULT false;`,
 	`ALTER TABLE sandboxes ADD COLUMN pause_disk BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE sandboxes ADD COLUMN auto_resume BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE sandboxes ADD COLUMN timeout_ms BIGINT NOT NULL DEFAULT 0;`,
+	// 10: every statement that writes the tables the read cache holds
+	// notifies every listening node at its commit (cache.go): not lost
+	// between the write and a notify of the writer's own, never sent for a
+	// write rolled back, whoever writes.
+	`CREATE FUNCTION agentvm_store_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify('` + NotifyChannel + `', '` + cacheNotice + `');
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER vms_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON vms
+	FOR EACH STATEMENT EXECUTE FUNCTION agentvm_store_changed();
+CREATE TRIGGER sandboxes_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sandboxes
+	FOR EACH STATEMENT EXECUTE FUNCTION agentvm_store_changed();
+CREATE TRIGGER ports_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ports
+	FOR EACH STATEMENT EXECUTE FUNCTION agentvm_store_changed();`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

@@ -86,10 +86,13 @@ func (s *Store) Listen(ctx context.Context, onListen, idle func(), heard func(ms
 			case !errors.Is(err, context.DeadlineExceeded):
 				return err
 			}
-			if err := pc.Ping(ctx); err != nil {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = pc.Ping(pctx)
+			cancel()
+			if err != nil {
 				return fmt.Errorf("listen: the connection does not answer: %w", err)
 			}
-			s.cache.changed() // a notification lost in sending goes stale no longer than this
+			s.cache.changed() // belt and braces: the triggers' notices are not lost while it listens
 			if idle != nil {
 				idle()
 			}

@@ -101,10 +101,21 @@ func scanSandbox(row interface{ Scan(...any) error }) (*Sandbox, error) {
 	return &sb, nil
 }
 
-// GetSandbox returns a sandbox record; ErrNotFound if there is none.
+// GetSandbox returns a sandbox record; ErrNotFound if there is none (from
+// the read cache when it may: for routing; see GetSandboxFresh).
 func (s *Store) GetSandbox(ctx context.Context, vmID string) (*Sandbox, error) {
+	return s.getSandbox(ctx, vmID, true)
+}
+
+// GetSandboxFresh is GetSandbox from the database: for what decides the
+// sandbox's fate (its end), which must see another node's write at once.
+func (s *Store) GetSandboxFresh(ctx context.Context, vmID string) (*Sandbox, error) {
+	return s.getSandbox(ctx, vmID, false)
+}
+
+func (s *Store) getSandbox(ctx context.Context, vmID string, fromCache bool) (*Sandbox, error) {
 	gen, cached := s.cache.begin()
-	if cached {
+	if cached && fromCache {
 		if sb, known := s.cache.sandbox(vmID); known && sb == nil {
 			return nil, ErrNotFound
 		} else if known {

@@ -167,7 +167,7 @@ func (s *Store) CreateVM(ctx context.Context, v *VM) error {
 		return mapErr(err)
 	}
 	err = tx.Commit()
-	s.wrote(ctx)
+	s.wrote()
 	return err
 }
 
@@ -197,10 +197,22 @@ func (s *Store) one(ctx context.Context, where string, arg any) (*VM, error) {
 	return v, err
 }
 
-// GetVM finds a VM by id, or by name (from the read cache when it may).
+// GetVM finds a VM by id, or by name (from the read cache when it may:
+// for routing; see GetVMFresh).
 func (s *Store) GetVM(ctx context.Context, idOrName string) (*VM, error) {
+	return s.getVM(ctx, idOrName, true)
+}
+
+// GetVMFresh is GetVM from the database: for what decides or changes the
+// VM (its node, an operation's record), which on PostgreSQL must see
+// another node's write at once (cache.go).
+func (s *Store) GetVMFresh(ctx context.Context, idOrName string) (*VM, error) {
+	return s.getVM(ctx, idOrName, false)
+}
+
+func (s *Store) getVM(ctx context.Context, idOrName string, fromCache bool) (*VM, error) {
 	gen, cached := s.cache.begin()
-	if cached {
+	if cached && fromCache {
 		if v := s.cache.vm(idOrName); v != nil {
 			return v, nil
 		}

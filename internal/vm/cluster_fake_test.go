@@ -101,7 +101,8 @@ func TestMain(m *testing.M) {
 
 type clusterEnv struct {
 	t      *testing.T
-	st     *store.Store
+	dsn    string
+	st     *store.Store // the test's own view of the database (it does not listen: never cached)
 	bucket *memBucket
 	a, b   *fakeEnv
 }
@@ -109,35 +110,61 @@ type clusterEnv struct {
 func newClusterEnv(t *testing.T) *clusterEnv {
 	t.Helper()
 	skipWithoutFakeMachines(t)
-	st, err := store.Open(pgtest.Database(t))
+	dsn := pgtest.Database(t)
+	st, err := store.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	c := &clusterEnv{t: t, st: st, bucket: &memBucket{objs: map[string][]byte{}}}
+	c := &clusterEnv{t: t, dsn: dsn, st: st, bucket: &memBucket{objs: map[string][]byte{}}}
 	objs := objects.New(c.bucket)
 	c.a, c.b = c.node("node-a", objs), c.node("node-b", objs)
 	return c
 }
 
-// node starts node id: a service of its own on the shared store and object
-// store, with its own data dir, image cache and fake host.
+// node starts node id: a service of its own on a store of its own that
+// listens to the other nodes (so its read cache serves, as a cluster
+// node's does), on the shared database and object store, with its own
+// data dir, image cache and fake host.
 func (c *clusterEnv) node(id string, o *objects.Store) *fakeEnv {
+	return c.nodeWith(id, o, nil)
+}
+
+// nodeWith is node whose service reads through wrap(its store).
+func (c *clusterEnv) nodeWith(id string, o *objects.Store, wrap func(*store.Store) Store) *fakeEnv {
 	t := c.t
 	t.Helper()
 	c.setLease(id, time.Hour)
+	st, err := store.Open(c.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, stop := context.WithCancel(context.Background())
+	listening, ended := make(chan struct{}), make(chan error, 1)
+	go func() { ended <- st.Listen(lctx, func() { close(listening) }, nil, func(string) {}) }()
+	t.Cleanup(func() { stop(); <-ended; st.Close() })
+	select {
+	case <-listening:
+	case err := <-ended:
+		t.Fatalf("listen: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("not listening after a minute")
+	}
 	dir := t.TempDir()
 	run, err := os.MkdirTemp("", "avm-run-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
-	e := &fakeEnv{t: t, hv: fakehv.New(), st: c.st, ctx: context.Background(), dirs: dir}
+	e := &fakeEnv{t: t, hv: fakehv.New(), st: st, ctx: context.Background(), dirs: dir}
+	if wrap != nil {
+		e.vst = wrap(st)
+	}
 	e.cfg = Config{DataDir: filepath.Join(dir, "data"), RunDir: run, CacheDir: filepath.Join(dir, "cache"),
 		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: HypervisorOf(e.hv),
 		Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute,
 		Node: id, Objects: o, NodeLost: func(ctx context.Context, n string) (bool, error) {
-			node, err := c.st.GetNode(ctx, n)
+			node, err := st.GetNode(ctx, n)
 			if errors.Is(err, store.ErrNotFound) {
 				return true, nil
 			}
@@ -247,15 +274,31 @@ func TestSnapshotRestoresOnAnotherNode(t *testing.T) {
 		t.Fatalf("a second create from the fetched snapshot read %d objects", n)
 	}
 
+	// A manifest replaced in the store fails its SHA-256; one whose sum
+	// the database records too (say, written by a broken node) fails its
+	// own checks before it names a file. Neither leaves a VM.
+	os.RemoveAll(filepath.Join(c.b.cfg.DataDir, "objects"))
 	for _, k := range c.bucket.keys("manifests/snapshots/") {
 		c.bucket.Put(context.Background(), k, []byte(`{"state":{"size":1,"sha256":"00","chunks":[]},"chain":[],"layers":0}`))
 	}
-	os.RemoveAll(filepath.Join(c.b.cfg.DataDir, "objects"))
 	if _, _, err := c.b.s.CreateFrom(c.b.ctx, "snap", CreateOptions{Name: "copy3"}); err == nil || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("a create from a damaged manifest: %v", err)
+		t.Fatalf("a create from a replaced manifest: %v", err)
+	}
+	empty := objects.File{SHA256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"} // of no bytes
+	bad := storedState{State: empty}                                                                  // no disk chain
+	sum, err := c.a.cfg.Objects.PutManifest(context.Background(), snapshotManifest(sn.ID), &bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.st.SetSnapshotStored(context.Background(), sn.ID, time.Now(), sum); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = c.b.s.CreateFrom(c.b.ctx, "snap", CreateOptions{Name: "copy3"})
+	if err == nil || !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("a create from a recorded but malformed manifest: %v", err)
 	}
 	if _, err := c.b.s.Get(c.b.ctx, "copy3"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("the failed create left a VM behind: %v", err)
+		t.Fatalf("the failed creates left a VM behind: %v", err)
 	}
 }
 
@@ -356,5 +399,76 @@ func TestRunningVMRevivesFromItsNewestStoredSnapshot(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no revive event")
+	}
+}
+
+// staleReads is a node's store whose cached read (GetVM) answers a VM's
+// record as it was when frozen, as a read cache that has not heard of
+// another node's write yet does; the node's own writes of it end that, as
+// they empty its cache; GetVMFresh reads the database.
+type staleReads struct {
+	*store.Store
+	mu     sync.Mutex
+	frozen map[string]*store.VM // by id and by name
+}
+
+func (s *staleReads) GetVM(ctx context.Context, idOrName string) (*store.VM, error) {
+	s.mu.Lock()
+	v := s.frozen[idOrName]
+	s.mu.Unlock()
+	if v != nil {
+		c := *v
+		return &c, nil
+	}
+	return s.Store.GetVM(ctx, idOrName)
+}
+
+func (s *staleReads) freeze(v *store.VM) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := *v
+	s.frozen[v.ID], s.frozen[v.Name] = &c, &c
+}
+
+func (s *staleReads) thaw(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v := s.frozen[id]; v != nil {
+		delete(s.frozen, v.ID)
+		delete(s.frozen, v.Name)
+	}
+}
+
+func (s *staleReads) UpdateVM(ctx context.Context, v *store.VM) error {
+	s.thaw(v.ID)
+	return s.Store.UpdateVM(ctx, v)
+}
+
+// A drain moves a VM to another node, which wakes it at once: the node it
+// moved to must not act on its cached record of the VM (another node's,
+// before the move) that has not yet heard of the move.
+func TestMovedVMWakesOnItsNewNodeAtOnce(t *testing.T) {
+	c := newClusterEnv(t)
+	var stale *staleReads
+	c.b = c.nodeWith("node-c", c.a.cfg.Objects, func(st *store.Store) Store {
+		stale = &staleReads{Store: st, frozen: map[string]*store.VM{}}
+		return stale
+	})
+	v := c.a.create("box")
+	c.a.machine(v).SetMemory("memory of box")
+	before, err := c.st.GetVMFresh(context.Background(), v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.freeze(before) // node-c's cache: node-a's running VM
+	if _, err := c.a.s.MoveOut(c.a.ctx, "box", "node-c"); err != nil {
+		t.Fatalf("move: %v", err)
+	}
+	woke, err := c.b.s.Wake(c.b.ctx, "box")
+	if err != nil {
+		t.Fatalf("wake on node-c right after the move: %v", err)
+	}
+	if woke.Node != "node-c" || woke.State != store.StateRunning || c.b.machine(woke).Memory() != "memory of box" {
+		t.Fatalf("after the move: node %s, state %s", woke.Node, woke.State)
 	}
 }

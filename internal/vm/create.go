@@ -159,7 +159,7 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	// does not compete with it.
 	defer s.refillPool(poolKey{o.Image, o.CPUs, o.MemoryMiB})
 	if o.Name != "" {
-		if _, err := s.store.GetVM(ctx, o.Name); err == nil {
+		if _, err := s.store.GetVMFresh(ctx, o.Name); err == nil {
 			return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
 		}
 	}

@@ -17,9 +17,21 @@ import (
 	"github.com/agentvm/agentvm/internal/store"
 )
 
-// Get finds a VM by id or name.
+// Get finds a VM by id or name, from the store's read cache when it may:
+// for routing and for answers. What decides or changes a VM reads it with
+// getFresh.
 func (s *Service) Get(ctx context.Context, idOrName string) (*store.VM, error) {
-	v, err := s.store.GetVM(ctx, idOrName)
+	return s.get(ctx, idOrName, s.store.GetVM)
+}
+
+// getFresh is Get from the database (store.GetVMFresh): on PostgreSQL
+// another node's write shows in it at once.
+func (s *Service) getFresh(ctx context.Context, idOrName string) (*store.VM, error) {
+	return s.get(ctx, idOrName, s.store.GetVMFresh)
+}
+
+func (s *Service) get(ctx context.Context, idOrName string, read func(context.Context, string) (*store.VM, error)) (*store.VM, error) {
+	v, err := read(ctx, idOrName)
 	if err == nil && v.State == statePool {
 		err = store.ErrNotFound
 	}
@@ -72,7 +84,7 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 // start cold-boots a stopped VM from its own disk; a paused or suspended VM is
 // resumed or woken instead.
 func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error) {
-	if v, err := s.Get(ctx, idOrName); err == nil && (v.State == store.StatePaused || v.State == store.StateSuspended) {
+	if v, err := s.getFresh(ctx, idOrName); err == nil && (v.State == store.StatePaused || v.State == store.StateSuspended) {
 		return s.Wake(ctx, v.ID)
 	}
 	v, unlock, err := s.take(ctx, idOrName, opStart)
@@ -123,7 +135,7 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 
 // remove removes a VM in any settled state.
 func (s *Service) remove(ctx context.Context, idOrName string) error {
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.getFresh(ctx, idOrName)
 	if err != nil {
 		return err
 	}
@@ -133,7 +145,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 		return err
 	}
 	defer unlock()
-	if v, err = s.Get(ctx, v.ID); err != nil { // deleted while we waited
+	if v, err = s.getFresh(ctx, v.ID); err != nil { // deleted while we waited
 		return err
 	}
 	if err := s.ours(v); err != nil {
@@ -181,7 +193,7 @@ func (s *Service) monitor(id string, in *instance) {
 	clean, reason := in.machine.CleanExit()
 	in.detach()
 	s.setInstance(id, nil)
-	v, err := s.store.GetVM(context.Background(), id)
+	v, err := s.store.GetVMFresh(context.Background(), id)
 	if err != nil {
 		return
 	}

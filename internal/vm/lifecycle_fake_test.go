@@ -31,6 +31,9 @@ type fakeEnv struct {
 	s    *Service
 	ctx  context.Context
 	dirs string
+	// vst, when set, is the store the service uses instead of st (a test
+	// that changes what its reads return).
+	vst Store
 }
 
 func newFakeEnv(t *testing.T) *fakeEnv {
@@ -80,7 +83,11 @@ func skipWithoutFakeMachines(t *testing.T) {
 // daemon (re)start.
 func (e *fakeEnv) newService() *Service {
 	e.t.Helper()
-	s, err := New(e.cfg, e.st)
+	var st Store = e.st
+	if e.vst != nil {
+		st = e.vst
+	}
+	s, err := New(e.cfg, st)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func (s *Service) SetEgress(ctx context.Context, idOrName string, e *store.Egres
 	}
 	unlock := s.ops.lock(v.ID, "egress")
 	defer unlock()
-	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
+	if v, err = s.store.GetVMFresh(ctx, v.ID); err != nil {
 		return nil, err
 	}
 	v.Egress = e
@@ -110,7 +110,7 @@ func (s *Service) SetNetwork(ctx context.Context, idOrName, name string) (*store
 	}
 	unlock := s.ops.lock(v.ID, "network")
 	defer unlock()
-	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
+	if v, err = s.store.GetVMFresh(ctx, v.ID); err != nil {
 		return nil, err
 	}
 	v.Network = name

@@ -82,7 +82,7 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	if err := s.fence.check(); err != nil {
 		return nil, err
 	}
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.getFresh(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	if s.adoptable(ctx, v) {
 		if err := s.adopt(ctx, v); err != nil {
 			// A concurrent request here may have taken it over first.
-			cur, gerr := s.Get(ctx, v.ID)
+			cur, gerr := s.getFresh(ctx, v.ID)
 			if gerr != nil || cur.Node != s.cfg.Node {
 				return nil, err
 			}
@@ -106,7 +106,7 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 			}
 			// A concurrent request here may have taken it over first
 			// (its revive held the VM's lock until done).
-			if v, err = s.Get(ctx, v.ID); err != nil {
+			if v, err = s.getFresh(ctx, v.ID); err != nil {
 				return nil, err
 			}
 		}
@@ -187,7 +187,7 @@ func (s *Service) Unfence(ctx context.Context) error {
 // recordFenced records what a fence did to VM id.
 func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
 	defer s.ops.lock(id, "unfence")()
-	v, err := s.store.GetVM(ctx, id)
+	v, err := s.store.GetVMFresh(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil // deleted meanwhile
 	}

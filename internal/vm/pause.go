@@ -24,7 +24,7 @@ type OpResult struct {
 
 // pause freezes a running VM's vCPUs; memory stays in RAM.
 func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error) {
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.getFresh(ctx, idOrName)
 	if err == nil && done(opPause, v) {
 		return &OpResult{VM: v}, nil
 	}
@@ -48,7 +48,7 @@ func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error)
 
 // resume continues a paused VM.
 func (s *Service) resume(ctx context.Context, idOrName string) (*OpResult, error) {
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.getFresh(ctx, idOrName)
 	if err == nil && done(opResume, v) {
 		return &OpResult{VM: v}, nil
 	}
@@ -83,7 +83,7 @@ func (s *Service) suspendPath(id string) string {
 // suspend writes the VM's memory and device state to disk and ends its QEMU process,
 // freeing its RAM. The next request wakes it where it was.
 func (s *Service) suspend(ctx context.Context, idOrName string) (*OpResult, error) {
-	v, err := s.Get(ctx, idOrName)
+	v, err := s.getFresh(ctx, idOrName)
 	if err == nil && done(opSuspend, v) {
 		return &OpResult{VM: v}, nil
 	}
@@ -191,7 +191,7 @@ func (s *Service) resumeStoppedOnFullDisk(self string) {
 			defer unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			v, err := s.store.GetVM(ctx, id)
+			v, err := s.store.GetVMFresh(ctx, id)
 			if err != nil || (v.State != store.StateRunning && v.State != statePool) || s.instance(id) != in {
 				return
 			}
@@ -305,6 +305,14 @@ const wakeTimeout = 3 * time.Minute
 // Wake brings a paused or suspended VM back to running; concurrent callers share
 // one wake (they queue on the VM's lock and find it running).
 func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) {
+	// A VM that runs here needs nothing, and its record in the read cache
+	// is exact: while it runs here only this node writes it (another takes
+	// a VM over only from a lost node, which has killed its machines).
+	// So routing a request to it reads no database.
+	if v, err := s.Get(ctx, idOrName); err == nil && v.State == store.StateRunning && v.Node == s.cfg.Node &&
+		s.instance(v.ID) != nil && !s.ops.isBusy(v.ID) && s.fence.why() == "" {
+		return v, nil
+	}
 	v, err := s.GetLocal(ctx, idOrName)
 	if err != nil || (v.State != store.StatePaused && v.State != store.StateSuspended && !s.ops.isBusy(v.ID)) {
 		return v, err
@@ -313,7 +321,7 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 	// behind it; an upload of its suspended state stops.
 	s.stash.stopUpload(uploadKey(v.ID))
 	defer s.ops.lock(v.ID, "wake")()
-	if v, err = s.Get(ctx, v.ID); err != nil {
+	if v, err = s.getFresh(ctx, v.ID); err != nil {
 		return nil, err
 	}
 	switch v.State {

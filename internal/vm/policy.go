@@ -167,7 +167,7 @@ func (s *Service) SetPolicy(ctx context.Context, idOrName string, idle, deleteAf
 	}
 	unlock := s.ops.lock(v.ID, "policy")
 	defer unlock()
-	if v, err = s.store.GetVM(ctx, v.ID); err != nil {
+	if v, err = s.store.GetVMFresh(ctx, v.ID); err != nil {
 		return nil, err
 	}
 	if idle != nil {
@@ -219,7 +219,7 @@ func (s *Service) maybeRestart(v *store.VM, crashed bool, reason string) {
 		time.Sleep(wait)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cur, err := s.store.GetVM(ctx, v.ID)
+		cur, err := s.store.GetVMFresh(ctx, v.ID)
 		if err != nil || (cur.State != store.StateCrashed && cur.State != store.StateStopped) {
 			return // deleted or started by someone meanwhile
 		}

@@ -39,7 +39,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	start := time.Now()
 	unlock := s.ops.lock(id, "create")
 	defer unlock()
-	v, err := s.store.GetVM(ctx, id)
+	v, err := s.store.GetVMFresh(ctx, id)
 	in := s.instance(id)
 	if err != nil || v.State != statePool || in == nil {
 		return nil, false, fmt.Errorf("pool VM %s is gone", id)
@@ -202,7 +202,7 @@ func (s *Service) PoolReady() map[string]int { return s.pool.counts() }
 // destroyPooled destroys the pool VMs of shapes the pool no longer keeps.
 func (s *Service) destroyPooled(ids []string) {
 	for _, id := range ids {
-		if v, err := s.store.GetVM(context.Background(), id); err == nil && v.State == statePool {
+		if v, err := s.store.GetVMFresh(context.Background(), id); err == nil && v.State == statePool {
 			s.destroy(context.Background(), v)
 		}
 	}

@@ -317,7 +317,7 @@ func (s *Service) flattenIfDeep(v *store.VM) {
 
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 		defer cancel()
-		cur, err := s.store.GetVM(ctx, v.ID)
+		cur, err := s.store.GetVMFresh(ctx, v.ID)
 		in := s.instance(v.ID)
 		if err != nil || in == nil || len(cur.Layers) < disk.MaxLayers {
 			return

@@ -200,7 +200,7 @@ func (st *stash) manifest(ctx context.Context, name, sum string, diskBytes, memM
 // writable top). It returns the top, the layers (m's own files, without
 // a private top) and how many bytes it downloaded.
 func (st *stash) fetchChain(ctx context.Context, m *storedState, diskBytes int64, privateTop string) (top string, layers []string, fetched int64, err error) {
-	dir := filepath.Join(st.dir)
+	dir := st.dir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", nil, 0, err
 	}

@@ -43,7 +43,7 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 		return nil, nil, err
 	}
 	unlock = s.thenStore(v.ID, unlock)
-	if v, err = s.Get(ctx, v.ID); err != nil {
+	if v, err = s.getFresh(ctx, v.ID); err != nil {
 		unlock()
 		return nil, nil, err
 	}
@@ -135,7 +135,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 					return nil, prev, nil
 				}
 			}
-			if _, e := s.store.GetVM(ctx, o.Name); e == nil {
+			if _, e := s.store.GetVMFresh(ctx, o.Name); e == nil {
 				return nil, nil, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)
 			}
 			if attempt < 5 {

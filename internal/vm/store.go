@@ -16,6 +16,9 @@ type Store interface {
 	UpdateVM(ctx context.Context, v *store.VM) error
 	DeleteVM(ctx context.Context, id string) error
 	GetVM(ctx context.Context, idOrName string) (*store.VM, error)
+	// GetVMFresh reads the database, not the read cache: for what decides
+	// or changes a VM (store.GetVMFresh).
+	GetVMFresh(ctx context.Context, idOrName string) (*store.VM, error)
 	GetVMByIdempotencyKey(ctx context.Context, key string) (*store.VM, error)
 	ListVMs(ctx context.Context) ([]*store.VM, error)
 	FreeNetIndex(ctx context.Context) (int, error)

@@ -59,7 +59,7 @@ func (s *Service) storeSuspended(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	v, err := s.store.GetVM(ctx, id)
+	v, err := s.store.GetVMFresh(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil // deleted: nothing to store
 	} else if err != nil {
@@ -212,7 +212,7 @@ func (s *Service) fetchSuspended(ctx context.Context, v *store.VM) error {
 		return err
 	}
 	defer unlock()
-	cur, err := s.store.GetVM(ctx, v.ID)
+	cur, err := s.store.GetVMFresh(ctx, v.ID)
 	if err != nil {
 		return err
 	}
