@@ -586,4 +586,38 @@ func TestFenceDuringALaunch(t *testing.T) {
 		t.Fatalf("first after the unfence: %s", v.State)
 	}
 	e.create("after") // and creates work again
+
+	// A fence that comes while a wake starts an existing VM's machine: the
+	// machine is killed as it would be published, the VM stays suspended
+	// with its state, and wakes once the node is back.
+	if _, err := e.s.Suspend(e.ctx, "after"); err != nil {
+		t.Fatal(err)
+	}
+	held2, release2 := make(chan struct{}), make(chan struct{})
+	var once2 sync.Once
+	e.hv.OnStarted(func(cfg qemu.Config) {
+		once2.Do(func() { close(held2); <-release2 })
+	})
+	go func() {
+		_, err := e.s.Wake(e.ctx, "after")
+		errc <- err
+	}()
+	<-held2
+	e.s.Fence("test fence 2")
+	close(release2)
+	if err := <-errc; err == nil {
+		t.Fatal("a wake the fence interrupted succeeded")
+	}
+	if n := e.hv.Running(); n != 0 {
+		t.Fatalf("%d machines run on the fenced node", n)
+	}
+	if err := e.s.Unfence(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := e.state("after"); v.State != store.StateSuspended || !strings.Contains(v.Error, "test fence 2") {
+		t.Fatalf("the VM whose wake the fence interrupted, after the unfence: %s %q", v.State, v.Error)
+	}
+	if out := e.exec("after", "echo up"); out != "up\n" {
+		t.Fatalf("exec (a wake) after the unfence: %q", out)
+	}
 }

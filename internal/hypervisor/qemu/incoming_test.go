@@ -16,8 +16,10 @@ import (
 // stopped: query-status says inmigrate, then paused. With dieAt set, it
 // closes the connection when it receives that command (QEMU crashing there).
 type fakeQMP struct {
-	dieAt string
-	mu    sync.Mutex
+	dieAt    string
+	dieAtNth int      // die at the dieAtNth (1-based; 0: first) dieAt
+	statuses []string // query-status's answers in turn (default inmigrate, paused)
+	mu       sync.Mutex
 	cmds  []string // command, or "command:capability=state" for capabilities
 }
 
@@ -29,7 +31,11 @@ func (f *fakeQMP) serve(t *testing.T, l net.Listener) {
 	defer c.Close()
 	c.Write([]byte(`{"QMP":{"version":{}}}` + "\n"))
 	r := bufio.NewReader(c)
-	statuses := []string{"inmigrate", "paused"}
+	statuses := f.statuses
+	if statuses == nil {
+		statuses = []string{"inmigrate", "paused"}
+	}
+	seen := 0
 	for {
 		line, err := r.ReadBytes('\n')
 		if err != nil {
@@ -59,7 +65,9 @@ func (f *fakeQMP) serve(t *testing.T, l net.Listener) {
 		f.cmds = append(f.cmds, name)
 		f.mu.Unlock()
 		if req.Execute == f.dieAt {
-			return
+			if seen++; seen >= f.dieAtNth {
+				return
+			}
 		}
 		var ret any = map[string]any{}
 		switch req.Execute {
@@ -117,5 +125,16 @@ func TestMappedIncomingRunsTheGuestLast(t *testing.T) {
 	f = &fakeQMP{dieAt: "cont"}
 	if _, err := startFakeIncoming(t, f); err == nil {
 		t.Fatal("a QEMU that died at cont: no error")
+	}
+	// Dying at the switch that turns mapped-ram off: an error, and the
+	// guest never told to run.
+	f = &fakeQMP{dieAt: "migrate-set-capabilities", dieAtNth: 2}
+	if _, err := startFakeIncoming(t, f); err == nil || slices.Contains(f.commands(), "cont") {
+		t.Fatalf("a QEMU that died at the mapped-ram switch: err %v, commands %q", err, f.commands())
+	}
+	// A state saved running starts by itself: no cont.
+	f = &fakeQMP{statuses: []string{"inmigrate", "running"}}
+	if _, err := startFakeIncoming(t, f); err != nil || slices.Contains(f.commands(), "cont") {
+		t.Fatalf("a restore that started the guest itself: err %v, commands %q", err, f.commands())
 	}
 }
