@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -64,20 +63,11 @@ type E2BReport struct {
 func (b *bench) runE2B(ctx context.Context) error {
 	r := &E2BReport{SDKVersion: e2bPackage}
 	b.r.E2B = r
-	if _, err := exec.LookPath("npm"); err != nil {
-		return fmt.Errorf("e2b: npm is needed to install %s", e2bPackage)
-	}
 	nv, _ := exec.Command("node", "--version").Output()
 	r.NodeVersion = strings.TrimSpace(string(nv))
-	dir := filepath.Join(b.tmp, "e2bjs")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"private":true,"type":"module"}`), 0o644)
-	os.WriteFile(filepath.Join(dir, "bench.mjs"), []byte(e2bScript), 0o644)
-	logf("installing %s (not measured)", e2bPackage)
-	inst := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error", e2bPackage)
-	inst.Dir = dir
-	if out, err := inst.CombinedOutput(); err != nil {
-		return fmt.Errorf("npm install %s: %v\n%s", e2bPackage, err, out)
+	dir, err := b.installE2B(ctx)
+	if err != nil {
+		return fmt.Errorf("e2b: %w", err)
 	}
 	key, err := b.c.CreateToken(ctx, api.CreateTokenRequest{E2B: true})
 	if err != nil {

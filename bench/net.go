@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -104,13 +102,9 @@ func (b *bench) runNet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	root, _ := repoRoot()
-	bin := filepath.Join(b.tmp, "websrv")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./e2e/testdata/websrv")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build websrv: %v: %s", err, out)
+	bin, err := b.buildWebsrv(ctx)
+	if err != nil {
+		return err
 	}
 	f, err := os.Open(bin)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/internal/disk"
-	"github.com/agentvm/agentvm/internal/hypervisor/fakehv"
 	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/pgtest"
 	"github.com/agentvm/agentvm/internal/store"
@@ -150,20 +148,9 @@ func (c *clusterEnv) nodeWith(id string, o *objects.Store, wrap func(*store.Stor
 	case <-time.After(time.Minute):
 		t.Fatal("not listening after a minute")
 	}
-	dir := t.TempDir()
-	run, err := os.MkdirTemp("", "avm-run-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	e := &fakeEnv{t: t, hv: fakehv.New(), st: st, ctx: context.Background(), dirs: dir}
-	if wrap != nil {
-		e.vst = wrap(st)
-	}
-	e.cfg = Config{DataDir: filepath.Join(dir, "data"), RunDir: run, CacheDir: filepath.Join(dir, "cache"),
-		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: HypervisorOf(e.hv),
-		Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute,
-		Node: id, Objects: o, NodeLost: func(ctx context.Context, n string) (bool, error) {
+	return newFakeEnvOn(t, st, t.TempDir(), func(e *fakeEnv) {
+		e.cfg.Node, e.cfg.Objects = id, o
+		e.cfg.NodeLost = func(ctx context.Context, n string) (bool, error) {
 			node, err := st.GetNode(ctx, n)
 			if errors.Is(err, store.ErrNotFound) {
 				return true, nil
@@ -172,19 +159,11 @@ func (c *clusterEnv) nodeWith(id string, o *objects.Store, wrap func(*store.Stor
 				return false, err
 			}
 			return !node.Alive, nil
-		}}
-	if e.img, err = fakehv.Image(filepath.Join(dir, "image")); err != nil {
-		t.Fatal(err)
-	}
-	e.cfg.EnsureImage = fakehv.EnsureImage(e.img)
-	e.s = e.newService()
-	t.Cleanup(func() {
-		e.s.Close()
-		for _, pid := range e.hv.PIDs() {
-			e.hv.Kill(pid)
+		}
+		if wrap != nil {
+			e.vst = wrap(st)
 		}
 	})
-	return e
 }
 
 // setLease gives node id a lease of ttl from now (negative: run out).

@@ -40,20 +40,30 @@ func newFakeEnv(t *testing.T) *fakeEnv {
 	t.Helper()
 	skipWithoutFakeMachines(t)
 	dir := t.TempDir()
-	run, err := os.MkdirTemp("", "avm-run-") // unix socket paths must stay short
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
 	st, err := store.Open(filepath.Join(dir, "agentvm.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	return newFakeEnvOn(t, st, dir, nil)
+}
+
+// newFakeEnvOn starts a service on st with its files under dir; setup, if
+// set, adjusts the env (its Config, its vst) before the service starts.
+func newFakeEnvOn(t *testing.T, st *store.Store, dir string, setup func(*fakeEnv)) *fakeEnv {
+	t.Helper()
+	run, err := os.MkdirTemp("", "avm-run-") // unix socket paths must stay short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
 	e := &fakeEnv{t: t, hv: fakehv.New(), st: st, ctx: context.Background(), dirs: dir}
 	e.cfg = Config{DataDir: filepath.Join(dir, "data"), RunDir: run, CacheDir: filepath.Join(dir, "cache"),
 		QEMUVersion: "10.0.2", Accel: "tcg", Hypervisor: HypervisorOf(e.hv),
 		Log: slog.New(slog.DiscardHandler), BootTimeout: time.Minute}
+	if setup != nil {
+		setup(e)
+	}
 	if e.img, err = fakehv.Image(filepath.Join(dir, "image")); err != nil {
 		t.Fatal(err)
 	}
