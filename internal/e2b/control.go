@@ -611,7 +611,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, p *auth.Princip
 	// Under the sandbox's life lock: the timeout loop must not pause it
 	// between its wake and its new end.
 	defer s.lives.lock(v.ID)()
-	if v, err = s.cfg.VMs.Get(r.Context(), v.ID); err != nil {
+	if v, err = s.cfg.VMs.GetFresh(r.Context(), v.ID); err != nil {
 		vmError(w, err)
 		return
 	}

@@ -33,6 +33,9 @@ const DefaultUser = "user"
 // VMs is what the E2B layer needs from the VM service.
 type VMs interface {
 	Get(ctx context.Context, idOrName string) (*store.VM, error)
+	// GetFresh is Get from the database, not the read cache: for what
+	// decides a sandbox's fate (vm.Service.GetFresh).
+	GetFresh(ctx context.Context, idOrName string) (*store.VM, error)
 	Create(ctx context.Context, o vm.CreateOptions) (*store.VM, bool, error)
 	CreateFrom(ctx context.Context, snap string, o vm.CreateOptions) (*store.VM, bool, error)
 	Delete(ctx context.Context, idOrName string) error

@@ -34,6 +34,7 @@ type envdVMs struct {
 	state   store.State // "" is running
 	calls   []string
 	wakeErr error
+	getErr  error // what Get and GetFresh answer, if set
 }
 
 func (f *envdVMs) Guest(ctx context.Context, ref string) (*store.VM, *guest.Client, error) {
@@ -213,11 +214,18 @@ func TestSignedURLsDieWithTheirKey(t *testing.T) {
 func (f *envdVMs) Get(ctx context.Context, ref string) (*store.VM, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.getErr != nil {
+		return nil, f.getErr
+	}
 	st := f.state
 	if st == "" {
 		st = store.StateRunning
 	}
 	return &store.VM{ID: "vm1", Name: "sb1", State: st}, nil
+}
+
+func (f *envdVMs) GetFresh(ctx context.Context, ref string) (*store.VM, error) {
+	return f.Get(ctx, ref)
 }
 
 func (f *envdVMs) set(op string, st store.State) (*store.VM, error) {

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -111,7 +112,7 @@ func (s *Server) Reach(ctx context.Context, v *store.VM) (*store.VM, bool) {
 		return v, false
 	}
 	defer s.lives.lock(v.ID)()
-	cur, err := s.cfg.VMs.Get(ctx, v.ID)
+	cur, err := s.cfg.VMs.GetFresh(ctx, v.ID)
 	if err != nil {
 		return v, false
 	}
@@ -153,10 +154,12 @@ func (s *Server) Reach(ctx context.Context, v *store.VM) (*store.VM, bool) {
 // moves.
 func (s *Server) expire(ctx context.Context, sb *store.Sandbox) {
 	defer s.lives.lock(sb.VMID)()
-	v, err := s.cfg.VMs.Get(ctx, sb.VMID)
-	if err != nil {
-		s.cfg.Store.DeleteSandbox(ctx, sb.VMID)
+	v, err := s.cfg.VMs.GetFresh(ctx, sb.VMID)
+	if errors.Is(err, vm.ErrNotFound) {
+		s.cfg.Store.DeleteSandbox(ctx, sb.VMID) // its VM is gone
 		return
+	} else if err != nil {
+		return // the next tick tries again
 	}
 	// The list may be old by now: a wake may have given it a new end.
 	if sb, err = s.cfg.Store.GetSandboxFresh(ctx, sb.VMID); err != nil || sb.EndAt.IsZero() || sb.EndAt.After(time.Now()) {

@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
 )
 
 // A create whose lifecycle cannot hold is refused before any VM is made:
@@ -64,6 +66,24 @@ func TestExpireLifecycle(t *testing.T) {
 		h.s.expire(ctx, &listed)
 		if got := strings.Join(h.vms.calls, ","); got != c.want {
 			t.Errorf("%+v in state %q, end in %v: calls %q, want %q", c.sb, c.state, time.Until(c.end).Round(time.Minute), got, c.want)
+		}
+	}
+
+	// A sandbox whose VM is gone loses its record; one whose VM could not
+	// be read (the database, for a moment) keeps it for the next tick.
+	for _, c := range []struct {
+		err  error
+		kept bool
+	}{{fmt.Errorf("%w: no VM", vm.ErrNotFound), false}, {errors.New("the database is unreachable"), true}} {
+		h := newEnvdHarness(t)
+		sb := store.Sandbox{VMID: "vm1", TemplateID: "base", EndAt: past, CreatedAt: time.Now()}
+		if err := h.s.cfg.Store.PutSandbox(ctx, &sb); err != nil {
+			t.Fatal(err)
+		}
+		h.vms.getErr = c.err
+		h.s.expire(ctx, &sb)
+		if _, err := h.s.cfg.Store.GetSandboxFresh(ctx, "vm1"); (err == nil) != c.kept {
+			t.Errorf("expire when the VM read failed with %q: sandbox record kept %v, want %v", c.err, err == nil, c.kept)
 		}
 	}
 }

@@ -180,7 +180,7 @@ func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := s.getFresh(ctx, id)
+	v, err := s.GetFresh(ctx, id)
 	if err == nil {
 		err = checkTransition(opFork, v)
 	}

@@ -19,14 +19,14 @@ import (
 
 // Get finds a VM by id or name, from the store's read cache when it may:
 // for routing and for answers. What decides or changes a VM reads it with
-// getFresh.
+// GetFresh.
 func (s *Service) Get(ctx context.Context, idOrName string) (*store.VM, error) {
 	return s.get(ctx, idOrName, s.store.GetVM)
 }
 
-// getFresh is Get from the database (store.GetVMFresh): on PostgreSQL
+// GetFresh is Get from the database (store.GetVMFresh): on PostgreSQL
 // another node's write shows in it at once.
-func (s *Service) getFresh(ctx context.Context, idOrName string) (*store.VM, error) {
+func (s *Service) GetFresh(ctx context.Context, idOrName string) (*store.VM, error) {
 	return s.get(ctx, idOrName, s.store.GetVMFresh)
 }
 
@@ -84,7 +84,7 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 // start cold-boots a stopped VM from its own disk; a paused or suspended VM is
 // resumed or woken instead.
 func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error) {
-	if v, err := s.getFresh(ctx, idOrName); err == nil && (v.State == store.StatePaused || v.State == store.StateSuspended) {
+	if v, err := s.GetFresh(ctx, idOrName); err == nil && (v.State == store.StatePaused || v.State == store.StateSuspended) {
 		return s.Wake(ctx, v.ID)
 	}
 	v, unlock, err := s.take(ctx, idOrName, opStart)
@@ -135,7 +135,7 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 
 // remove removes a VM in any settled state.
 func (s *Service) remove(ctx context.Context, idOrName string) error {
-	v, err := s.getFresh(ctx, idOrName)
+	v, err := s.GetFresh(ctx, idOrName)
 	if err != nil {
 		return err
 	}
@@ -145,7 +145,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 		return err
 	}
 	defer unlock()
-	if v, err = s.getFresh(ctx, v.ID); err != nil { // deleted while we waited
+	if v, err = s.GetFresh(ctx, v.ID); err != nil { // deleted while we waited
 		return err
 	}
 	if err := s.ours(v); err != nil {

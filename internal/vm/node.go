@@ -82,7 +82,7 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	if err := s.fence.check(); err != nil {
 		return nil, err
 	}
-	v, err := s.getFresh(ctx, idOrName)
+	v, err := s.GetFresh(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 	if s.adoptable(ctx, v) {
 		if err := s.adopt(ctx, v); err != nil {
 			// A concurrent request here may have taken it over first.
-			cur, gerr := s.getFresh(ctx, v.ID)
+			cur, gerr := s.GetFresh(ctx, v.ID)
 			if gerr != nil || cur.Node != s.cfg.Node {
 				return nil, err
 			}
@@ -106,7 +106,7 @@ func (s *Service) GetLocal(ctx context.Context, idOrName string) (*store.VM, err
 			}
 			// A concurrent request here may have taken it over first
 			// (its revive held the VM's lock until done).
-			if v, err = s.getFresh(ctx, v.ID); err != nil {
+			if v, err = s.GetFresh(ctx, v.ID); err != nil {
 				return nil, err
 			}
 		}

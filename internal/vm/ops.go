@@ -101,7 +101,7 @@ func (s *Service) Start(ctx context.Context, idOrName string) (*store.VM, error)
 // Delete removes a VM (see remove).
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
 	id := ""
-	if v, err := s.getFresh(ctx, idOrName); err == nil {
+	if v, err := s.GetFresh(ctx, idOrName); err == nil {
 		id = v.ID
 	}
 	_, err := record(s, ctx, opDelete, func() (struct{}, error) { return struct{}{}, s.remove(ctx, idOrName) },

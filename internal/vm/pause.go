@@ -24,7 +24,7 @@ type OpResult struct {
 
 // pause freezes a running VM's vCPUs; memory stays in RAM.
 func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error) {
-	v, err := s.getFresh(ctx, idOrName)
+	v, err := s.GetFresh(ctx, idOrName)
 	if err == nil && done(opPause, v) {
 		return &OpResult{VM: v}, nil
 	}
@@ -48,7 +48,7 @@ func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error)
 
 // resume continues a paused VM.
 func (s *Service) resume(ctx context.Context, idOrName string) (*OpResult, error) {
-	v, err := s.getFresh(ctx, idOrName)
+	v, err := s.GetFresh(ctx, idOrName)
 	if err == nil && done(opResume, v) {
 		return &OpResult{VM: v}, nil
 	}
@@ -83,7 +83,7 @@ func (s *Service) suspendPath(id string) string {
 // suspend writes the VM's memory and device state to disk and ends its QEMU process,
 // freeing its RAM. The next request wakes it where it was.
 func (s *Service) suspend(ctx context.Context, idOrName string) (*OpResult, error) {
-	v, err := s.getFresh(ctx, idOrName)
+	v, err := s.GetFresh(ctx, idOrName)
 	if err == nil && done(opSuspend, v) {
 		return &OpResult{VM: v}, nil
 	}
@@ -321,7 +321,7 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 	// behind it; an upload of its suspended state stops.
 	s.stash.stopUpload(uploadKey(v.ID))
 	defer s.ops.lock(v.ID, "wake")()
-	if v, err = s.getFresh(ctx, v.ID); err != nil {
+	if v, err = s.GetFresh(ctx, v.ID); err != nil {
 		return nil, err
 	}
 	switch v.State {

@@ -43,7 +43,7 @@ func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, fun
 		return nil, nil, err
 	}
 	unlock = s.thenStore(v.ID, unlock)
-	if v, err = s.getFresh(ctx, v.ID); err != nil {
+	if v, err = s.GetFresh(ctx, v.ID); err != nil {
 		unlock()
 		return nil, nil, err
 	}

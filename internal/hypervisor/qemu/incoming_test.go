@@ -20,7 +20,7 @@ type fakeQMP struct {
 	dieAtNth int      // die at the dieAtNth (1-based; 0: first) dieAt
 	statuses []string // query-status's answers in turn (default inmigrate, paused)
 	mu       sync.Mutex
-	cmds  []string // command, or "command:capability=state" for capabilities
+	cmds     []string // command, or "command:capability=state" for capabilities
 }
 
 func (f *fakeQMP) serve(t *testing.T, l net.Listener) {
