@@ -1,0 +1,286 @@
+"""The clients: one agentvm server, with its resources (VMs, snapshots,
+tokens, networks, domains, nodes) and server-wide calls. ``AgentVM`` is
+sync, ``AsyncAgentVM`` async; both are the same code over a different
+transport."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._streams import LineStream, json_lines, parse, parse_list
+from ._transport import AsyncTransport, Call, Op, SyncTransport, op, query, seg
+from .models import VM as VMInfo
+from .models import Event, Health, HostInfo, NetworkInfo, Node, Snapshot, SSHInfo, Token
+from .resources import Domains
+from .vm import VM
+
+
+def _drop_none(**kw: Any) -> dict[str, Any]:
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+class VMs:
+    """VMs: create, list, open."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def create(
+        self,
+        name: str | None = None,
+        *,
+        image: str | None = None,
+        from_snapshot: str | None = None,
+        cpus: int | None = None,
+        memory: int | str | None = None,
+        disk: int | str | None = None,
+        labels: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        idle_timeout: str | None = None,
+        delete_after: str | None = None,
+        restart: str | None = None,
+        network: str | None = None,
+        egress: dict[str, Any] | None = None,
+        anti_affinity: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Op[VM]:
+        """Creates a VM and returns it once it is running: from an image
+        ("default", "code-interpreter", "browser") or from a snapshot
+        (``from_snapshot``, its id or name). memory and disk are MiB or
+        sizes such as "2G". A retry with the same idempotency_key returns
+        the VM the first call created."""
+        body = _drop_none(
+            name=name, image=image, cpus=cpus, memory=memory, disk=disk, labels=labels, env=env, idle_timeout=idle_timeout,
+            delete_after=delete_after, restart=restart, network=network, egress=egress, anti_affinity=anti_affinity,
+        )  # fmt: skip
+        if from_snapshot is not None:
+            body["from"] = from_snapshot
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        r = yield Call("POST", "/v1/vms", json=body, headers=headers)
+        return VM(self._t, parse(VMInfo, r.json()))
+
+    @op
+    def list(self, *, labels: dict[str, str] | list[str] | None = None) -> Op[list[VM]]:
+        """VMs, oldest first; labels filter ("key=value" or "key"; all must match)."""
+        sel = labels if isinstance(labels, list) else [k if v == "" else f"{k}={v}" for k, v in (labels or {}).items()]
+        r = yield Call("GET", "/v1/vms", params=query(label=sel))
+        return [VM(self._t, v) for v in parse_list(VMInfo, r.json(), "vms")]
+
+    @op
+    def get(self, ref: str) -> Op[VM]:
+        """A VM by id or name."""
+        r = yield Call("GET", "/v1/vms/" + seg(ref))
+        return VM(self._t, parse(VMInfo, r.json()))
+
+    def open(self, ref: str) -> VM:
+        """A handle by id or name, without a request (what a scoped token needs)."""
+        return VM(self._t, ref)
+
+    @op
+    def delete(self, ref: str) -> Op[None]:
+        yield Call("DELETE", "/v1/vms/" + seg(ref))
+
+
+class Snapshots:
+    """Snapshots (taken with ``vm.snapshot()``, restored with ``vms.create(from_snapshot=...)``)."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def list(self) -> Op[list[Snapshot]]:
+        r = yield Call("GET", "/v1/snapshots")
+        return parse_list(Snapshot, r.json(), "snapshots")
+
+    @op
+    def get(self, ref: str) -> Op[Snapshot]:
+        r = yield Call("GET", "/v1/snapshots/" + seg(ref))
+        return parse(Snapshot, r.json())
+
+    @op
+    def delete(self, ref: str) -> Op[None]:
+        yield Call("DELETE", "/v1/snapshots/" + seg(ref))
+
+
+class Tokens:
+    """Scoped tokens (admin only)."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def create(self, *, vm: str | None = None, admin: bool | None = None, allow: list[str] | None = None, ttl: str | None = None, user: str | None = None, name: str | None = None, ssh_keys: list[str] | None = None, e2b: bool | None = None) -> Op[Token]:
+        """Issues a token; its secret is in ``token`` (only in this answer)."""
+        r = yield Call("POST", "/v1/tokens", json=_drop_none(vm=vm, admin=admin, allow=allow, ttl=ttl, user=user, name=name, ssh_keys=ssh_keys, e2b=e2b))
+        return parse(Token, r.json())
+
+    @op
+    def list(self, *, vm: str | None = None) -> Op[list[Token]]:
+        r = yield Call("GET", "/v1/tokens", params=query(vm=vm))
+        return parse_list(Token, r.json(), "tokens")
+
+    @op
+    def revoke(self, token_id: str) -> Op[None]:
+        """Revokes a token; what it has open is closed."""
+        yield Call("DELETE", "/v1/tokens/" + seg(token_id))
+
+
+class Networks:
+    """Private networks (admin only)."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def create(self, name: str, *, egress: dict[str, Any] | None = None) -> Op[NetworkInfo]:
+        r = yield Call("POST", "/v1/networks", json=_drop_none(name=name, egress=egress))
+        return parse(NetworkInfo, r.json())
+
+    @op
+    def list(self) -> Op[list[NetworkInfo]]:
+        r = yield Call("GET", "/v1/networks")
+        return parse_list(NetworkInfo, r.json(), "networks")
+
+    @op
+    def get(self, name: str) -> Op[NetworkInfo]:
+        r = yield Call("GET", "/v1/networks/" + seg(name))
+        return parse(NetworkInfo, r.json())
+
+    @op
+    def delete(self, name: str) -> Op[None]:
+        """Deletes an empty network (Conflict while VMs are on it)."""
+        yield Call("DELETE", "/v1/networks/" + seg(name))
+
+    @op
+    def set_egress(self, name: str, egress: dict[str, Any]) -> Op[NetworkInfo]:
+        """Sets the network's egress policy (its VMs without their own follow it)."""
+        r = yield Call("POST", "/v1/networks/" + seg(name) + "/egress", json=egress)
+        return parse(NetworkInfo, r.json())
+
+
+class Nodes:
+    """A cluster's nodes (admin only)."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def list(self) -> Op[list[Node]]:
+        r = yield Call("GET", "/v1/nodes")
+        return parse_list(Node, r.json(), "nodes")
+
+    @op
+    def drain(self, node: str) -> Op[dict[str, Any]]:
+        """Moves the node's VMs to other nodes and stops placing VMs on it."""
+        r = yield Call("POST", "/v1/nodes/" + seg(node) + "/drain")
+        return r.json()
+
+    @op
+    def remove(self, node: str) -> Op[None]:
+        yield Call("DELETE", "/v1/nodes/" + seg(node))
+
+
+class _Client:
+    def __init__(self, t: Any) -> None:
+        self._t = t
+        self.vms = VMs(t)
+        self.snapshots = Snapshots(t)
+        self.tokens = Tokens(t)
+        self.networks = Networks(t)
+        self.domains = Domains(t)
+        self.nodes = Nodes(t)
+
+    @property
+    def url(self) -> str:
+        return self._t.url
+
+    def vm(self, ref: str) -> VM:
+        """A VM handle by id or name, without a request."""
+        return self.vms.open(ref)
+
+    @op
+    def health(self) -> Op[Health]:
+        """The server's health (no token needed)."""
+        r = yield Call("GET", "/v1/health")
+        return parse(Health, r.json())
+
+    @op
+    def host(self) -> Op[HostInfo]:
+        """Capacity and templates."""
+        r = yield Call("GET", "/v1/host")
+        return parse(HostInfo, r.json())
+
+    @op
+    def ssh(self) -> Op[SSHInfo]:
+        """The SSH gateway's address and host key."""
+        r = yield Call("GET", "/v1/ssh")
+        return parse(SSHInfo, r.json())
+
+    @op
+    def metrics(self) -> Op[str]:
+        """Prometheus metrics (admin token)."""
+        r = yield Call("GET", "/metrics")
+        return r.text
+
+    @op
+    def ca(self) -> Op[str]:
+        """The PEM certificate of the server's local CA (serve --tls auto)."""
+        r = yield Call("GET", "/v1/tls/ca")
+        return r.text
+
+    @op
+    def events(self, *, after: int | None = None, limit: int | None = None) -> Op[list[Event]]:
+        """Events of every VM (admin)."""
+        r = yield Call("GET", "/v1/events", params=query(after=after, limit=limit))
+        return parse_list(Event, r.json(), "events")
+
+    @op
+    def follow_events(self, *, after: int | None = None) -> Op[LineStream[Event]]:
+        """Events of every VM as they happen (admin)."""
+        r = yield Call("GET", "/v1/events", params=query(after=after, follow=True), stream=True)
+        return LineStream(r, json_lines(Event))
+
+
+class AgentVM(_Client):
+    """The sync client. Without arguments it uses AGENTVM_URL (default
+    http://127.0.0.1:7070) and AGENTVM_TOKEN, else the admin token in the
+    data dir, as the CLI does::
+
+        av = AgentVM()
+        vm = av.vms.create("box1")
+        print(vm.exec("uname -a").stdout)
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, data_dir: str | None = None, headers: dict[str, str] | None = None, timeout: float | None = None, verify: Any = None) -> None:
+        super().__init__(SyncTransport(url, token, data_dir, headers, timeout, verify))
+
+    def close(self) -> None:
+        self._t.close()
+
+    def __enter__(self) -> AgentVM:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncAgentVM(_Client):
+    """The async client: the same calls as AgentVM, each a coroutine::
+
+        async with AsyncAgentVM() as av:
+            vm = await av.vms.create("box1")
+            print((await vm.exec("uname -a")).stdout)
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, data_dir: str | None = None, headers: dict[str, str] | None = None, timeout: float | None = None, verify: Any = None) -> None:
+        super().__init__(AsyncTransport(url, token, data_dir, headers, timeout, verify))
+
+    async def close(self) -> None:
+        await self._t.close()
+
+    async def __aenter__(self) -> AsyncAgentVM:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
