@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,8 +62,8 @@ func TestTSSDK(t *testing.T) {
 	}
 }
 
-// copySDK copies the package's sources, leaving out what npm ci and the
-// build make (node_modules, dist).
+// copySDK copies the package's sources, leaving out what installs, builds
+// and test runs make (node_modules, dist, Python caches and build output).
 func copySDK(t *testing.T, from, to string) {
 	t.Helper()
 	err := filepath.WalkDir(from, func(p string, d fs.DirEntry, err error) error {
@@ -71,7 +72,8 @@ func copySDK(t *testing.T, from, to string) {
 		}
 		rel, _ := filepath.Rel(from, p)
 		if d.IsDir() {
-			if rel == "node_modules" || rel == "dist" {
+			switch base := d.Name(); {
+			case rel == "node_modules", rel == "dist", rel == "build", base == "__pycache__", base == ".pytest_cache", strings.HasSuffix(base, ".egg-info"):
 				return filepath.SkipDir
 			}
 			return os.MkdirAll(filepath.Join(to, rel), 0o755)

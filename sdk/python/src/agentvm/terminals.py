@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import queue
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -69,15 +71,19 @@ class Terminal:
         return self._st.exit
 
     def read(self, timeout: float | None = None) -> bytes | None:
-        """The next chunk of output; None once it ended. With a timeout,
-        raises TimeoutError when nothing came in that time."""
-        import queue
-
+        """The next chunk of output; None once it ended (or was closed, from
+        any thread). With a timeout, raises TimeoutError when nothing came
+        in that time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ended:
+            # Short waits, so that close() from another thread ends a read.
+            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
             try:
-                ev = self._ws.receive(timeout=timeout)
-            except queue.Empty as err:
-                raise TimeoutError("no terminal output in time") from err
+                ev = self._ws.receive(timeout=wait)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError("no terminal output in time") from None
+                continue
             except (WebSocketDisconnect, WebSocketNetworkError):
                 self._ended = True
                 break

@@ -1,0 +1,130 @@
+"""Exec: buffered, NDJSON events as produced, and the upgraded stream with
+stdin written while the command runs; on both clients."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+
+import pytest
+from conftest import needs_server, until
+
+import agentvm
+
+pytestmark = needs_server
+
+
+def test_buffered_shell_argv_exit_stderr_env_cwd_user_stdin(vm) -> None:
+    r = vm.exec("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
+    assert isinstance(r.duration_ms, int)
+    assert vm.exec(["printf", "%s|", "a b", "$HOME"]).stdout == "a b|$HOME|"
+    e = vm.exec(["sh", "-c", "echo $FOO; pwd; id -un"], env={"FOO": "bar"}, cwd="/tmp", user="agent")
+    assert e.stdout == "bar\n/tmp\nagent\n"
+    assert vm.exec(["tr", "a-z", "A-Z"], stdin="shout\n").stdout == "SHOUT\n"
+    assert vm.exec({"cmd": ["echo", "request form"]}).stdout == "request form\n"
+
+
+def test_buffered_timeout_signals_missing_command_bad_requests(vm) -> None:
+    t = vm.exec("sleep 600", timeout="1s")
+    assert t.timed_out and t.signal
+    assert vm.exec("kill -TERM $$").signal == "SIGTERM"
+    m = vm.exec(["no-such-command-here"])
+    assert m.exit_code != 0 and "no-such-command-here" in m.stderr
+    with pytest.raises(agentvm.InvalidArgument):
+        vm.exec(["true"], cwd="relative")
+    with pytest.raises(agentvm.AgentVMError) as ei:
+        vm.exec([])
+    assert ei.value.status == 400
+
+
+def test_events_arrive_as_they_are_produced(vm) -> None:
+    seen = []
+    t0 = time.monotonic()
+    for ev in vm.exec_stream("echo one; sleep 1.5; echo two >&2; exit 4"):
+        seen.append((ev, time.monotonic() - t0))
+    assert [e.type for e, _ in seen] == ["stdout", "stderr", "exit"]
+    assert seen[0][0].data == "one\n" and seen[1][0].data == "two\n" and seen[2][0].exit_code == 4
+    assert seen[1][1] - seen[0][1] >= 1.0, seen
+    binary = list(vm.exec_stream(["printf", "\\377\\000\\376"]))
+    assert binary[0].type == "stdout_base64"
+    assert [e.data for e in vm.exec_stream(["cat"], stdin="piped") if e.type == "stdout"] == ["piped"]
+
+
+def test_a_conversation_with_a_running_process(vm) -> None:
+    with vm.spawn(["sh", "-c", 'while read l; do echo "out:$l"; echo "err:$l" >&2; done; echo bye; exit 7']) as p:
+        out, err = b"", b""
+        for word in ["alpha", "beta", "gamma"]:
+            p.write(word + "\n")
+            while f"out:{word}\n".encode() not in out or f"err:{word}\n".encode() not in err:
+                kind, data = p.read()
+                if kind == "stdout":
+                    out += data
+                else:
+                    err += data
+        assert p.exit_status is None
+        p.close_stdin()
+        rest = p.wait()
+    assert rest.exit_code == 7
+    assert out + rest.stdout == b"out:alpha\nout:beta\nout:gamma\nbye\n"
+    assert err + rest.stderr == b"err:alpha\nerr:beta\nerr:gamma\n"
+
+
+def test_big_input_binary_output_run(vm) -> None:
+    data = os.urandom(3 << 20)
+    want = hashlib.sha256(data).hexdigest()
+    pieces = (data[i : i + 100_000] for i in range(0, len(data), 100_000))
+    r = vm.run('sha256sum | cut -d" " -f1', stdin=pieces)
+    assert r.exit_code == 0 and r.text.strip() == want
+    echoed = vm.run(["cat"], stdin=data)  # output read while input is written
+    assert echoed.stdout == data
+    p = vm.spawn(["head", "-c", "1000000", "/dev/zero"])
+    p.close_stdin()
+    n = sum(len(d) for k, d in p if k == "stdout")
+    assert n == 1_000_000 and p.exit_status.exit_code == 0
+    missing = vm.run(["no-such-command-here"])
+    assert missing.exit_code != 0 and b"no-such-command-here" in missing.stderr
+
+
+def test_signals_and_closing_kills_the_command(vm) -> None:
+    p = vm.spawn("echo started; exec sleep 600")
+    assert p.read() == ("stdout", b"started\n")
+    p.signal("TERM")
+    assert p.wait().signal == "SIGTERM"
+
+    q = vm.spawn(["sh", "-c", "echo $$ > /tmp/py-killed.pid; exec sleep 600"])
+    until("the pid file", lambda: vm.exec("cat /tmp/py-killed.pid").stdout.strip() != "")
+    q.kill()
+    with pytest.raises(agentvm.StreamLost):
+        q.wait()
+    until("the killed command to be gone", lambda: vm.exec("kill -0 $(cat /tmp/py-killed.pid)").exit_code != 0)
+
+
+def test_the_async_client_runs_the_same_calls(av, vm) -> None:
+    async def go() -> None:
+        async with agentvm.AsyncAgentVM() as a:
+            v = a.vm(vm.id)
+            assert (await v.exec("echo async")).stdout == "async\n"
+            assert [e.type async for e in await v.exec_stream("echo s; exit 2")] == ["stdout", "exit"]
+            p = await v.spawn(["sh", "-c", "read l; echo got:$l; exit 5"])
+            await p.write("x\n")
+            assert await p.read() == ("stdout", b"got:x\n")
+            assert (await p.wait()).exit_code == 5
+            data = os.urandom(2 << 20)
+            assert (await v.run(["cat"], stdin=data)).stdout == data
+
+            async def chunks():
+                for i in range(0, len(data), 65536):
+                    yield data[i : i + 65536]
+
+            assert (await v.run("sha256sum", stdin=chunks())).text.split()[0] == hashlib.sha256(data).hexdigest()
+            results = await asyncio.gather(*(v.exec(f"echo {i}") for i in range(8)))
+            assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+            q = await v.spawn("exec sleep 600")
+            await q.kill()
+            with pytest.raises(agentvm.StreamLost):
+                await q.wait()
+
+    asyncio.run(go())

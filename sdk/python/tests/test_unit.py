@@ -1,0 +1,132 @@
+"""What needs no server: the frame codec, errors, queries, defaults, the
+one-code-path driver, and refusals of bad input before a request."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import httpx
+import pytest
+
+import agentvm
+from agentvm import errors
+from agentvm._transport import AsyncTransport, Call, SyncTransport, default_token, op, query, seg
+from agentvm.exec import EXIT, STDERR, STDOUT, FrameDecoder, _ProcState, encode_frame, exec_request, signal_number
+
+
+def test_frames_survive_any_split() -> None:
+    stream = encode_frame(STDOUT, b"hello") + encode_frame(STDERR, b"") + encode_frame(EXIT, b'{"exit_code":3,"duration_ms":5}')
+    for cut in range(1, len(stream)):
+        d = FrameDecoder()
+        got = d.push(stream[:cut]) + d.push(stream[cut:])
+        assert [k for k, _ in got] == [STDOUT, STDERR, EXIT]
+        assert got[0][1] == b"hello"
+        assert d.pending == 0
+
+
+def test_a_frame_too_large_is_refused() -> None:
+    with pytest.raises(agentvm.StreamLost, match="larger than"):
+        FrameDecoder().push(struct.pack(">BI", STDOUT, (16 << 20) + 1))
+
+
+def test_process_state_reads_output_errors_and_exit() -> None:
+    st = _ProcState()
+    st.feed(encode_frame(STDOUT, b"a") + encode_frame(6, b'{"message":"sh: nope: not found"}') + encode_frame(EXIT, b'{"exit_code":127,"duration_ms":1}'))
+    assert list(st.events) == [("stdout", b"a"), ("stderr", b"sh: nope: not found\n")]
+    assert st.exit is not None and st.exit.exit_code == 127
+    assert "nope" in str(st.lost())
+    with pytest.raises(agentvm.StreamLost, match="bad exit frame"):
+        _ProcState().feed(encode_frame(EXIT, b"{not json"))
+
+
+def test_errors_by_code_and_status() -> None:
+    e = errors.error_from_body(404, '{"error":{"code":"not_found","message":"no VM x"}}')
+    assert isinstance(e, agentvm.NotFound) and e.status == 404 and e.code == "not_found" and str(e) == "no VM x"
+    assert isinstance(errors.error_from_body(409, '{"error":{"code":"not_empty","message":"m"}}'), agentvm.Conflict)
+    assert isinstance(errors.error_from_body(403, '{"error":{"code":"permission_denied","message":"m"}}'), agentvm.Forbidden)
+    plain = errors.error_from_body(502, "Bad Gateway\n")
+    assert isinstance(plain, agentvm.Unavailable) and plain.code == "http" and str(plain) == "Bad Gateway"
+    assert type(errors.error_from_body(418, "")) is agentvm.AgentVMError
+    assert str(errors.error_from_body(418, "")) == "HTTP 418"
+
+
+def test_requests_are_built_as_the_api_wants() -> None:
+    assert exec_request("echo hi") == {"shell": "echo hi"}
+    assert exec_request(["ls", "-l"], env={"A": "1"}, cwd="/tmp", user="agent", timeout="3s", stdin="x") == {"cmd": ["ls", "-l"], "env": {"A": "1"}, "cwd": "/tmp", "user": "agent", "timeout": "3s", "stdin": "x"}
+    assert query(a=None, b=False, c=True, d=3, e=["x", "y"], f=[]) == {"c": "1", "d": "3", "e": ["x", "y"]}
+    assert seg("a/b c") == "a%2Fb%20c"
+    assert signal_number("SIGTERM") == 15 and signal_number("kill") == 9 and signal_number(2) == 2 and signal_number("10") == 10
+    with pytest.raises(ValueError, match="unknown signal"):
+        signal_number("NOPE")
+
+
+def test_token_and_url_defaults(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("AGENTVM_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTVM_URL", raising=False)
+    (tmp_path / "admin.token").write_text("avm_from_file\n")
+    assert default_token(str(tmp_path)) == "avm_from_file"
+    monkeypatch.setenv("AGENTVM_DATA_DIR", str(tmp_path))
+    c = agentvm.AgentVM()
+    assert c.url == "http://127.0.0.1:7070" and c._t.headers["Authorization"] == "Bearer avm_from_file"
+    monkeypatch.setenv("AGENTVM_TOKEN", "avm_env")
+    assert default_token(str(tmp_path)) == "avm_env"
+    assert "Authorization" not in agentvm.AgentVM("http://h:1/", token="")._t.headers
+    with pytest.raises(ValueError, match="must start with http"):
+        agentvm.AgentVM("127.0.0.1:7070")
+
+
+class _Thing:
+    """An op over a fake server: the same method serves both clients."""
+
+    def __init__(self, t) -> None:
+        self._t = t
+
+    @op
+    def two_calls(self, name: str):
+        r = yield Call("GET", "/v1/vms/" + seg(name))
+        first = r.json()["id"]
+        try:
+            yield Call("GET", "/v1/missing")
+        except agentvm.NotFound as err:
+            return first, str(err)
+        return first, "not raised"
+
+
+def _handler(req: httpx.Request) -> httpx.Response:
+    assert req.headers["authorization"] == "Bearer t"
+    if req.url.raw_path == b"/v1/vms/a%2Fb":
+        return httpx.Response(200, json={"id": "vm-1"})
+    return httpx.Response(404, json={"error": {"code": "not_found", "message": "no such thing"}})
+
+
+def test_one_op_serves_the_sync_and_the_async_client() -> None:
+    st = SyncTransport("http://x", "t")
+    st.client = httpx.Client(transport=httpx.MockTransport(_handler))
+    assert _Thing(st).two_calls("a/b") == ("vm-1", "no such thing")
+    at = AsyncTransport("http://x", "t")
+    at.client = httpx.AsyncClient(transport=httpx.MockTransport(_handler))
+    coro = _Thing(at).two_calls("a/b")
+    assert asyncio.iscoroutine(coro)
+    assert asyncio.run(coro) == ("vm-1", "no such thing")
+
+
+def test_an_answer_of_a_newer_server_still_parses() -> None:
+    from agentvm._streams import parse
+    from agentvm.models import VM
+
+    v = parse(VM, {"id": "vm-1", "name": "a", "state": "some-new-state", "image": "a-new-image", "new_field": 1})
+    assert v.id == "vm-1" and v.image == "a-new-image"
+
+
+def test_unreachable_server_is_a_typed_error() -> None:
+    with pytest.raises(agentvm.ConnectionFailed) as ei:
+        agentvm.AgentVM("http://127.0.0.1:9", token="x").health()
+    assert ei.value.status == 0 and ei.value.code == "connection_failed" and "is `agentvm serve` running?" in str(ei.value)
+
+    async def go() -> None:
+        async with agentvm.AsyncAgentVM("http://127.0.0.1:9", token="x") as a:
+            await a.vms.list()
+
+    with pytest.raises(agentvm.ConnectionFailed):
+        asyncio.run(go())
