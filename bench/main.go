@@ -52,6 +52,7 @@ type options struct {
 	stress       bool
 	e2b          bool
 	tssdk        bool
+	pysdk        bool
 	cluster      bool
 	code         bool
 	browser      bool
@@ -78,6 +79,7 @@ func main() {
 	flag.BoolVar(&o.stress, "stress", false, "run only the stress benchmark (parallel creates and execs, create latency and host memory as running VMs pile up to -stress-vms, suspend/list/wake of all); implies -keep-template unless it is given")
 	flag.BoolVar(&o.e2b, "e2b", false, "run only the E2B benchmark (the published e2b npm SDK vs agentvm's Go client: create-to-first-command and a command round trip); implies -keep-template unless it is given")
 	flag.BoolVar(&o.tssdk, "tssdk", false, "run only the TypeScript SDK benchmark (exec round trip of true through sdk/typescript vs the Go client, same VM); implies -keep-template unless it is given")
+	flag.BoolVar(&o.pysdk, "pysdk", false, "run only the Python SDK benchmark (exec round trip of true through sdk/python, sync and async, vs the Go client, and an OpenAI Agents SDK exec_command tool call through agentvm's provider, same VM); implies -keep-template unless it is given")
 	flag.BoolVar(&o.code, "code", false, "run only the code-interpreter benchmark (run_code print(1) vs exec true on one VM, create to first result from the template and the warm pool); implies -keep-template unless it is given")
 	flag.BoolVar(&o.browser, "browser", false, "run only the browser benchmark (create to a CDP answer from the template and the warm pool vs a Chromium start, screenshots vs CDP's, fork of a VM with an open page vs a default fork); implies -keep-template unless it is given")
 	flag.BoolVar(&o.cluster, "cluster", false, "run only the cluster benchmark (create p50 on 1, 2 and 3 nodes of a cluster on a PostgreSQL the run starts, against this run's single-node server; exec of true sent to its VM's node vs to another node, which forwards it); implies -keep-template unless it is given")
@@ -91,7 +93,7 @@ func main() {
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.StringVar(&o.compare, "compare", "", "run only the before/after benchmark against this git revision (built in the run): create, exec, fork, an E2B commands.run and a preview request, p50 on SQLite and on PostgreSQL, with ratios to the revision's; implies -keep-template unless it is given")
 	flag.Parse()
-	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop {
+	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.pysdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -186,6 +188,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.tssdk {
 		phases = b.runTSSDK
 	}
+	if o.pysdk {
+		phases = b.runPySDK
+	}
 	if o.code {
 		phases = b.runCode
 	}
@@ -263,6 +268,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.tssdk:
 		r.PrintTSSDK(os.Stdout)
 		out = modeJSON(r, "tssdk", r.TSSDK)
+	case o.pysdk:
+		r.PrintPySDK(os.Stdout)
+		out = modeJSON(r, "pysdk", r.PySDK)
 	case o.stress:
 		r.PrintStress(os.Stdout)
 		out = modeJSON(r, "stress", r.Stress)

@@ -128,6 +128,7 @@ type Report struct {
 	Lifecycle *LifecycleReport `json:"lifecycle,omitempty"`
 	E2B       *E2BReport       `json:"e2b,omitempty"`
 	TSSDK     *TSSDKReport     `json:"tssdk,omitempty"`
+	PySDK     *PySDKReport     `json:"pysdk,omitempty"`
 	Code      *CodeReport      `json:"code,omitempty"`
 	Browser   *BrowserReport   `json:"browser,omitempty"`
 	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`

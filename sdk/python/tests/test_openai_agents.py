@@ -201,3 +201,32 @@ def test_a_vm_deleted_under_a_running_agent_is_a_clear_error(av) -> None:
         await s.shutdown()  # the VM is already gone: not an error
 
     run(go())
+
+
+def test_a_scoped_client_runs_commands_but_cannot_expose_ports(av) -> None:
+    """Exposing a port (and minting the preview token a private one's
+    endpoint carries) is the admin's: a scoped client is told so."""
+    vm = av.vms.create(uniq("pyagentscoped"), memory=512)
+    tok = av.tokens.create(vm=vm.id, allow=["exec", "files", "preview"], ttl="10m")
+    try:
+
+        async def go() -> None:
+            from agents.sandbox.errors import ExposedPortUnavailableError
+            from agents.sandbox.snapshot import NoopSnapshot
+
+            from agentvm.openai_agents import AgentVMSandboxSessionState
+
+            client = AgentVMSandboxClient(agentvm.AsyncAgentVM(av.url, tok.token))
+            state = AgentVMSandboxSessionState(
+                session_id="00000000-0000-0000-0000-000000000002", manifest=Manifest(), snapshot=NoopSnapshot(id="x"), vm_id=vm.id, exposed_ports=(8000,),
+            )  # fmt: skip
+            s = await client.resume(state)
+            assert (await s.exec("echo scoped")).stdout == b"scoped\n"
+            with pytest.raises(ExposedPortUnavailableError) as ei:
+                await s.resolve_exposed_port(8000)
+            assert "needs the admin token" in str(ei.value.context)  # exposing a port is the admin's
+
+        run(go())
+    finally:
+        av.tokens.revoke(tok.id)
+        vm.delete()

@@ -143,7 +143,7 @@ class _ProcState:
     def result(self, out: list[bytes], err: list[bytes]) -> RunResult:
         st = self.exit
         assert st is not None
-        return RunResult(st.exit_code, b"".join(out), b"".join(err), st.signal, bool(st.timed_out), st.duration_ms)
+        return RunResult(st.exit_code, b"".join(out), b"".join(err), st.signal or None, bool(st.timed_out), st.duration_ms)
 
 
 def _stdin_frames(data: bytes) -> Iterator[bytes]:
@@ -183,7 +183,7 @@ class Process:
         with self._wlock:
             try:
                 self._ns.write(frame)
-            except (httpx.TransportError, OSError, Exception) as err:  # httpcore's own errors included
+            except Exception as err:  # httpcore's and the socket's errors alike
                 raise StreamLost(f"exec stream is closed: {err}") from err
 
     def write(self, data: str | bytes) -> None:

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+// The Python SDK benchmark: the exec round trip of `true` through the SDK
+// in sdk/python (installed in a virtualenv made in the run, with its
+// pinned constraints) on the sync and the async client, and a tool call of
+// the OpenAI Agents SDK's exec_command through agentvm's sandbox provider,
+// against the Go client on the same VM in the same run. The paths take
+// turns in batches, so drifting host conditions hit them alike.
+
+const pyBatches = 5
+
+// pyScript stays up for the whole run, so its code is as warm as the Go
+// client's: each line on stdin is a round-trip count, answered by one JSON
+// line of the three paths' times. argv: VM id.
+const pyScript = `import asyncio, json, sys, time
+from agents.sandbox import Manifest
+from agents.sandbox.capabilities.tools.shell_tool import ExecCommandTool
+from agents.sandbox.snapshot import NoopSnapshot
+from agentvm import AgentVM, AsyncAgentVM
+from agentvm.openai_agents import AgentVMSandboxClient, AgentVMSandboxSessionState
+
+vm_id = sys.argv[1]
+loop = asyncio.new_event_loop()
+sync_vm = AgentVM().vm(vm_id)
+av = AsyncAgentVM()
+async_vm = av.vm(vm_id)
+
+async def open_tool():
+    client = AgentVMSandboxClient(av)
+    state = AgentVMSandboxSessionState(session_id="00000000-0000-0000-0000-000000000001", manifest=Manifest(), snapshot=NoopSnapshot(id="bench"), vm_id=vm_id)
+    session = await client.resume(state)
+    await session.start()
+    return ExecCommandTool(session=session)
+
+tool = loop.run_until_complete(open_tool())
+
+def sync_exec():
+    assert sync_vm.exec(["true"]).exit_code == 0
+
+async def async_exec():
+    assert (await async_vm.exec(["true"])).exit_code == 0
+
+async def tool_call():
+    out = await tool._invoke(None, json.dumps({"cmd": "true"}))
+    assert "exited with code 0" in out, out
+
+async def timed(f):
+    t0 = time.perf_counter(); await f(); return (time.perf_counter() - t0) * 1000
+
+for _ in range(3):
+    sync_exec(); loop.run_until_complete(async_exec()); loop.run_until_complete(tool_call())
+for line in sys.stdin:
+    out = {"sync_ms": [], "async_ms": [], "tool_ms": []}
+    for i in range(int(line)):
+        order = [0, 1, 2][i % 3:] + [0, 1, 2][:i % 3]
+        for k in order:
+            if k == 0:
+                t0 = time.perf_counter(); sync_exec(); out["sync_ms"].append((time.perf_counter() - t0) * 1000)
+            elif k == 1:
+                out["async_ms"].append(loop.run_until_complete(timed(async_exec)))
+            else:
+                out["tool_ms"].append(loop.run_until_complete(timed(tool_call)))
+    print(json.dumps(out), flush=True)
+`
+
+// PySDKReport is the result of -pysdk.
+type PySDKReport struct {
+	ExecSync   Stats   `json:"exec_true_py_sync"`
+	ExecAsync  Stats   `json:"exec_true_py_async"`
+	ExecGo     Stats   `json:"exec_true_go_client"`
+	SyncRatio  float64 `json:"sync_ratio"`
+	AsyncRatio float64 `json:"async_ratio"`
+	Tool       Stats   `json:"agents_tool_call_true"`
+	ToolRatio  float64 `json:"tool_to_async_ratio"`
+	Batches    int     `json:"batches"`
+	Python     string  `json:"python"`
+}
+
+func (b *bench) runPySDK(ctx context.Context) error {
+	r := &PySDKReport{Batches: pyBatches}
+	b.r.PySDK = r
+	pv, err := exec.Command("python3", "--version").Output()
+	if err != nil {
+		return fmt.Errorf("pysdk: python3 is needed: %v", err)
+	}
+	r.Python = strings.TrimSpace(string(pv))
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	sdk := filepath.Join(root, "sdk", "python")
+	venv := filepath.Join(b.tmp, "pyvenv")
+	py := filepath.Join(venv, "bin", "python")
+	logf("installing the Python SDK into a virtualenv (pinned constraints; not measured)")
+	for _, args := range [][]string{
+		{"python3", "-m", "venv", venv},
+		{py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", filepath.Join(sdk, "constraints.txt"), sdk + "[agents]"},
+	} {
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	script := filepath.Join(b.tmp, "pybench.py")
+	if err := os.WriteFile(script, []byte(pyScript), 0o644); err != nil {
+		return err
+	}
+
+	id, err := b.create(ctx)
+	if err != nil {
+		return fmt.Errorf("create the VM: %w", err)
+	}
+	defer b.remove(id)
+	req := api.ExecRequest{Cmd: []string{"true"}}
+	goExec := func() error {
+		res, err := b.c.Exec(ctx, id, req)
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("true exited %d", res.ExitCode)
+		}
+		return err
+	}
+	for i := 0; i < 3; i++ {
+		if err := goExec(); err != nil {
+			return fmt.Errorf("Go client.Exec (warm-up): %w", err)
+		}
+	}
+	per := max(1, b.o.execs/pyBatches)
+	var execGo, execSync, execAsync, tool []float64
+	goBatch := func() error {
+		for i := 0; i < per; i++ {
+			t0 := time.Now()
+			if err := goExec(); err != nil {
+				return err
+			}
+			execGo = append(execGo, millis(time.Since(t0)))
+		}
+		return nil
+	}
+	cmd := exec.CommandContext(ctx, py, script, id)
+	cmd.Env = append(os.Environ(), "AGENTVM_URL="+b.srv.url, "AGENTVM_TOKEN="+b.srv.token)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("python bench script: %w", err)
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	lines := bufio.NewScanner(out)
+	pyBatch := func() error {
+		if _, err := fmt.Fprintln(in, per); err != nil {
+			return fmt.Errorf("python bench script: %w", err)
+		}
+		if !lines.Scan() {
+			return fmt.Errorf("python bench script ended: %v", lines.Err())
+		}
+		var res struct {
+			Sync  []float64 `json:"sync_ms"`
+			Async []float64 `json:"async_ms"`
+			Tool  []float64 `json:"tool_ms"`
+		}
+		if err := json.Unmarshal(lines.Bytes(), &res); err != nil {
+			return fmt.Errorf("python bench script output %q: %v", lines.Bytes(), err)
+		}
+		execSync, execAsync, tool = append(execSync, res.Sync...), append(execAsync, res.Async...), append(tool, res.Tool...)
+		return nil
+	}
+	logf("exec true: %d batches of %d round trips per path, Python and Go taking turns", pyBatches, per)
+	for i := 0; i < pyBatches; i++ {
+		first, second := goBatch, pyBatch
+		if i%2 == 1 {
+			first, second = pyBatch, goBatch
+		}
+		if err := first(); err != nil {
+			return err
+		}
+		if err := second(); err != nil {
+			return err
+		}
+	}
+	r.ExecGo, r.ExecSync, r.ExecAsync, r.Tool = summarize(execGo), summarize(execSync), summarize(execAsync), summarize(tool)
+	r.SyncRatio, r.AsyncRatio = ratio(r.ExecSync.P50, r.ExecGo.P50), ratio(r.ExecAsync.P50, r.ExecGo.P50)
+	r.ToolRatio = ratio(r.Tool.P50, r.ExecAsync.P50)
+	return nil
+}
+
+// PrintPySDK writes the -pysdk report.
+func (r *Report) PrintPySDK(w io.Writer) {
+	e := r.PySDK
+	if e == nil {
+		return
+	}
+	fmt.Fprintf(w, "Python SDK (sdk/python, %s) vs the Go client, same VM, same run, %d alternating batches\n", e.Python, e.Batches)
+	statsLine(w, "Py AgentVM vm.exec(['true'])", e.ExecSync)
+	statsLine(w, "Py AsyncAgentVM await vm.exec(['true'])", e.ExecAsync)
+	statsLine(w, "Go client.Exec", e.ExecGo)
+	ratioLine(w, "Py sync / Go p50 (target <= 1.3)", e.SyncRatio)
+	ratioLine(w, "Py async / Go p50 (target <= 1.3)", e.AsyncRatio)
+	statsLine(w, "Agents SDK exec_command 'true' (provider)", e.Tool)
+	ratioLine(w, "tool call / Py async exec p50 (target <= 1.2)", e.ToolRatio)
+}
