@@ -230,3 +230,27 @@ def test_a_scoped_client_runs_commands_but_cannot_expose_ports(av) -> None:
     finally:
         av.tokens.revoke(tok.id)
         vm.delete()
+
+
+def test_a_lost_vm_comes_back_from_the_workspace_snapshot(av, tmp_path) -> None:
+    """Without pause_on_exit the run's VM is deleted, and the SDK keeps a
+    tar of the workspace (made in the VM, without the manifest's ephemeral
+    paths); a later run gets a new VM filled from it."""
+    from agents.sandbox import LocalSnapshotSpec
+
+    async def go() -> None:
+        client = AgentVMSandboxClient()
+        opts = AgentVMSandboxClientOptions(memory=512, labels={"suite": "py-agents-lost"})
+        snaps = LocalSnapshotSpec(base_path=tmp_path)
+        m1 = Scripted([[shell("mkdir -p src && echo 'print(1)' > src/app.py && ln -s src/app.py link.py && echo done", "c1")], [say("ok")]])
+        r1 = await Runner.run(agent(m1), "one", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, options=opts, snapshot=snaps)))
+        saved = json.loads(json.dumps(r1.to_state().to_json()["sandbox"]["session_state"]))
+        first = saved["vm_id"]
+        assert av.vms.list(labels={"suite": "py-agents-lost"}) == []  # deleted with the run
+        m2 = Scripted([[shell("cat src/app.py README.md; readlink link.py", "c1")], [say("ok")]])
+        r2 = await Runner.run(agent(m2), "two", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, session_state=client.deserialize_session_state(saved))))
+        out = tool_outputs(r2)[0]
+        assert "print(1)\nfrom the manifest\nsrc/app.py" in out, out
+        assert r2.to_state().to_json()["sandbox"]["session_state"]["vm_id"] != first
+
+    run(go())
