@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -154,37 +152,20 @@ func (b *bench) runPySDK(ctx context.Context) error {
 		}
 		return nil
 	}
-	cmd := exec.CommandContext(ctx, py, script, id)
-	cmd.Env = append(os.Environ(), "AGENTVM_URL="+b.srv.url, "AGENTVM_TOKEN="+b.srv.token)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
+	pyProc, err := b.startScript(ctx, "python bench script", b.tmp, py, script, id)
 	if err != nil {
 		return err
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("python bench script: %w", err)
-	}
-	defer func() { in.Close(); cmd.Wait() }()
-	lines := bufio.NewScanner(out)
+	defer pyProc.close()
 	pyBatch := func() error {
-		if _, err := fmt.Fprintln(in, per); err != nil {
-			return fmt.Errorf("python bench script: %w", err)
-		}
-		if !lines.Scan() {
-			return fmt.Errorf("python bench script ended: %v", lines.Err())
-		}
 		var res struct {
 			Sync  []float64 `json:"sync_ms"`
 			Async []float64 `json:"async_ms"`
 			Login []float64 `json:"login_ms"`
 			Tool  []float64 `json:"tool_ms"`
 		}
-		if err := json.Unmarshal(lines.Bytes(), &res); err != nil {
-			return fmt.Errorf("python bench script output %q: %v", lines.Bytes(), err)
+		if err := pyProc.batch(per, &res); err != nil {
+			return err
 		}
 		execSync, execAsync, tool = append(execSync, res.Sync...), append(execAsync, res.Async...), append(tool, res.Tool...)
 		login = append(login, res.Login...)

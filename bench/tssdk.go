@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -136,36 +134,18 @@ func (b *bench) runTSSDK(ctx context.Context) error {
 		}
 		return nil
 	}
-	node := exec.CommandContext(ctx, "node", script, mod, id)
-	node.Dir = dir
-	node.Env = append(os.Environ(), "AGENTVM_URL="+b.srv.url, "AGENTVM_TOKEN="+b.srv.token)
-	node.Stderr = os.Stderr
-	nodeIn, err := node.StdinPipe()
+	node, err := b.startScript(ctx, "node bench script", dir, "node", script, mod, id)
 	if err != nil {
 		return err
 	}
-	nodeOut, err := node.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := node.Start(); err != nil {
-		return fmt.Errorf("node bench script: %w", err)
-	}
-	defer func() { nodeIn.Close(); node.Wait() }()
-	lines := bufio.NewScanner(nodeOut)
+	defer node.close()
 	tsBatch := func() error {
-		if _, err := fmt.Fprintln(nodeIn, per); err != nil {
-			return fmt.Errorf("node bench script: %w", err)
-		}
-		if !lines.Scan() {
-			return fmt.Errorf("node bench script ended: %v", lines.Err())
-		}
 		var res struct {
 			Exec []float64 `json:"exec_ms"`
 			Run  []float64 `json:"run_ms"`
 		}
-		if err := json.Unmarshal(lines.Bytes(), &res); err != nil {
-			return fmt.Errorf("node bench script output %q: %v", lines.Bytes(), err)
+		if err := node.batch(per, &res); err != nil {
+			return err
 		}
 		execTS, runTS = append(execTS, res.Exec...), append(runTS, res.Run...)
 		return nil

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 import time
 
 import pytest
@@ -126,5 +127,54 @@ def test_the_async_client_runs_the_same_calls(av, vm) -> None:
             await q.kill()
             with pytest.raises(agentvm.StreamLost):
                 await q.wait()
+
+    asyncio.run(go())
+
+
+def test_kill_from_another_thread_ends_a_blocked_wait(vm) -> None:
+    p = vm.spawn("echo up; exec sleep 600")
+    assert p.read() == ("stdout", b"up\n")
+    errs: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            p.wait()
+        except BaseException as err:  # noqa: BLE001 - checked below
+            errs.append(err)
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    p.kill()
+    t.join(60)
+    assert not t.is_alive(), "a wait blocked in another thread did not end"
+    assert errs and isinstance(errs[0], agentvm.StreamLost), errs
+    until("the killed command to be gone", lambda: "sleep 600" not in vm.exec("ps -eo args").stdout)
+
+
+def test_a_failing_stdin_source_ends_the_command_with_its_error(vm) -> None:
+    def source():
+        yield b"first\n"
+        raise ValueError("the source broke")
+
+    with pytest.raises(ValueError, match="the source broke"):
+        vm.run(["cat"], stdin=source())
+
+    async def go() -> None:
+        async with agentvm.AsyncAgentVM() as a:
+            v = a.vm(vm.id)
+
+            async def asource():
+                yield b"first\n"
+                raise ValueError("the async source broke")
+
+            with pytest.raises(ValueError, match="the async source broke"):
+                await v.run(["cat"], stdin=asource())
+            # a lost stream is StreamLost on the async client too, not a group
+            p = await v.spawn("exec sleep 600")
+            killer = asyncio.get_running_loop().call_later(0.5, lambda: asyncio.ensure_future(p.kill()))
+            with pytest.raises(agentvm.StreamLost):
+                await p.wait()
+            killer.cancel()
 
     asyncio.run(go())

@@ -110,7 +110,7 @@ def test_tar_a_tree_out_and_in(vm) -> None:
         vm.files.write_tar("/root/py/evil", _tar({"../escape.txt": b"x"}))
 
 
-def test_async_files(vm) -> None:
+def test_async_files(vm, tmp_path) -> None:
     async def go() -> None:
         async with agentvm.AsyncAgentVM() as a:
             v = a.vm(vm.id)
@@ -124,6 +124,11 @@ def test_async_files(vm) -> None:
             s = await v.files.stream("/root/py/async.bin")
             assert sha(await s.aread()) == sha(data)
             assert await v.files.exists("/root/py/async.bin")
+            local = tmp_path / "async-up.bin"
+            local.write_bytes(data[:300_000])
+            with local.open("rb") as f:  # a file object on the async client
+                assert (await v.files.write("/root/py/async-file.bin", f)).size == 300_000
+            assert (await v.files.write("/root/py/async-list.bin", [b"a", b"bc"])).size == 3
             with pytest.raises(agentvm.NotFound):
                 await v.files.read("/root/py/none")
 

@@ -93,6 +93,8 @@ def run(coro):
 
 
 def test_an_agent_writes_runs_and_reads_in_a_vm(av) -> None:
+    label = uniq("py-agents")
+
     def poll(outputs: list[str]):
         sid = int(outputs[-1].split("session ID ")[1].split()[0])
         return [stdin(sid, "", "c5", yield_time_ms=30_000)]
@@ -109,7 +111,7 @@ def test_an_agent_writes_runs_and_reads_in_a_vm(av) -> None:
 
     async def go():
         client = AgentVMSandboxClient()
-        opts = AgentVMSandboxClientOptions(memory=512, labels={"suite": "py-agents"})
+        opts = AgentVMSandboxClientOptions(memory=512, labels={"suite": label})
         return await Runner.run(agent(model), "build", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, options=opts, snapshot=NoopSnapshotSpec())))
 
     result = run(go())
@@ -121,7 +123,7 @@ def test_an_agent_writes_runs_and_reads_in_a_vm(av) -> None:
     assert "slow-done" in outs[4] and "exited with code 0" in outs[4], outs[4]
     assert result.final_output == "built it"
     # the run's VM is gone with the run (no pause_on_exit)
-    assert av.vms.list(labels={"suite": "py-agents"}) == []
+    assert av.vms.list(labels={"suite": label}) == []
 
 
 def test_pause_on_exit_suspends_and_a_later_run_resumes_it(av) -> None:
@@ -240,13 +242,14 @@ def test_a_lost_vm_comes_back_from_the_workspace_snapshot(av, tmp_path) -> None:
 
     async def go() -> None:
         client = AgentVMSandboxClient()
-        opts = AgentVMSandboxClientOptions(memory=512, labels={"suite": "py-agents-lost"})
+        label = uniq("py-agents-lost")
+        opts = AgentVMSandboxClientOptions(memory=512, labels={"suite": label})
         snaps = LocalSnapshotSpec(base_path=tmp_path)
         m1 = Scripted([[shell("mkdir -p src && echo 'print(1)' > src/app.py && ln -s src/app.py link.py && echo done", "c1")], [say("ok")]])
         r1 = await Runner.run(agent(m1), "one", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, options=opts, snapshot=snaps)))
         saved = json.loads(json.dumps(r1.to_state().to_json()["sandbox"]["session_state"]))
         first = saved["vm_id"]
-        assert av.vms.list(labels={"suite": "py-agents-lost"}) == []  # deleted with the run
+        assert av.vms.list(labels={"suite": label}) == []  # deleted with the run
         m2 = Scripted([[shell("cat src/app.py README.md; readlink link.py", "c1")], [say("ok")]])
         r2 = await Runner.run(agent(m2), "two", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, session_state=client.deserialize_session_state(saved))))
         out = tool_outputs(r2)[0]
@@ -254,3 +257,29 @@ def test_a_lost_vm_comes_back_from_the_workspace_snapshot(av, tmp_path) -> None:
         assert r2.to_state().to_json()["sandbox"]["session_state"]["vm_id"] != first
 
     run(go())
+
+
+def test_a_terminal_session_across_tool_calls(av) -> None:
+    """exec_command with tty runs in an agentvm terminal; write_stdin, a
+    later tool call (another task), types into it and reads the answer."""
+
+    def answer(outputs: list[str]):
+        sid = int(outputs[-1].split("session ID ")[1].split()[0])
+        return [stdin(sid, "hello\n", "c2", yield_time_ms=30_000)]
+
+    model = Scripted([
+        [shell("read x; echo got-$x; exit 0", "c1", tty=True, yield_time_ms=500)],
+        answer,
+        [shell("tty; echo exit-$?", "c3", tty=True, yield_time_ms=30_000)],
+        [say("done")],
+    ])  # fmt: skip
+
+    async def go():
+        client = AgentVMSandboxClient()
+        opts = AgentVMSandboxClientOptions(memory=512)
+        return await Runner.run(agent(model), "talk", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, options=opts, snapshot=NoopSnapshotSpec())))
+
+    outs = tool_outputs(run(go()))
+    assert "Process running with session ID" in outs[0], outs[0]
+    assert "got-hello" in outs[1] and "Process exited with code 0" in outs[1], outs[1]
+    assert "/dev/pts/" in outs[2] and "exit-0" in outs[2] and "exited with code 0" in outs[2], outs[2]

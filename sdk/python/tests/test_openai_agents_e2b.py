@@ -37,20 +37,25 @@ def test_the_e2b_client_of_openai_agents_runs_on_agentvm() -> None:
         m1 = Scripted([
             [shell("cat README.md; pwd; echo kept > state.txt", "c1")],
             [patch("*** Begin Patch\n*** Add File: a.txt\n+patched\n*** End Patch\n", "c2")],
-            [shell("cat a.txt; sleep 2; echo slow", "c3", yield_time_ms=500)],
+            [shell("cat a.txt; sleep 20; echo slow", "c3", yield_time_ms=5000)],
             [say("done")],
         ])  # fmt: skip
         r1 = await Runner.run(agent(m1), "go", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, options=opts, snapshot=NoopSnapshotSpec())))
+        saved = json.loads(json.dumps(r1.to_state().to_json()["sandbox"]["session_state"]))
+        try:
+            await check(client, r1, saved)
+        finally:
+            from e2b import AsyncSandbox
+
+            await AsyncSandbox.kill(saved["sandbox_id"])
+
+    async def check(client, r1, saved) -> None:
         outs = tool_outputs(r1)
         assert "from the manifest\n/home/user/workspace" in outs[0], outs[0]
         assert "a.txt" in outs[1], outs[1]
         assert "patched" in outs[2] and "session ID" in outs[2], outs[2]
-        saved = json.loads(json.dumps(r1.to_state().to_json()["sandbox"]["session_state"]))
         m2 = Scripted([[shell("cat state.txt a.txt", "c1")], [say("done")]])
         r2 = await Runner.run(agent(m2), "again", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, session_state=client.deserialize_session_state(saved))))
         assert "kept\npatched" in tool_outputs(r2)[0], tool_outputs(r2)
-        from e2b import AsyncSandbox
-
-        await AsyncSandbox.kill(saved["sandbox_id"])
 
     asyncio.run(go())

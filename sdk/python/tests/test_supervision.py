@@ -116,6 +116,7 @@ def test_server_calls(av) -> None:
     h = av.health()
     assert h.status == "ok" and h.accel in ("kvm", "tcg")
     assert "agentvm_" in av.metrics()
-    assert av.host()
+    host = av.host()
+    assert host.accel == h.accel and host.memory_total_bytes > 0 and host.running >= 0, host
     with pytest.raises(agentvm.NotFound):
         av.ca()  # not running with --tls auto

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from conftest import needs_server, until
@@ -56,7 +57,7 @@ def test_round_trip_resize_detach_reattach_signals_exit(vm) -> None:
     out.done()
     assert term.exit is None
     until("the loop to finish with nobody attached", lambda: vm.files.exists("/tmp/loop-done"))
-    assert [(t.name, t.clients, t.exited) for t in vm.terminals.list()] == [("work", 0, False)]
+    until("the server to see the detach", lambda: [(t.name, t.clients, t.exited) for t in vm.terminals.list()] == [("work", 0, False)])
 
     term = vm.terminals.attach("work")
     out = Collector(term)
@@ -126,3 +127,16 @@ def test_async_terminal(vm) -> None:
                 await v.terminals.attach("no-such-terminal")
 
     asyncio.run(go())
+
+
+def test_close_returns_while_output_floods_unread(vm) -> None:
+    vm.terminals.create("flood", argv=["sh", "-c", "seq 1 2000000; sleep 600"])
+    term = vm.terminals.attach("flood")
+    assert term.read(timeout=60)
+    time.sleep(3)  # output piles up, nobody reads it
+    t = threading.Thread(target=term.close, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "close() did not return"
+    assert term.read() is None
+    vm.terminals.kill("flood")

@@ -72,6 +72,9 @@ def test_token_and_url_defaults(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("AGENTVM_TOKEN", "avm_env")
     assert default_token(str(tmp_path)) == "avm_env"
     assert "Authorization" not in agentvm.AgentVM("http://h:1/", token="")._t.headers
+    # the environment's token goes only to the environment's server
+    assert "Authorization" not in agentvm.AgentVM("http://elsewhere:1")._t.headers
+    assert agentvm.AgentVM("http://elsewhere:1", token="t2")._t.headers["Authorization"] == "Bearer t2"
     with pytest.raises(ValueError, match="must start with http"):
         agentvm.AgentVM("127.0.0.1:7070")
 
@@ -130,3 +133,83 @@ def test_unreachable_server_is_a_typed_error() -> None:
 
     with pytest.raises(agentvm.ConnectionFailed):
         asyncio.run(go())
+
+
+def test_websocket_messages_pings_fragments_and_close() -> None:
+    import wsproto.events as wse
+    from wsproto.connection import Connection, ConnectionType
+
+    from agentvm._ws import WebSocket, check_accept, handshake_headers
+
+    server = Connection(ConnectionType.SERVER)
+    ws = WebSocket()
+    wire = server.send(wse.BytesMessage(data=b"out", message_finished=False)) + server.send(wse.BytesMessage(data=b"put"))
+    wire += server.send(wse.Ping(payload=b"p1")) + server.send(wse.TextMessage(data='{"type":"exit"}'))
+    msgs, reply = ws.receive(wire[:7])  # cut mid-frame
+    more, reply2 = ws.receive(wire[7:])
+    assert msgs + more == [(True, b"output"), (False, '{"type":"exit"}')]
+    server.receive_data(reply + reply2)
+    assert [type(e).__name__ for e in server.events()] == ["Pong"]
+    server.receive_data(ws.send("hi") + ws.send(b"\x00\x01"))
+    got = list(server.events())
+    assert got[0].data == "hi" and got[1].data == b"\x00\x01"
+    _, reply = ws.receive(server.send(wse.CloseConnection(code=1000)))
+    assert ws.closed and reply  # the close is answered
+    with pytest.raises(agentvm.StreamLost):
+        ws.send(b"late")
+    h = handshake_headers()
+    with pytest.raises(agentvm.StreamLost, match="Sec-WebSocket-Accept"):
+        check_accept(h, {"Sec-WebSocket-Accept": "wrong"})
+
+
+def test_terminal_exit_message_without_a_code_is_a_clean_exit() -> None:
+    import wsproto.events as wse
+    from wsproto.connection import Connection, ConnectionType
+
+    from agentvm.terminals import _TermState
+
+    server = Connection(ConnectionType.SERVER)
+    st = _TermState()
+    st.take(server.send(wse.BytesMessage(data=b"bye\r\n")) + server.send(wse.TextMessage(data='{"type":"exit"}')))
+    assert list(st.out) == [b"bye\r\n"] and st.exit == {"type": "exit", "exit_code": 0}
+
+
+def test_errors_after_a_request_was_sent_are_not_connection_failures() -> None:
+    def broken(req: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("server hung up", request=req)
+
+    st = SyncTransport("http://x", "t")
+    st.client = httpx.Client(transport=httpx.MockTransport(broken))
+    with pytest.raises(agentvm.StreamLost, match="may have been carried out"):
+        _Thing(st).two_calls("a/b")
+
+
+def test_a_stream_is_closed_unless_the_op_keeps_it() -> None:
+    def ok(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=iter([b"line\n"]))  # a body not read yet
+
+    st = SyncTransport("http://x", "t")
+    st.client = httpx.Client(transport=httpx.MockTransport(ok))
+    seen: list[httpx.Response] = []
+
+    class Ops:
+        _t = st
+
+        @op
+        def keeps(self):
+            r = yield Call("GET", "/s", stream=True)
+            seen.append(r)
+            return r
+
+        @op
+        def fails(self):
+            r = yield Call("GET", "/s", stream=True)
+            seen.append(r)
+            raise ValueError("the op failed")
+
+    kept = Ops().keeps()
+    assert not kept.is_closed
+    kept.close()
+    with pytest.raises(ValueError):
+        Ops().fails()
+    assert seen[1].is_closed

@@ -3,7 +3,7 @@
 ``AgentVM`` is the sync client, ``AsyncAgentVM`` the async one; both take
 the server from AGENTVM_URL and the token from AGENTVM_TOKEN (else the
 admin token in the data dir), as the CLI does. The OpenAI Agents SDK
-sandbox provider is ``agentvm.agents`` (pip install 'agentvm-sdk[agents]').
+sandbox provider is ``agentvm.openai_agents`` (pip install 'agentvm-sdk[agents]').
 """
 
 from . import models

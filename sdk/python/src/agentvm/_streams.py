@@ -92,7 +92,12 @@ def json_lines(model: type[M]) -> Callable[[str], M]:
 
 class ByteStream(_Stream):
     """A raw body (a file, a tar stream, a job's output) in chunks as they
-    arrive; ``read()``/``aread()`` collect it whole."""
+    arrive; ``read()``/``aread()`` collect it whole. A file's stream has
+    its ``info`` (type, mode, size, mtime) from the answer's headers."""
+
+    def __init__(self, resp: httpx.Response, info: Any = None) -> None:
+        super().__init__(resp)
+        self.info = info
 
     def __iter__(self) -> Iterator[bytes]:
         try:

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import AgentVMError, ConnectionFailed, error_from_body
+from .errors import AgentVMError, ConnectionFailed, StreamLost, error_from_body
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 
@@ -31,6 +31,11 @@ T = TypeVar("T")
 def seg(s: str | int) -> str:
     """Escapes one path segment (a VM id or name, a terminal name, ...)."""
     return quote(str(s), safe="")
+
+
+def drop_none(**kw: Any) -> dict[str, Any]:
+    """A JSON body without the fields left unset."""
+    return {k: v for k, v in kw.items() if v is not None}
 
 
 def query(**q: Any) -> dict[str, Any]:
@@ -117,7 +122,10 @@ class _Base:
         self.url = (url or os.environ.get("AGENTVM_URL") or DEFAULT_URL).rstrip("/")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"agentvm URL {self.url!r} must start with http:// or https://")
-        self.token = default_token(data_dir) if token is None else token
+        # The token of the environment (or the local admin token) goes only
+        # to the server of the environment: a URL given here gets the token
+        # given with it, or none.
+        self.token = token if token is not None else (default_token(data_dir) if url is None else "")
         self.headers = dict(headers or {})
         if self.token:
             self.headers["Authorization"] = "Bearer " + self.token
@@ -127,8 +135,15 @@ class _Base:
         self._timeout = httpx.Timeout(t, read=None)
         self._verify = True if verify is None else verify
 
-    def _unreachable(self, err: Exception) -> AgentVMError:
-        return ConnectionFailed(0, "connection_failed", f"cannot reach agentvm at {self.url} (is `agentvm serve` running?): {err}")
+    def _failed(self, call: Call, err: Exception) -> AgentVMError:
+        """The error of a request that got no answer: not sent at all
+        (ConnectionFailed), or broken after it was sent, when the server may
+        have acted on it (StreamLost)."""
+        if isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return ConnectionFailed(0, "connection_failed", f"cannot reach agentvm at {self.url} (is `agentvm serve` running?): {err}")
+        if isinstance(err, httpx.PoolTimeout):
+            return ConnectionFailed(0, "connection_failed", f"no free connection to {self.url} in time: this client has too many requests and streams open at once ({err})")
+        return StreamLost(f"{call.method} {call.path}: the connection broke after the request was sent, so it may have been carried out: {err!r}")
 
     def _request(self, client: httpx.Client | httpx.AsyncClient, call: Call) -> httpx.Request:
         return client.build_request(
@@ -152,12 +167,12 @@ class SyncTransport(_Base):
         req = self._request(self.client, call)
         try:
             resp = self.client.send(req, stream=call.stream or bool(call.upgrade))
-        except httpx.TransportError as err:
-            raise self._unreachable(err) from err
+        except (httpx.TransportError, httpx.DecodingError) as err:
+            raise self._failed(call, err) from err
         if resp.status_code >= 300:
             try:
                 body = resp.read()
-            except httpx.HTTPError:
+            except (httpx.HTTPError, httpx.StreamError):
                 body = b""
             finally:
                 resp.close()
@@ -178,7 +193,13 @@ class SyncTransport(_Base):
                 except AgentVMError as err:
                     call = gen.throw(err)
                     continue
-                call = gen.send(resp)
+                try:
+                    call = gen.send(resp)
+                except StopIteration:
+                    raise  # the op is done (and owns any stream it kept)
+                except BaseException:
+                    resp.close()  # a stream the op did not take over
+                    raise
         except StopIteration as stop:
             return stop.value
 
@@ -199,12 +220,12 @@ class AsyncTransport(_Base):
         req = self._request(self.client, call)
         try:
             resp = await self.client.send(req, stream=call.stream or bool(call.upgrade))
-        except httpx.TransportError as err:
-            raise self._unreachable(err) from err
+        except (httpx.TransportError, httpx.DecodingError) as err:
+            raise self._failed(call, err) from err
         if resp.status_code >= 300:
             try:
                 body = await resp.aread()
-            except httpx.HTTPError:
+            except (httpx.HTTPError, httpx.StreamError):
                 body = b""
             finally:
                 await resp.aclose()
@@ -225,7 +246,13 @@ class AsyncTransport(_Base):
                 except AgentVMError as err:
                     call = gen.throw(err)
                     continue
-                call = gen.send(resp)
+                try:
+                    call = gen.send(resp)
+                except StopIteration:
+                    raise  # the op is done (and owns any stream it kept)
+                except BaseException:
+                    await resp.aclose()  # a stream the op did not take over
+                    raise
         except StopIteration as stop:
             return stop.value
 

@@ -8,15 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from ._streams import LineStream, json_lines, parse, parse_list
-from ._transport import AsyncTransport, Call, Op, SyncTransport, op, query, seg
+from ._transport import AsyncTransport, Call, Op, SyncTransport, drop_none, op, query, seg
 from .models import VM as VMInfo
 from .models import Event, Health, HostInfo, NetworkInfo, Node, Snapshot, SSHInfo, Token
 from .resources import Domains
 from .vm import VM
 
-
-def _drop_none(**kw: Any) -> dict[str, Any]:
-    return {k: v for k, v in kw.items() if v is not None}
 
 
 class VMs:
@@ -50,7 +47,7 @@ class VMs:
         (``from_snapshot``, its id or name). memory and disk are MiB or
         sizes such as "2G". A retry with the same idempotency_key returns
         the VM the first call created."""
-        body = _drop_none(
+        body = drop_none(
             name=name, image=image, cpus=cpus, memory=memory, disk=disk, labels=labels, env=env, idle_timeout=idle_timeout,
             delete_after=delete_after, restart=restart, network=network, egress=egress, anti_affinity=anti_affinity,
         )  # fmt: skip
@@ -112,7 +109,7 @@ class Tokens:
     @op
     def create(self, *, vm: str | None = None, admin: bool | None = None, allow: list[str] | None = None, ttl: str | None = None, user: str | None = None, name: str | None = None, ssh_keys: list[str] | None = None, e2b: bool | None = None) -> Op[Token]:
         """Issues a token; its secret is in ``token`` (only in this answer)."""
-        r = yield Call("POST", "/v1/tokens", json=_drop_none(vm=vm, admin=admin, allow=allow, ttl=ttl, user=user, name=name, ssh_keys=ssh_keys, e2b=e2b))
+        r = yield Call("POST", "/v1/tokens", json=drop_none(vm=vm, admin=admin, allow=allow, ttl=ttl, user=user, name=name, ssh_keys=ssh_keys, e2b=e2b))
         return parse(Token, r.json())
 
     @op
@@ -134,7 +131,7 @@ class Networks:
 
     @op
     def create(self, name: str, *, egress: dict[str, Any] | None = None) -> Op[NetworkInfo]:
-        r = yield Call("POST", "/v1/networks", json=_drop_none(name=name, egress=egress))
+        r = yield Call("POST", "/v1/networks", json=drop_none(name=name, egress=egress))
         return parse(NetworkInfo, r.json())
 
     @op

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 
+from ._conn import hard_close
 from .errors import StreamLost
 from .models import ExitStatus
 
@@ -202,11 +203,13 @@ class Process:
         self._send(encode_frame(SIGNAL, str(signal_number(sig)).encode()))
 
     def kill(self) -> None:
-        """Closes the stream; a command still running is killed by the guest."""
+        """Closes the stream (from any thread: a read or write blocked in
+        another ends with StreamLost); a command still running is killed by
+        the guest."""
         if not self._closed:
             self._closed = True
             try:
-                self._ns.close()
+                hard_close(self._ns)
             finally:
                 self._resp.close()
 
@@ -334,41 +337,52 @@ class AsyncProcess:
         await self.kill()
 
 
-def feed_stdin(p: Process, src: str | bytes | Iterable[str | bytes]) -> threading.Thread:
-    """Writes src to p's stdin and closes it, in a thread, so that output is
-    read while input is still being written (a command that echoes its
-    input would otherwise fill both pipes and stall)."""
+class Feeder:
+    """Writes a command's stdin while its output is read (a command that
+    echoes its input would otherwise fill both pipes and stall), and keeps
+    the error of a source that failed, which the caller re-raises."""
 
-    def go() -> None:
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def run(self, p: Process, src: str | bytes | Iterable[str | bytes]) -> threading.Thread:
+        def go() -> None:
+            try:
+                if isinstance(src, (str, bytes, bytearray)):
+                    p.close_stdin(src)
+                    return
+                for chunk in src:
+                    p.write(chunk)
+                p.close_stdin()
+            except StreamLost:
+                pass  # the command exited before reading all of its input
+            except BaseException as err:  # the source failed: end the command
+                self.error = err
+                p.kill()
+
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        return t
+
+    async def arun(self, p: AsyncProcess, src: str | bytes | Iterable[str | bytes] | AsyncIterable[str | bytes]) -> None:
         try:
             if isinstance(src, (str, bytes, bytearray)):
-                p.close_stdin(src)
+                await p.close_stdin(src)
                 return
-            for chunk in src:
-                p.write(chunk)
-            p.close_stdin()
+            if isinstance(src, AsyncIterable):
+                async for chunk in src:
+                    await p.write(chunk)
+            else:
+                for chunk in src:
+                    await p.write(chunk)
+            await p.close_stdin()
         except StreamLost:
-            pass  # the command exited before reading all of its input
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
-
-
-async def afeed_stdin(p: AsyncProcess, src: str | bytes | Iterable[str | bytes] | AsyncIterable[str | bytes]) -> None:
-    try:
-        if isinstance(src, (str, bytes, bytearray)):
-            await p.close_stdin(src)
-            return
-        if isinstance(src, AsyncIterable):
-            async for chunk in src:
-                await p.write(chunk)
-        else:
-            for chunk in src:
-                await p.write(chunk)
-        await p.close_stdin()
-    except StreamLost:
-        pass
+            pass
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as err:
+            self.error = err
+            await p.kill()
 
 
 class Connection:
@@ -379,15 +393,22 @@ class Connection:
         self._ns = resp.extensions["network_stream"]
 
     def send(self, data: bytes) -> None:
-        self._ns.write(data)
+        try:
+            self._ns.write(data)
+        except Exception as err:
+            raise StreamLost(f"the TCP stream broke: {err}") from err
 
     def recv(self, n: int = 65536) -> bytes:
         """Up to n bytes; b"" once the other side closed."""
-        return self._ns.read(n)
+        try:
+            return self._ns.read(n)
+        except Exception as err:
+            raise StreamLost(f"the TCP stream broke: {err}") from err
 
     def close(self) -> None:
+        """Closes the stream (from any thread)."""
         try:
-            self._ns.close()
+            hard_close(self._ns)
         finally:
             self._resp.close()
 
@@ -406,10 +427,16 @@ class AsyncConnection:
         self._ns = resp.extensions["network_stream"]
 
     async def send(self, data: bytes) -> None:
-        await self._ns.write(data)
+        try:
+            await self._ns.write(data)
+        except Exception as err:
+            raise StreamLost(f"the TCP stream broke: {err}") from err
 
     async def recv(self, n: int = 65536) -> bytes:
-        return await self._ns.read(n)
+        try:
+            return await self._ns.read(n)
+        except Exception as err:
+            raise StreamLost(f"the TCP stream broke: {err}") from err
 
     async def aclose(self) -> None:
         try:

@@ -21,7 +21,7 @@ class RunCodeRequest(BaseModel):
         extra="allow",
     )
     code: str
-    language: Literal["python", "javascript", "js", "bash"] | None = Field(
+    language: Literal["python", "javascript", "js", "bash"] | str | None = Field(
         None,
         description="run in this language's default context (default python); not with context",
     )
@@ -40,7 +40,7 @@ class CodeEvent(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    type: Literal["stdout", "stderr", "result", "error", "count", "end"]
+    type: Literal["stdout", "stderr", "result", "error", "count", "end"] | str
     text: str | None = Field(None, description="stdout and stderr")
     data: dict[str, Any] | None = Field(
         None,
@@ -156,7 +156,7 @@ class Port(BaseModel):
         extra="allow",
     )
     port: int | None = None
-    kind: Literal["http", "tcp"] | None = None
+    kind: Literal["http", "tcp"] | str | None = None
     public: bool | None = None
     url: str | None = Field(None, description="preview URL (http)")
     host: str | None = Field(None, description="host address (tcp)")
@@ -177,7 +177,7 @@ class Egress(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    mode: Literal["public", "deny", "allow"] | None = None
+    mode: Literal["public", "deny", "allow"] | str | None = None
     allow: list[str] | None = Field(
         None,
         description="CIDRs, IPs and domain names (a domain admits its subdomains); mode allow",
@@ -214,7 +214,7 @@ class CreateTokenRequest(BaseModel):
         description="The secret is an E2B API key (e2b_ and 40 hex digits) for the E2B-compatible API. Without a vm it is an admin key (default TTL 8760h).",
     )
     allow: (
-        list[Literal["exec", "files", "ssh", "term", "preview", "display"]] | None
+        list[Literal["exec", "files", "ssh", "term", "preview", "display"] | str] | None
     ) = Field(None, description="Default all.")
     ttl: str | None = Field(
         None, description="Go duration, default 1h, at most 8760h", examples=["1h"]
@@ -286,7 +286,7 @@ class FileInfo(BaseModel):
     )
     name: str | None = None
     path: str | None = None
-    type: Literal["file", "dir", "symlink", "other"] | None = None
+    type: Literal["file", "dir", "symlink", "other"] | str | None = None
     size: int | None = None
     mode: int | None = Field(None, description="permission bits (07777)")
     uid: int | None = None
@@ -305,7 +305,7 @@ class Error1(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    code: Literal["invalid_argument", "not_found", "conflict", "unauthorized", "insufficient_storage", "unavailable", "internal", "forbidden", "permission_denied", "exists", "not_empty", "is_directory", "not_directory", "no_space", "state_incompatible", "other_node"]
+    code: Literal["invalid_argument", "not_found", "conflict", "unauthorized", "insufficient_storage", "unavailable", "internal", "forbidden", "permission_denied", "exists", "not_empty", "is_directory", "not_directory", "no_space", "state_incompatible", "other_node"] | str
     message: str = Field(..., description="Human-readable message.")
 
 
@@ -330,9 +330,9 @@ class Health(BaseModel):
     )
     domain: str | None = Field(None, description="the preview host suffix")
     ssh: str | None = Field(None, description="the SSH gateway's address")
-    status: Literal["ok"]
+    status: Literal["ok"] | str
     version: str = Field(..., examples=["0.1.0-dev"])
-    accel: Literal["kvm", "tcg"] = Field(..., description="Accelerator in use.")
+    accel: Literal["kvm", "tcg"] | str = Field(..., description="Accelerator in use.")
     warm_pool: dict[str, int] | None = Field(
         None,
         description='Ready warm-pool VMs per shape, keyed "<cpus>x<memory MiB>" (serve --warm-pool).\nA create of a shape with a ready pool VM only pushes the new identity to it.\n',
@@ -341,9 +341,9 @@ class Health(BaseModel):
 
 
 class VMState(
-    RootModel[Literal["creating", "running", "paused", "suspended", "stopped", "crashed", "deleting", "error"]]
+    RootModel[Literal["creating", "running", "paused", "suspended", "stopped", "crashed", "deleting", "error"] | str]
 ):
-    root: Literal["creating", "running", "paused", "suspended", "stopped", "crashed", "deleting", "error"] = (
+    root: Literal["creating", "running", "paused", "suspended", "stopped", "crashed", "deleting", "error"] | str = (
         Field(
             ...,
             description="VM state. `creating` and `deleting` are transient. `running`: the guest\nruns. `paused`: its vCPUs are frozen, memory stays in RAM (pause).\n`suspended`: its memory and device state are saved to disk and it has\nno QEMU process (suspend, or the server's shutdown); it is woken on\nrequest. `stopped` is a clean shutdown (including a guest power-off);\n`crashed` is an unexpected QEMU exit. `error` is defined (and accepted\nby the state checks) but not currently assigned by the server.\n",
@@ -434,7 +434,7 @@ class CreateVMRequest(BaseModel):
         None, description="suspend after this long without activity", examples=["15m"]
     )
     delete_after: str | None = Field(None, examples=["24h"])
-    restart: Literal["never", "on-failure", "always"] | None = None
+    restart: Literal["never", "on-failure", "always"] | str | None = None
     network: str | None = Field(None, description="put the VM on this private network")
     egress: Egress | None = None
     anti_affinity: str | None = Field(
@@ -486,7 +486,7 @@ class OpStats(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    name: Literal["pause", "resume", "suspend", "resize"]
+    name: Literal["pause", "resume", "suspend", "resize"] | str
     took_ms: int = Field(
         ...,
         description="Duration of the operation in milliseconds; 0 for a no-op (already in the target state) and always 0 for resize.",
@@ -672,7 +672,7 @@ class ExecEvent(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    type: Literal["stdout", "stderr", "stdout_base64", "stderr_base64", "exit", "error"]
+    type: Literal["stdout", "stderr", "stdout_base64", "stderr_base64", "exit", "error"] | str
     data: str | None = None
     exit_code: int | None = None
     signal: str | None = None
@@ -756,7 +756,7 @@ class VM(BaseModel):
         None,
         description="for a lost node's VM without a stored state of its own: its newest stored snapshot, which any node asked to act on the VM restores it from (what it did since is gone)",
     )
-    image: Literal["default", "code-interpreter", "browser"] = Field(
+    image: Literal["default", "code-interpreter", "browser"] | str = Field(
         ..., description="the image the VM was made from"
     )
     idle_timeout_s: int | None = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import io
 import shlex
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from agents.sandbox.session.pty_types import (
     PtyExecUpdate,
     allocate_pty_process_id,
     clamp_pty_yield_time_ms,
+    process_id_to_prune_from_meta,
     resolve_pty_write_yield_time_ms,
 )
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
@@ -98,8 +100,6 @@ class AgentVMSandboxSessionState(SandboxSessionState):
     type: Literal["agentvm"] = "agentvm"
     vm_id: str
     options: AgentVMSandboxClientOptions = AgentVMSandboxClientOptions()
-    #: preview-only tokens minted per port, reused while the VM lives
-    preview_queries: dict[int, str] = {}
 
 
 @dataclass
@@ -115,6 +115,12 @@ class _Pty:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     exit_code: int | None = None
     reader: asyncio.Task[None] | None = None
+    last_used: float = field(default_factory=time.monotonic)
+
+
+# The preview token of a session's private ports lives an hour and is
+# renewed when less than ten minutes of it are left.
+PREVIEW_TTL, PREVIEW_TTL_S, PREVIEW_RENEW_S = "1h", 3600.0, 600.0
 
 
 def _split_user(argv: list[str]) -> tuple[list[str], str | None]:
@@ -141,6 +147,11 @@ class AgentVMSandboxSession(BaseSandboxSession):
         self._av = av
         self._ptys: dict[int, _Pty] = {}
         self._pty_lock = asyncio.Lock()
+        # The preview token of this session's private ports: kept here, not
+        # in the state (which applications store), short-lived, renewed
+        # when it runs out, revoked at shutdown.
+        self._preview: tuple[str, str, float] | None = None  # (token id, secret, expiry)
+        self._preview_lock = asyncio.Lock()
 
     @property
     def vm(self) -> VM:
@@ -155,6 +166,7 @@ class AgentVMSandboxSession(BaseSandboxSession):
 
     async def _shutdown_backend(self) -> None:
         await self.pty_terminate_all()
+        await self._revoke_preview()
         try:
             if self.state.options.pause_on_exit:
                 await self.vm.suspend()
@@ -181,12 +193,14 @@ class AgentVMSandboxSession(BaseSandboxSession):
     async def _exec_internal(self, *command: str | Path, timeout: float | None = None) -> ExecResult:
         argv, user = _split_user([str(c) for c in command])
         try:
-            r = await self.vm.exec(argv, env=await self._env(), cwd=self._cwd(), user=user, timeout=_timeout_arg(timeout))
+            # The streaming path: the output as bytes, whole (a buffered
+            # exec's is text, and bounded).
+            r = await self.vm.run(argv, env=await self._env(), cwd=self._cwd(), user=user, timeout=_timeout_arg(timeout))
         except AgentVMError as err:
             raise ExecTransportError(command=argv, cause=err) from err
         if r.timed_out:
             raise ExecTimeoutError(command=argv, timeout_s=timeout)
-        return ExecResult(stdout=r.stdout.encode(), stderr=r.stderr.encode(), exit_code=r.exit_code)
+        return ExecResult(stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code)
 
     def supports_pty(self) -> bool:
         return True
@@ -207,23 +221,27 @@ class AgentVMSandboxSession(BaseSandboxSession):
             if tty:
                 # A terminal of the VM: a real PTY, listed by `agentvm term ls`.
                 name = f"agent-{uuid.uuid4().hex[:10]}"
-                env = await self._env()
-                cwd = self._cwd()
                 line = shlex.join(argv)
-                if cwd:
+                if timeout is not None:
+                    line = f"exec timeout -k 5 {max(timeout, 0.001):.3f}s {line}"
+                if (cwd := self._cwd()) is not None:
                     line = f"cd {shlex.quote(cwd)} && {line}"
-                await self.vm.terminals.create(name, argv=["sh", "-c", line], env=env or None, user=run_as, cols=80, rows=24)
+                await self.vm.terminals.create(name, argv=["sh", "-c", line], env=await self._env() or None, user=run_as, cols=80, rows=24)
                 entry.term_name = name
-                entry.term = await self.vm.terminals.attach(name)
+                try:
+                    entry.term = await self.vm.terminals.attach(name)
+                except AgentVMError:
+                    await self._end(entry)
+                    raise
             else:
                 entry.proc = await self.vm.spawn(argv, env=await self._env(), cwd=self._cwd(), user=run_as, timeout=_timeout_arg(timeout))
         except AgentVMError as err:
             raise ExecTransportError(command=argv, cause=err) from err
         entry.reader = asyncio.create_task(self._pump(entry))
         async with self._pty_lock:
+            pruned = self._prune() if len(self._ptys) >= PTY_PROCESSES_MAX else None
             pid = allocate_pty_process_id(set(self._ptys))
             self._ptys[pid] = entry
-            pruned = self._prune() if len(self._ptys) > PTY_PROCESSES_MAX else None
         if pruned is not None:
             await self._end(pruned)
         ms = 10_000 if yield_time_s is None else int(yield_time_s * 1000)
@@ -232,6 +250,7 @@ class AgentVMSandboxSession(BaseSandboxSession):
     async def pty_write_stdin(self, *, session_id: int, chars: str, yield_time_s: float | None = None, max_output_tokens: int | None = None) -> PtyExecUpdate:
         async with self._pty_lock:
             entry = self._resolve_pty_session_entry(pty_processes=self._ptys, session_id=session_id)
+            entry.last_used = time.monotonic()
         if chars:
             data = chars.encode()
             try:
@@ -239,7 +258,7 @@ class AgentVMSandboxSession(BaseSandboxSession):
                     await entry.term.write(data)
                 elif entry.proc is not None:
                     await entry.proc.write(data)
-            except AgentVMError as err:
+            except AgentVMError as err:  # StreamLost included: the process is gone
                 raise ExecTransportError(command=["write_stdin"], cause=err) from err
         ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
         return await self._update(session_id, entry, resolve_pty_write_yield_time_ms(yield_time_ms=ms, input_empty=chars == ""), max_output_tokens)
@@ -266,7 +285,7 @@ class AgentVMSandboxSession(BaseSandboxSession):
                     async with e.lock:
                         e.chunks.append(data)
                     e.notify.set()
-                e.exit_code = int((e.term.exit or {}).get("exit_code", -1))
+                e.exit_code = int(e.term.exit["exit_code"]) if e.term.exit else -1
         except AgentVMError:
             e.exit_code = -1 if e.exit_code is None else e.exit_code
         finally:
@@ -294,22 +313,29 @@ class AgentVMSandboxSession(BaseSandboxSession):
         return PtyExecUpdate(process_id=live, output=out, exit_code=code, original_token_count=tokens)
 
     def _prune(self) -> _Pty | None:
-        done = [pid for pid, e in self._ptys.items() if e.done.is_set()]
-        pid = done[0] if done else next(iter(self._ptys))
-        return self._ptys.pop(pid)
+        """The session to end for room, chosen as the SDK's own providers
+        do: a finished one, else the least recently used that is not among
+        the newest few."""
+        meta = [(pid, e.last_used, e.done.is_set()) for pid, e in self._ptys.items()]
+        pid = process_id_to_prune_from_meta(meta)
+        return self._ptys.pop(pid) if pid is not None else None
 
     async def _end(self, e: _Pty) -> None:
-        if e.proc is not None:
-            await e.proc.kill()
-        if e.term is not None:
-            await e.term.close()
-        if e.term_name is not None:
-            try:
-                await self.vm.terminals.kill(e.term_name)
-            except AgentVMError:
-                pass
-        if e.reader is not None and not e.reader.done():
-            e.reader.cancel()
+        """Ends a session's process and everything of it, whatever fails."""
+        try:
+            if e.proc is not None:
+                await e.proc.kill()
+            if e.term is not None:
+                await e.term.close()
+        finally:
+            if e.reader is not None and not e.reader.done():
+                e.reader.cancel()
+                await asyncio.gather(e.reader, return_exceptions=True)
+            if e.term_name is not None:
+                try:
+                    await self.vm.terminals.kill(e.term_name)
+                except AgentVMError:
+                    pass
 
     # --- files -------------------------------------------------------------
 
@@ -362,28 +388,43 @@ class AgentVMSandboxSession(BaseSandboxSession):
 
     async def _resolve_exposed_port(self, port: int) -> ExposedPortEndpoint:
         opts = self.state.options
+
+        def unavailable(why: str) -> ExposedPortUnavailableError:
+            return ExposedPortUnavailableError(port=port, exposed_ports=self.state.exposed_ports, reason="backend_unavailable", context={"error": why})
+
         try:
             p = await self.vm.ports.expose(port, public=opts.public_ports)
         except AgentVMError as err:
-            raise ExposedPortUnavailableError(port=port, exposed_ports=self.state.exposed_ports, reason="backend_unavailable", context={"error": str(err)}) from err
+            raise unavailable(str(err)) from err
         u = urlsplit(p.url or "")
         if not u.hostname:
-            raise ExposedPortUnavailableError(port=port, exposed_ports=self.state.exposed_ports, reason="backend_unavailable", context={"error": "no preview URL"})
+            raise unavailable("no preview URL")
         tls = u.scheme == "https"
         q = ""
         if not opts.public_ports:
-            q = self.state.preview_queries.get(port, "")
-            if not q:
-                try:
-                    tok = await self._av.tokens.create(vm=self.state.vm_id, allow=["preview"], ttl="24h", name=f"openai-agents-preview-{port}")
-                except AgentVMError as err:
-                    raise ExposedPortUnavailableError(
-                        port=port, exposed_ports=self.state.exposed_ports, reason="backend_unavailable",
-                        context={"error": f"a private preview needs a preview token, and minting one failed ({err}); use an admin client or public_ports=True"},
-                    ) from err  # fmt: skip
-                q = f"agentvm_token={tok.token}"
-                self.state.preview_queries[port] = q
+            try:
+                q = "agentvm_token=" + await self._preview_token()
+            except AgentVMError as err:
+                raise unavailable(f"a private preview's endpoint carries a preview token, and minting one failed ({err}); use an admin client or public_ports=True") from err
         return ExposedPortEndpoint(host=u.hostname, port=u.port or (443 if tls else 80), tls=tls, query=q)
+
+    async def _preview_token(self) -> str:
+        """This session's preview-only token of its VM, minted on first use
+        and renewed before it runs out."""
+        async with self._preview_lock:
+            if self._preview is None or self._preview[2] - time.monotonic() < PREVIEW_RENEW_S:
+                await self._revoke_preview()
+                tok = await self._av.tokens.create(vm=self.state.vm_id, allow=["preview"], ttl=PREVIEW_TTL, name="openai-agents-preview")
+                self._preview = (tok.id, tok.token or "", time.monotonic() + PREVIEW_TTL_S)
+            return self._preview[1]
+
+    async def _revoke_preview(self) -> None:
+        preview, self._preview = self._preview, None
+        if preview is not None:
+            try:
+                await self._av.tokens.revoke(preview[0])
+            except AgentVMError:
+                pass  # gone already, or the VM with it
 
 
 def _user_name(user: str | User | None) -> str | None:
@@ -434,7 +475,6 @@ class AgentVMSandboxClient(BaseSandboxClient[AgentVMSandboxClientOptions]):
             # (or the manifest).
             vm = await self._make_vm(state.options.model_copy(update={"name": None}))
             state.vm_id = vm.id
-            state.preview_queries = {}
             state.workspace_root_ready = False
             kept = False
         inner = AgentVMSandboxSession(state=state, av=self.av)
@@ -460,7 +500,7 @@ class AgentVMSandboxClient(BaseSandboxClient[AgentVMSandboxClientOptions]):
         out = []
         for child in res.children:
             sid = uuid.uuid4()
-            cs = state.model_copy(deep=True, update={"session_id": sid, "vm_id": child.id, "preview_queries": {}, "snapshot": resolve_snapshot(None, str(sid))})
+            cs = state.model_copy(deep=True, update={"session_id": sid, "vm_id": child.id, "snapshot": resolve_snapshot(None, str(sid))})
             cs.options = state.options.model_copy(update={"name": None})
             inner = AgentVMSandboxSession(state=cs, av=self.av)
             inner._set_start_state_preserved(True, system=True)

@@ -4,19 +4,18 @@ code contexts; and the server-wide domains. Each method is written once
 
 from __future__ import annotations
 
-import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from ._streams import ByteStream, LineStream, json_lines, parse, parse_list
-from ._transport import Call, Op, op, query, seg
+from ._transport import Call, Op, drop_none, op, query, seg
 from .errors import AgentVMError, NotFound, Unavailable
 from .exec import Command, exec_request
 from .models import CodeContext, CodeEvent, Domain, Event, FileInfo, JobInfo, Port, ServiceInfo
 
-
-def _drop_none(**kw: Any) -> dict[str, Any]:
-    return {k: v for k, v in kw.items() if v is not None}
 
 
 class _VMPart:
@@ -43,6 +42,35 @@ def _info_from_headers(path: str, h: Any) -> FileInfo:
     return parse(FileInfo, info)
 
 
+def _body(t: Any, data: Any) -> Any:
+    """An upload's body as httpx takes it on t's client: bytes as they are;
+    a file object read in 1 MiB chunks; on the async client, a sync source
+    (a file object or an iterable) read without blocking the event loop."""
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if hasattr(data, "read"):
+        f = data
+        if t.is_async:
+
+            async def chunks() -> AsyncIterator[bytes]:
+                while b := await anyio.to_thread.run_sync(f.read, 1 << 20):
+                    yield b
+
+            return chunks()
+        return iter(lambda: f.read(1 << 20), b"")
+    if t.is_async and not hasattr(data, "__aiter__"):
+        it = iter(data)
+
+        async def items() -> AsyncIterator[bytes]:
+            for b in it:
+                yield b.encode() if isinstance(b, str) else bytes(b)
+
+        return items()
+    return data
+
+
 class Files(_VMPart):
     """A VM's files. Relative paths start in the user's home directory;
     ``user`` runs the operation as that guest user."""
@@ -62,25 +90,18 @@ class Files(_VMPart):
     def stream(self, path: str, *, user: str | None = None, offset: int | None = None, length: int | None = None) -> Op[ByteStream]:
         """A file as chunks as they arrive (``info`` has its type, mode, size)."""
         r = yield Call("GET", self._p("/files"), params=query(path=path, user=user, offset=offset or None, length=length), stream=True)
-        s = ByteStream(r)
-        s.info = _info_from_headers(path, r.headers)  # type: ignore[attr-defined]
-        return s
+        return ByteStream(r, _info_from_headers(path, r.headers))
 
     @op
     def write(self, path: str, data: Any, *, user: str | None = None, mode: int | None = None, mkdirs: bool = False) -> Op[FileInfo]:
         """Replaces a file atomically with data: bytes, str, a file object or
         an iterable of bytes (an async iterable on the async client),
         streamed. Readers in the VM see the old or the new file."""
-        if isinstance(data, str):
-            data = data.encode()
-        elif hasattr(data, "read") and not isinstance(data, (bytes, bytearray)):
-            f = data
-            data = iter(lambda: f.read(1 << 20), b"")
         r = yield Call(
             "PUT",
             self._p("/files"),
             params=query(path=path, user=user, mode=f"{mode:04o}" if mode else None, mkdirs=mkdirs),
-            content=data,
+            content=_body(self._t, data),
             headers={"Content-Type": "application/octet-stream"},
         )
         return parse(FileInfo, r.json())
@@ -108,12 +129,12 @@ class Files(_VMPart):
     @op
     def mkdir(self, path: str, *, user: str | None = None, mode: int | None = None) -> Op[FileInfo]:
         """Creates a directory and its missing parents."""
-        r = yield Call("POST", self._p("/files/mkdir"), json=_drop_none(path=path, mode=mode, user=user))
+        r = yield Call("POST", self._p("/files/mkdir"), json=drop_none(path=path, mode=mode, user=user))
         return parse(FileInfo, r.json())
 
     @op
     def rename(self, src: str, dst: str, *, user: str | None = None, overwrite: bool = False) -> Op[FileInfo]:
-        r = yield Call("POST", self._p("/files/rename"), json=_drop_none(**{"from": src, "to": dst, "overwrite": overwrite or None, "user": user}))
+        r = yield Call("POST", self._p("/files/rename"), json=drop_none(**{"from": src, "to": dst, "overwrite": overwrite or None, "user": user}))
         return parse(FileInfo, r.json())
 
     @op
@@ -132,10 +153,7 @@ class Files(_VMPart):
         """Extracts a tar stream (bytes, a file object or an iterable of
         bytes) into the directory path, made if missing; returns the counts
         of files, dirs and bytes."""
-        if hasattr(tar, "read") and not isinstance(tar, (bytes, bytearray)):
-            f = tar
-            tar = iter(lambda: f.read(1 << 20), b"")
-        r = yield Call("PUT", self._p("/files/tar"), params=query(path=path, user=user), content=tar, headers={"Content-Type": "application/x-tar"})
+        r = yield Call("PUT", self._p("/files/tar"), params=query(path=path, user=user), content=_body(self._t, tar), headers={"Content-Type": "application/x-tar"})
         return r.json()
 
 
@@ -146,7 +164,7 @@ class Ports(_VMPart):
     def expose(self, port: int, *, public: bool = False, tcp: bool = False, host_port: int | None = None, host_addr: str | None = None) -> Op[Port]:
         """Exposes a port: an HTTP preview URL (``url``; ``public`` answers
         without a token), or with ``tcp`` a host TCP port."""
-        r = yield Call("POST", self._p("/ports"), json=_drop_none(port=port, public=public or None, tcp=tcp or None, host_port=host_port, host_addr=host_addr))
+        r = yield Call("POST", self._p("/ports"), json=drop_none(port=port, public=public or None, tcp=tcp or None, host_port=host_port, host_addr=host_addr))
         return parse(Port, r.json())
 
     @op
@@ -191,7 +209,7 @@ class Services(_VMPart):
     def create(self, name: str, command: Command | None = None, *, env: dict[str, str] | None = None, cwd: str | None = None, user: str | None = None, restart: str | None = None, type: str | None = None, no_boot: bool = False, no_start: bool = False) -> Op[ServiceInfo]:
         """Creates a service (a string command runs in a shell, a list is an
         argv); by default it is enabled and started."""
-        body = _drop_none(name=name, env=env, cwd=cwd, user=user, restart=restart, type=type, no_boot=no_boot or None, no_start=no_start or None)
+        body = drop_none(name=name, env=env, cwd=cwd, user=user, restart=restart, type=type, no_boot=no_boot or None, no_start=no_start or None)
         if isinstance(command, str):
             body["shell"] = command
         elif command is not None:
@@ -368,7 +386,7 @@ class Code(_VMPart):
     @op
     def stream(self, code: str, *, language: str | None = None, context: str | None = None, env: dict[str, str] | None = None, timeout: str | None = None) -> Op[LineStream[CodeEvent]]:
         """Runs code; its events (stdout, stderr, result, error, count, end) as produced."""
-        body = _drop_none(code=code, language=language, context=context, env=env, timeout=timeout)
+        body = drop_none(code=code, language=language, context=context, env=env, timeout=timeout)
         r = yield Call("POST", self._p("/code"), json=body, stream=True)
         return LineStream(r, json_lines(CodeEvent))
 
@@ -399,7 +417,7 @@ class Code(_VMPart):
 
     @op
     def create_context(self, *, language: str | None = None, cwd: str | None = None) -> Op[CodeContext]:
-        r = yield Call("POST", self._p("/code/contexts"), json=_drop_none(language=language, cwd=cwd))
+        r = yield Call("POST", self._p("/code/contexts"), json=drop_none(language=language, cwd=cwd))
         return parse(CodeContext, r.json())
 
     @op
@@ -411,6 +429,3 @@ class Code(_VMPart):
     def delete_context(self, ctx: str) -> Op[None]:
         yield Call("DELETE", self._p("/code/contexts/" + seg(ctx)))
 
-
-def dumps(v: Any) -> str:
-    return json.dumps(v)

@@ -1,96 +1,104 @@
 """Terminals: named PTY sessions owned by the guest agent, which keep
 running with nobody attached. Attaching is a WebSocket (binary messages
-carry the terminal's bytes, text messages JSON control messages), spoken
-by httpx-ws over the client's own connection."""
+carry the terminal's bytes, text messages JSON control messages) over the
+client's own connection; _ws.py speaks the protocol, these classes move
+the bytes."""
 
 from __future__ import annotations
 
-import base64
 import json
-import queue
-import secrets
-import time
+import threading
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
+import httpcore
 import httpx
-import wsproto.events as wse
-from httpx_ws import AsyncWebSocketSession, WebSocketDisconnect, WebSocketNetworkError, WebSocketSession
 
+from ._conn import hard_close
 from ._streams import parse, parse_list
-from ._transport import Call, Op, op, query, seg
+from ._transport import Call, Op, drop_none, op, query, seg
+from ._ws import WebSocket, check_accept, handshake_headers
+from .errors import StreamLost
 from .models import TermInfo
-
-MAX_MESSAGE = 16 << 20
-
-
-def _ws_call(path: str, params: dict[str, Any]) -> Call:
-    return Call(
-        "GET",
-        path,
-        params=params,
-        headers={"Sec-WebSocket-Key": base64.b64encode(secrets.token_bytes(16)).decode(), "Sec-WebSocket-Version": "13"},
-        upgrade="websocket",
-    )
 
 
 class _TermState:
+    """What both terminal classes share: the protocol, output not yet
+    read, and the exit message."""
+
     def __init__(self) -> None:
-        #: The exit message ({"type": "exit", "exit_code": n}) once the program exited.
+        self.ws = WebSocket()
+        self.out: deque[bytes] = deque()
+        #: the exit message ({"type": "exit", "exit_code": n}) once the program exited
         self.exit: dict[str, Any] | None = None
 
-    def take(self, ev: Any) -> bytes | None:
-        """Output bytes of a message, or None for a control message."""
-        if isinstance(ev, wse.BytesMessage):
-            return bytes(ev.data)
-        if isinstance(ev, wse.TextMessage):
+    def take(self, data: bytes) -> bytes:
+        """Feeds bytes read; queues the output; returns bytes to send back."""
+        msgs, reply = self.ws.receive(data)
+        for binary, payload in msgs:
+            if binary:
+                if payload:
+                    self.out.append(payload)  # type: ignore[arg-type]
+                continue
             try:
-                c = json.loads(ev.data)
-                if isinstance(c, dict) and c.get("type") == "exit":
-                    self.exit = c
+                c = json.loads(payload)
             except ValueError:
-                pass
-        return None
+                continue
+            if isinstance(c, dict) and c.get("type") == "exit":
+                c.setdefault("exit_code", 0)  # the server leaves a 0 out
+                self.exit = c
+        return reply
+
+
+def _control(**msg: Any) -> str:
+    return json.dumps(msg)
 
 
 class Terminal:
     """An attached terminal (sync client). ``read()`` or ``for chunk in t``
     gives its output, scrollback first; the output ends when the program
-    exits (``exit``) or the connection closes. ``close()`` detaches and
-    leaves the program running."""
+    exits (``exit``) or the connection closes. ``close()`` (from any thread)
+    detaches and leaves the program running."""
 
     def __init__(self, resp: httpx.Response) -> None:
         self._resp = resp
-        self._ws = WebSocketSession(resp.extensions["network_stream"], max_message_size_bytes=MAX_MESSAGE, response=resp)
-        self._ws.__enter__()
+        self._ns = resp.extensions["network_stream"]
         self._st = _TermState()
-        self._ended = False
+        self._wlock = threading.Lock()
+        self._closed = False
 
     @property
     def exit(self) -> dict[str, Any] | None:
         return self._st.exit
 
-    def read(self, timeout: float | None = None) -> bytes | None:
-        """The next chunk of output; None once it ended (or was closed, from
-        any thread). With a timeout, raises TimeoutError when nothing came
-        in that time."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ended:
-            # Short waits, so that close() from another thread ends a read.
-            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+    def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        with self._wlock:
             try:
-                ev = self._ws.receive(timeout=wait)
-            except queue.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError("no terminal output in time") from None
-                continue
-            except (WebSocketDisconnect, WebSocketNetworkError):
-                self._ended = True
-                break
-            data = self._st.take(ev)
-            if data:
-                return data
-        return None
+                self._ns.write(data)
+            except Exception as err:
+                raise StreamLost(f"the terminal connection broke: {err}") from err
+
+    def read(self, timeout: float | None = None) -> bytes | None:
+        """The next chunk of output; None once it ended. With a timeout,
+        raises TimeoutError when nothing came in that time."""
+        while not self._st.out:
+            if self._st.ws.closed or self._closed:
+                return None
+            try:
+                data = self._ns.read(65536, timeout=timeout)
+            except httpcore.TimeoutException as err:
+                raise TimeoutError("no terminal output in time") from err
+            except Exception:
+                data = b""  # closed here or there: the output ended
+            try:
+                self._write(self._st.take(data))
+            except StreamLost:
+                self._st.ws.closed = True
+        return self._st.out.popleft()
 
     def __iter__(self) -> Iterator[bytes]:
         while (b := self.read()) is not None:
@@ -98,22 +106,26 @@ class Terminal:
 
     def write(self, data: str | bytes) -> None:
         """Sends input (keystrokes)."""
-        self._ws.send_bytes(data.encode() if isinstance(data, str) else data)
+        self._write(self._st.ws.send(data.encode() if isinstance(data, str) else bytes(data)))
 
     def resize(self, cols: int, rows: int) -> None:
-        self._ws.send_text(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+        self._write(self._st.ws.send(_control(type="resize", cols=cols, rows=rows)))
 
     def signal(self, sig: str) -> None:
         """Sends a signal ("INT", "TERM"...) to the foreground process group."""
-        self._ws.send_text(json.dumps({"type": "signal", "signal": sig}))
+        self._write(self._st.ws.send(_control(type="signal", signal=sig)))
 
     def close(self) -> None:
         """Detaches; the program keeps running in the VM."""
-        if not self._ended:
-            self._ended = True
+        if self._closed:
+            return
+        self._closed = True
         try:
-            self._ws.__exit__(None, None, None)
+            self._write(self._st.ws.close())
+        except StreamLost:
+            pass
         finally:
+            hard_close(self._ns)
             self._resp.close()
 
     def __enter__(self) -> Terminal:
@@ -124,58 +136,73 @@ class Terminal:
 
 
 class AsyncTerminal:
-    """An attached terminal (async client); use it with ``async with`` (or
-    close it in the task that attached it)."""
+    """An attached terminal (async client). Any task may read, write or
+    close it."""
 
     def __init__(self, resp: httpx.Response) -> None:
         self._resp = resp
-        self._ws = AsyncWebSocketSession(resp.extensions["network_stream"], max_message_size_bytes=MAX_MESSAGE, response=resp)
-        self._cm: Any = None
+        self._ns = resp.extensions["network_stream"]
         self._st = _TermState()
-        self._ended = False
-
-    async def _open(self) -> AsyncTerminal:
-        self._cm = self._ws.__asynccontextmanager__()
-        await self._cm.__aenter__()
-        return self
+        self._wlock = anyio.Lock()
+        self._closed = False
 
     @property
     def exit(self) -> dict[str, Any] | None:
         return self._st.exit
 
-    async def read(self, timeout: float | None = None) -> bytes | None:
-        while not self._ended:
+    async def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        async with self._wlock:
             try:
-                ev = await self._ws.receive(timeout=timeout)
-            except (WebSocketDisconnect, WebSocketNetworkError):
-                self._ended = True
-                break
-            data = self._st.take(ev)
-            if data:
-                return data
-        return None
+                await self._ns.write(data)
+            except Exception as err:
+                raise StreamLost(f"the terminal connection broke: {err}") from err
+
+    async def read(self, timeout: float | None = None) -> bytes | None:
+        while not self._st.out:
+            if self._st.ws.closed or self._closed:
+                return None
+            try:
+                with anyio.fail_after(timeout):
+                    data = await self._ns.read(65536)
+            except TimeoutError:
+                raise
+            except Exception:
+                data = b""
+            try:
+                await self._write(self._st.take(data))
+            except StreamLost:
+                self._st.ws.closed = True
+        return self._st.out.popleft()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while (b := await self.read()) is not None:
             yield b
 
     async def write(self, data: str | bytes) -> None:
-        await self._ws.send_bytes(data.encode() if isinstance(data, str) else data)
+        await self._write(self._st.ws.send(data.encode() if isinstance(data, str) else bytes(data)))
 
     async def resize(self, cols: int, rows: int) -> None:
-        await self._ws.send_text(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+        await self._write(self._st.ws.send(_control(type="resize", cols=cols, rows=rows)))
 
     async def signal(self, sig: str) -> None:
-        await self._ws.send_text(json.dumps({"type": "signal", "signal": sig}))
+        await self._write(self._st.ws.send(_control(type="signal", signal=sig)))
 
     async def close(self) -> None:
-        self._ended = True
-        cm, self._cm = self._cm, None
+        if self._closed:
+            return
+        self._closed = True
         try:
-            if cm is not None:
-                await cm.__aexit__(None, None, None)
+            with anyio.move_on_after(5):
+                await self._write(self._st.ws.close())
+        except StreamLost:
+            pass
         finally:
-            await self._resp.aclose()
+            try:
+                await self._ns.aclose()
+            finally:
+                await self._resp.aclose()
 
     async def __aenter__(self) -> AsyncTerminal:
         return self
@@ -203,7 +230,7 @@ class Terminals:
     @op
     def create(self, name: str | None = None, *, argv: list[str] | None = None, cols: int | None = None, rows: int | None = None, env: dict[str, str] | None = None, cwd: str | None = None, user: str | None = None, **extra: Any) -> Op[TermInfo]:
         """Starts a session: argv (default the user's login shell) on a PTY."""
-        body = {k: v for k, v in dict(name=name, argv=argv, cols=cols, rows=rows, env=env, cwd=cwd, user=user, **extra).items() if v is not None}
+        body = drop_none(name=name, argv=argv, cols=cols, rows=rows, env=env, cwd=cwd, user=user, **extra)
         r = yield Call("POST", self._path(), json=body)
         return parse(TermInfo, r.json())
 
@@ -227,14 +254,26 @@ class Terminals:
 
     def attach(self, name: str, *, cols: int | None = None, rows: int | None = None, scrollback: bool = True) -> Any:
         """Attaches over a WebSocket: a Terminal (sync), or a coroutine of an
-        AsyncTerminal (async). cols and rows (both) resize on attach;
+        AsyncTerminal (async); a missing terminal is NotFound. cols and rows (both) resize on attach;
         scrollback=False skips the replay of earlier output."""
         params = query(cols=cols if cols and rows else None, rows=rows if cols and rows else None, scrollback=None if scrollback else "0")
-        call = _ws_call(self._path(name), params)
+        call = Call("GET", self._path(name), params=params, headers=handshake_headers(), upgrade="websocket")
         if self._t.is_async:
 
             async def opened() -> AsyncTerminal:
-                return await AsyncTerminal(await self._t.send(call))._open()
+                resp = await self._t.send(call)
+                try:
+                    check_accept(call.headers, resp.headers)
+                except StreamLost:
+                    await resp.aclose()
+                    raise
+                return AsyncTerminal(resp)
 
             return opened()
-        return Terminal(self._t.send(call))
+        resp = self._t.send(call)
+        try:
+            check_accept(call.headers, resp.headers)
+        except StreamLost:
+            resp.close()
+            raise
+        return Terminal(resp)

@@ -6,17 +6,17 @@ from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from ._streams import LineStream, json_lines, parse
-from ._transport import Call, Op, op, query, seg
-from .exec import AsyncConnection, AsyncProcess, Command, Connection, Process, RunResult, afeed_stdin, exec_request, feed_stdin
+from ._transport import Call, Op, drop_none, op, query, seg
+from .exec import AsyncConnection, AsyncProcess, Command, Connection, Feeder, Process, RunResult, exec_request
 from .models import VM as VMInfo
+from .errors import StreamLost
 from .models import ExecEvent, ExecResult, Snapshot
 from .resources import Code, Events, Files, Jobs, Ports, Processes, Services
 from .terminals import Terminals
 
-
-def _drop_none(**kw: Any) -> dict[str, Any]:
-    return {k: v for k, v in kw.items() if v is not None}
 
 
 @dataclass
@@ -116,17 +116,17 @@ class VM:
     @op
     def resize(self, *, cpus: int | None = None, memory: int | str | None = None, disk: int | str | None = None) -> Op[VMInfo]:
         """Grows the disk online, hot-adds vCPUs, or sets sizes for the next start."""
-        return self._update((yield Call("POST", self._p("/resize"), json=_drop_none(cpus=cpus, memory=memory, disk=disk))))
+        return self._update((yield Call("POST", self._p("/resize"), json=drop_none(cpus=cpus, memory=memory, disk=disk))))
 
     @op
     def set_policy(self, *, idle_timeout: str | None = None, delete_after: str | None = None, restart: str | None = None) -> Op[VMInfo]:
         """Sets the idle timeout ("0" turns it off), delete-after and restart policy."""
-        return self._update((yield Call("POST", self._p("/policy"), json=_drop_none(idle_timeout=idle_timeout, delete_after=delete_after, restart=restart))))
+        return self._update((yield Call("POST", self._p("/policy"), json=drop_none(idle_timeout=idle_timeout, delete_after=delete_after, restart=restart))))
 
     @op
     def snapshot(self, name: str | None = None) -> Op[Snapshot]:
         """Captures memory, processes and disk while the VM keeps running."""
-        r = yield Call("POST", self._p("/snapshot"), json=_drop_none(name=name))
+        r = yield Call("POST", self._p("/snapshot"), json=drop_none(name=name))
         return parse(Snapshot, r.json())
 
     @op
@@ -195,25 +195,42 @@ class VM:
     def run(self, cmd: Command | dict[str, Any], *, stdin: str | bytes | Iterable[str | bytes] | AsyncIterable[str | bytes] = b"", **kw: Any) -> Any:
         """Runs a command over the streaming path, feeding it stdin (bytes,
         str or an iterable of them, written while the output is read) and
-        collecting its output into a RunResult."""
+        collecting its output into a RunResult. A stdin source that fails
+        ends the command, and its error is raised."""
+        feeder = Feeder()
         if self._t.is_async:
 
             async def go() -> RunResult:
                 p = await self.spawn(cmd, **kw)
+                failed: BaseException | None = None
                 async with p:
-                    import anyio
-
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(afeed_stdin, p, stdin)
-                        res = await p.wait()
+                        tg.start_soon(feeder.arun, p, stdin)
+                        try:
+                            res = await p.wait()
+                        except Exception as err:  # raised below, not as a group
+                            failed = err
                         tg.cancel_scope.cancel()  # input the command never read
-                    return res
+                if feeder.error is not None:
+                    raise feeder.error
+                if failed is not None:
+                    raise failed
+                return res
 
             return go()
         p = self.spawn(cmd, **kw)
         with p:
-            feed_stdin(p, stdin)
-            return p.wait()
+            t = feeder.run(p, stdin)
+            try:
+                res = p.wait()
+            except StreamLost:
+                t.join(5)
+                if feeder.error is not None:
+                    raise feeder.error from None
+                raise
+            if feeder.error is not None:
+                raise feeder.error
+            return res
 
     @op
     def connect(self, port: int) -> Op[Any]:
