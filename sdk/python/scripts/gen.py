@@ -49,7 +49,19 @@ LITERAL = re.compile(r"Literal\[[^\[\]]*\]")
 def generate(dest: Path) -> None:
     cmd = [sys.executable, "-m", "datamodel_code_generator", "--input", str(SPEC), "--output", str(dest), *OPTIONS]
     subprocess.run(cmd, check=True)
-    dest.write_text(LITERAL.sub(lambda m: m.group(0) + " | str", dest.read_text()))
+    text = dest.read_text()
+    # The rewrite is textual: refuse what it would get wrong, rather than
+    # write broken models (a bracket in an enum value; a discriminated
+    # union, which an open enum breaks).
+    for m in LITERAL.finditer(text):
+        values = m.group(0)[len("Literal[") : -1]
+        if "[" in values or values.count('"') % 2:
+            raise SystemExit(f"scripts/gen.py: an enum value with a bracket, which the open-enum rewrite does not handle: {m.group(0)}")
+    if text.count("Literal[") != len(LITERAL.findall(text)):
+        raise SystemExit("scripts/gen.py: an enum the open-enum rewrite cannot read (a bracket in a value?)")
+    if "discriminator=" in text:
+        raise SystemExit("scripts/gen.py: the models have a discriminated union, which open enums would break")
+    dest.write_text(LITERAL.sub(lambda m: m.group(0) + " | str", text))
 
 
 def main() -> int:

@@ -152,7 +152,7 @@ def test_kill_from_another_thread_ends_a_blocked_wait(vm) -> None:
     until("the killed command to be gone", lambda: "sleep 600" not in vm.exec("ps -eo args").stdout)
 
 
-def test_a_failing_stdin_source_ends_the_command_with_its_error(vm) -> None:
+def test_a_failing_stdin_source_ends_the_command_with_its_error(av, vm) -> None:
     def source():
         yield b"first\n"
         raise ValueError("the source broke")
@@ -170,11 +170,18 @@ def test_a_failing_stdin_source_ends_the_command_with_its_error(vm) -> None:
 
             with pytest.raises(ValueError, match="the async source broke"):
                 await v.run(["cat"], stdin=asource())
-            # a lost stream is StreamLost on the async client too, not a group
-            p = await v.spawn("exec sleep 600")
-            killer = asyncio.get_running_loop().call_later(0.5, lambda: asyncio.ensure_future(p.kill()))
-            with pytest.raises(agentvm.StreamLost):
-                await p.wait()
-            killer.cancel()
+            # a stream lost under run() is StreamLost on the async client too,
+            # not an exception group: revoking the token ends it
+            tok = av.tokens.create(vm=vm.id, allow=["exec"], ttl="10m")
+            async with agentvm.AsyncAgentVM(av.url, tok.token) as scoped:
+
+                async def revoke_soon() -> None:
+                    await asyncio.sleep(1)
+                    await asyncio.to_thread(av.tokens.revoke, tok.id)
+
+                task = asyncio.create_task(revoke_soon())
+                with pytest.raises(agentvm.StreamLost):
+                    await scoped.vm(vm.id).run("echo up; exec sleep 600", stdin=b"")
+                await task
 
     asyncio.run(go())

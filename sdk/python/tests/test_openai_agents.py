@@ -167,6 +167,8 @@ def test_fork_gives_sessions_that_diverge_and_previews_carry_a_token(av) -> None
                 assert got == [b"base\nchild-0\n", b"base\nchild-1\n"]
                 ep = await s.resolve_exposed_port(8000)
                 assert ep.query.startswith("agentvm_token=avt_")
+                assert "avt_" not in json.dumps(s.state.model_dump(mode="json"))  # not in what apps store
+                assert (await s.exec("printf '\\377\\000'")).stdout == b"\xff\x00"  # bytes, as they are
                 proxy = av.health().proxy
 
                 def fetch() -> bool:
@@ -176,6 +178,10 @@ def test_fork_gives_sessions_that_diverge_and_previews_carry_a_token(av) -> None
                 await asyncio.to_thread(until, "the preview to answer with the endpoint's token", fetch)
                 r = await asyncio.to_thread(httpx.get, f"http://{proxy}/", headers={"Host": ep.host}, timeout=30)
                 assert r.status_code == 401  # and not without it
+                kid_ep = await kids[1].resolve_exposed_port(8000)
+                await kids[1].aclose()  # its token is revoked with it
+                r = await asyncio.to_thread(httpx.get, f"http://{proxy}/?{kid_ep.query}", headers={"Host": kid_ep.host}, timeout=30)
+                assert r.status_code == 401, r.status_code
                 snap = await client.snapshot(kids[0], uniq("pyagentsnap"))
                 try:
                     t = await client.create(manifest=Manifest(), options=AgentVMSandboxClientOptions(from_snapshot=snap))

@@ -213,3 +213,127 @@ def test_a_stream_is_closed_unless_the_op_keeps_it() -> None:
     with pytest.raises(ValueError):
         Ops().fails()
     assert seen[1].is_closed
+
+
+def test_open_enums_take_a_newer_servers_values() -> None:
+    from agentvm.models import Port, VMState
+
+    assert VMState.model_validate("hibernating").root == "hibernating"
+    assert Port.model_validate({"kind": "udp"}).kind == "udp"
+
+
+class _Resp:
+    """What Terminal needs of the 101 response: its connection."""
+
+    def __init__(self, sock) -> None:
+        from httpcore._backends.sync import SyncStream
+
+        self.extensions = {"network_stream": SyncStream(sock)}
+        self.headers: dict[str, str] = {}
+
+    def close(self) -> None:
+        pass
+
+
+def _terminal_pair():
+    import socket
+
+    from wsproto.connection import Connection, ConnectionType
+
+    from agentvm.terminals import Terminal
+
+    a, b = socket.socketpair()
+    return Terminal(_Resp(a)), b, Connection(ConnectionType.SERVER)
+
+
+def test_terminal_read_timeouts_poll_and_survive_a_writer() -> None:
+    import threading
+    import time
+
+    import wsproto.events as wse
+
+    term, peer, server = _terminal_pair()
+    with pytest.raises(TimeoutError):
+        term.read(timeout=0)  # a poll, and the terminal goes on
+    peer.sendall(server.send(wse.BytesMessage(data=b"after the poll")))
+    assert term.read(timeout=5) == b"after the poll"
+
+    stop = threading.Event()
+
+    def drain() -> None:
+        peer.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                peer.recv(65536)
+            except OSError:
+                pass
+
+    def keystrokes() -> None:
+        while not stop.is_set():
+            term.write(b"x")
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=drain, daemon=True), threading.Thread(target=keystrokes, daemon=True)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        term.read(timeout=0.3)  # a writer in another thread does not undo the timeout
+    assert time.monotonic() - t0 < 10
+    stop.set()
+    for t in threads:
+        t.join(5)
+    term.close()
+    peer.close()
+
+
+def test_terminal_close_returns_while_a_writer_is_stuck() -> None:
+    import threading
+
+    term, peer, _ = _terminal_pair()
+    stuck = threading.Thread(target=lambda: _write_forever(term), daemon=True)
+    stuck.start()
+    stuck.join(1)  # the peer reads nothing: the writer blocks on a full buffer
+    closer = threading.Thread(target=term.close, daemon=True)
+    closer.start()
+    closer.join(15)
+    assert not closer.is_alive(), "close() waited for a stuck writer"
+    stuck.join(15)
+    assert not stuck.is_alive(), "the stuck writer did not end with the close"
+    peer.close()
+
+
+def _write_forever(term) -> None:
+    try:
+        while True:
+            term.write(b"y" * 65536)
+    except agentvm.StreamLost:
+        pass
+
+
+def test_terminal_protocol_errors_are_stream_lost_after_the_output_before_them() -> None:
+    import wsproto.events as wse
+
+    term, peer, server = _terminal_pair()
+    peer.sendall(server.send(wse.BytesMessage(data=b"good")) + b"\x82\x81\x00\x00\x00\x00x")  # then a masked frame, which no server may send
+    assert term.read(timeout=5) == b"good"
+    with pytest.raises(agentvm.StreamLost):
+        term.read(timeout=5)
+    assert term.read(timeout=5) is None
+    term.close()
+    peer.close()
+
+
+def test_provider_prunes_the_least_recently_used_session() -> None:
+    pytest.importorskip("agents", reason="needs openai-agents")
+    from agentvm.openai_agents import AgentVMSandboxSession, _Pty
+
+    s = AgentVMSandboxSession.__new__(AgentVMSandboxSession)
+    s._ptys = {}
+    for pid in range(1000, 1064):
+        s._ptys[pid] = _Pty(last_used=float(pid))
+    s._ptys[1000].last_used = 10_000.0  # the oldest, but just used
+    pruned = s._prune()
+    assert pruned is not None and 1001 not in s._ptys and 1000 in s._ptys
+    s._ptys[1030].done.set()
+    assert s._prune() is not None and 1030 not in s._ptys  # a finished one goes first

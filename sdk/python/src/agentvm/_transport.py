@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import AgentVMError, ConnectionFailed, StreamLost, error_from_body
+from .errors import AgentVMError, ConnectionFailed, InvalidArgument, StreamLost, error_from_body
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 
@@ -100,6 +100,13 @@ def default_token(data_dir: str | None = None) -> str:
         return ""
 
 
+def _file_token(data_dir: str) -> str:
+    try:
+        return (Path(data_dir) / "admin.token").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _headers(call: Call, base: dict[str, str]) -> dict[str, str]:
     h = dict(base)
     h.update(call.headers)
@@ -125,7 +132,11 @@ class _Base:
         # The token of the environment (or the local admin token) goes only
         # to the server of the environment: a URL given here gets the token
         # given with it, or none.
-        self.token = token if token is not None else (default_token(data_dir) if url is None else "")
+        if token is None:
+            token = default_token(data_dir) if url is None else ""
+            if not token and data_dir:
+                token = default_token(data_dir) if url is None else _file_token(data_dir)
+        self.token = token
         self.headers = dict(headers or {})
         if self.token:
             self.headers["Authorization"] = "Bearer " + self.token
@@ -139,8 +150,10 @@ class _Base:
         """The error of a request that got no answer: not sent at all
         (ConnectionFailed), or broken after it was sent, when the server may
         have acted on it (StreamLost)."""
-        if isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout)):
+        if isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.ProxyError)):
             return ConnectionFailed(0, "connection_failed", f"cannot reach agentvm at {self.url} (is `agentvm serve` running?): {err}")
+        if isinstance(err, httpx.LocalProtocolError):
+            return InvalidArgument(0, "invalid_argument", f"{call.method} {call.path}: the request could not be sent: {err}")
         if isinstance(err, httpx.PoolTimeout):
             return ConnectionFailed(0, "connection_failed", f"no free connection to {self.url} in time: this client has too many requests and streams open at once ({err})")
         return StreamLost(f"{call.method} {call.path}: the connection broke after the request was sent, so it may have been carried out: {err!r}")

@@ -42,26 +42,36 @@ class WebSocket:
         self._size = 0
         #: set once the connection is closed (by either side)
         self.closed = False
+        #: why it closed, when that was a failure (raised once the messages
+        #: that came before it are read)
+        self.error: StreamLost | None = None
 
     def receive(self, data: bytes) -> tuple[list[tuple[bool, bytes | str]], bytes]:
         """Feeds bytes read (b"" at EOF); returns the whole messages they
         complete as (binary, payload) and the bytes to send back (pongs, the
         close reply)."""
+        out: list[tuple[bool, bytes | str]] = []
+        reply = b""
         try:
             self._c.receive_data(data or None)
-            out: list[tuple[bool, bytes | str]] = []
-            reply = b""
             for ev in self._c.events():
                 if isinstance(ev, wse.Ping):
                     reply += self._c.send(ev.response())
                 elif isinstance(ev, wse.CloseConnection):
                     if self._c.state == ConnectionState.REMOTE_CLOSING:
                         reply += self._c.send(ev.response())
+                    elif self._c.state == ConnectionState.OPEN:
+                        # wsproto's own verdict on bytes it could not parse
+                        reply += self._c.send(wse.CloseConnection(code=ev.code, reason=ev.reason))
+                    if ev.code not in (1000, 1001, 1005):
+                        self.error = StreamLost(f"WebSocket closed with {ev.code} {ev.reason or ''}".rstrip())
                     self.closed = True
                 elif isinstance(ev, (wse.TextMessage, wse.BytesMessage)):
                     self._size += len(ev.data)
                     if self._size > MAX_MESSAGE:
-                        raise StreamLost(f"a WebSocket message larger than {MAX_MESSAGE} bytes")
+                        self.error = StreamLost(f"a WebSocket message larger than {MAX_MESSAGE} bytes")
+                        self.closed = True
+                        return out, reply + self._c.send(wse.CloseConnection(code=1009))
                     if isinstance(ev, wse.TextMessage):
                         self._text.append(ev.data)
                     else:
@@ -72,7 +82,8 @@ class WebSocket:
                         out.append(msg)
         except (LocalProtocolError, RemoteProtocolError) as err:
             self.closed = True
-            raise StreamLost(f"WebSocket: {err}") from err
+            self.error = StreamLost(f"WebSocket: {err}")
+            return out, reply
         if not data:
             self.closed = True
         return out, reply

@@ -339,50 +339,66 @@ class AsyncProcess:
 
 class Feeder:
     """Writes a command's stdin while its output is read (a command that
-    echoes its input would otherwise fill both pipes and stall), and keeps
-    the error of a source that failed, which the caller re-raises."""
+    echoes its input would otherwise fill both pipes and stall). A source
+    that fails ends the command; its error is kept for the caller, who
+    raises it when the command did not complete."""
 
     def __init__(self) -> None:
         self.error: BaseException | None = None
 
     def run(self, p: Process, src: str | bytes | Iterable[str | bytes]) -> threading.Thread:
-        def go() -> None:
+        def put(write: Any, *args: Any) -> bool:
             try:
-                if isinstance(src, (str, bytes, bytearray)):
-                    p.close_stdin(src)
-                    return
-                for chunk in src:
-                    p.write(chunk)
-                p.close_stdin()
+                write(*args)
+                return True
             except StreamLost:
-                pass  # the command exited before reading all of its input
+                return False  # the command exited before reading all of its input
+
+        def go() -> None:
+            if isinstance(src, (str, bytes, bytearray)):
+                put(p.close_stdin, src)
+                return
+            try:
+                for chunk in src:
+                    if not put(p.write, chunk):
+                        return
             except BaseException as err:  # the source failed: end the command
                 self.error = err
                 p.kill()
+                return
+            put(p.close_stdin)
 
         t = threading.Thread(target=go, daemon=True)
         t.start()
         return t
 
     async def arun(self, p: AsyncProcess, src: str | bytes | Iterable[str | bytes] | AsyncIterable[str | bytes]) -> None:
+        async def put(write: Any, *args: Any) -> bool:
+            try:
+                await write(*args)
+                return True
+            except StreamLost:
+                return False
+
+        if isinstance(src, (str, bytes, bytearray)):
+            await put(p.close_stdin, src)
+            return
         try:
-            if isinstance(src, (str, bytes, bytearray)):
-                await p.close_stdin(src)
-                return
             if isinstance(src, AsyncIterable):
                 async for chunk in src:
-                    await p.write(chunk)
+                    if not await put(p.write, chunk):
+                        return
             else:
                 for chunk in src:
-                    await p.write(chunk)
-            await p.close_stdin()
-        except StreamLost:
-            pass
+                    if not await put(p.write, chunk):
+                        return
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as err:
             self.error = err
             await p.kill()
+            return
+        await put(p.close_stdin)
 
 
 class Connection:

@@ -149,9 +149,11 @@ class AgentVMSandboxSession(BaseSandboxSession):
         self._pty_lock = asyncio.Lock()
         # The preview token of this session's private ports: kept here, not
         # in the state (which applications store), short-lived, renewed
-        # when it runs out, revoked at shutdown.
-        self._preview: tuple[str, str, float] | None = None  # (token id, secret, expiry)
+        # when it runs low; every token minted is revoked at shutdown.
+        self._preview: tuple[str, float] | None = None  # (secret, expiry)
+        self._preview_ids: list[str] = []
         self._preview_lock = asyncio.Lock()
+        self._shut = False
 
     @property
     def vm(self) -> VM:
@@ -410,19 +412,24 @@ class AgentVMSandboxSession(BaseSandboxSession):
 
     async def _preview_token(self) -> str:
         """This session's preview-only token of its VM, minted on first use
-        and renewed before it runs out."""
+        and renewed when less than PREVIEW_RENEW_S of it are left (the old
+        one stays valid to its end, for the endpoints that carry it)."""
         async with self._preview_lock:
-            if self._preview is None or self._preview[2] - time.monotonic() < PREVIEW_RENEW_S:
-                await self._revoke_preview()
+            if self._shut:
+                raise ExposedPortUnavailableError(port=0, exposed_ports=self.state.exposed_ports, reason="backend_unavailable", context={"error": "the session is shut down"})
+            if self._preview is None or self._preview[1] - time.monotonic() < PREVIEW_RENEW_S:
                 tok = await self._av.tokens.create(vm=self.state.vm_id, allow=["preview"], ttl=PREVIEW_TTL, name="openai-agents-preview")
-                self._preview = (tok.id, tok.token or "", time.monotonic() + PREVIEW_TTL_S)
-            return self._preview[1]
+                self._preview_ids.append(tok.id)
+                self._preview = (tok.token or "", time.monotonic() + PREVIEW_TTL_S)
+            return self._preview[0]
 
     async def _revoke_preview(self) -> None:
-        preview, self._preview = self._preview, None
-        if preview is not None:
+        async with self._preview_lock:
+            self._shut = True
+            ids, self._preview_ids, self._preview = self._preview_ids, [], None
+        for token_id in ids:
             try:
-                await self._av.tokens.revoke(preview[0])
+                await self._av.tokens.revoke(token_id)
             except AgentVMError:
                 pass  # gone already, or the VM with it
 

@@ -50,17 +50,24 @@ def _body(t: Any, data: Any) -> Any:
         return data.encode()
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
+    if hasattr(data, "__aiter__"):
+        return data  # an async source (an async file iterates its chunks)
     if hasattr(data, "read"):
         f = data
+
+        def chunk() -> bytes:
+            b = f.read(1 << 20)
+            return b.encode() if isinstance(b, str) else b  # a text-mode file too
+
         if t.is_async:
 
             async def chunks() -> AsyncIterator[bytes]:
-                while b := await anyio.to_thread.run_sync(f.read, 1 << 20):
+                while b := await anyio.to_thread.run_sync(chunk):
                     yield b
 
             return chunks()
-        return iter(lambda: f.read(1 << 20), b"")
-    if t.is_async and not hasattr(data, "__aiter__"):
+        return iter(chunk, b"")
+    if t.is_async:
         it = iter(data)
 
         async def items() -> AsyncIterator[bytes]:

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
-import httpcore
 import httpx
 
-from ._conn import hard_close
+from ._conn import hard_close, wait_readable
 from ._streams import parse, parse_list
 from ._transport import Call, Op, drop_none, op, query, seg
 from ._ws import WebSocket, check_accept, handshake_headers
@@ -73,31 +73,43 @@ class Terminal:
     def exit(self) -> dict[str, Any] | None:
         return self._st.exit
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, timeout: float | None = None) -> None:
         if not data:
             return
-        with self._wlock:
-            try:
-                self._ns.write(data)
-            except Exception as err:
-                raise StreamLost(f"the terminal connection broke: {err}") from err
+        if not self._wlock.acquire(timeout=-1 if timeout is None else timeout):
+            raise StreamLost("the terminal connection is stuck: a write did not finish in time")
+        try:
+            self._ns.write(data, timeout=timeout)
+        except Exception as err:
+            raise StreamLost(f"the terminal connection broke: {err}") from err
+        finally:
+            self._wlock.release()
 
     def read(self, timeout: float | None = None) -> bytes | None:
-        """The next chunk of output; None once it ended. With a timeout,
-        raises TimeoutError when nothing came in that time."""
+        """The next chunk of output; None once it ended (or was closed, from
+        any thread). With a timeout (0 polls), raises TimeoutError when
+        nothing came in that time; a broken connection is StreamLost."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not self._st.out:
+            if self._st.ws.error is not None:
+                err, self._st.ws.error = self._st.ws.error, None
+                raise err
             if self._st.ws.closed or self._closed:
                 return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not wait_readable(self._ns, left):
+                raise TimeoutError("no terminal output in time")
             try:
-                data = self._ns.read(65536, timeout=timeout)
-            except httpcore.TimeoutException as err:
-                raise TimeoutError("no terminal output in time") from err
-            except Exception:
-                data = b""  # closed here or there: the output ended
+                data = self._ns.read(65536)
+            except Exception as err:
+                if self._closed:
+                    return None  # closed here, from another thread
+                raise StreamLost(f"the terminal connection broke: {err}") from err
+            reply = self._st.take(data)
             try:
-                self._write(self._st.take(data))
+                self._write(reply)
             except StreamLost:
-                self._st.ws.closed = True
+                pass  # a pong or close reply that could not go: the next read says
         return self._st.out.popleft()
 
     def __iter__(self) -> Iterator[bytes]:
@@ -121,7 +133,9 @@ class Terminal:
             return
         self._closed = True
         try:
-            self._write(self._st.ws.close())
+            # The closing handshake, if it can go within 2 s (a writer stuck
+            # on a peer that does not read must not hold the close).
+            self._write(self._st.ws.close(), timeout=2)
         except StreamLost:
             pass
         finally:
@@ -144,6 +158,7 @@ class AsyncTerminal:
         self._ns = resp.extensions["network_stream"]
         self._st = _TermState()
         self._wlock = anyio.Lock()
+        self._rlock = anyio.Lock()
         self._closed = False
 
     @property
@@ -160,21 +175,28 @@ class AsyncTerminal:
                 raise StreamLost(f"the terminal connection broke: {err}") from err
 
     async def read(self, timeout: float | None = None) -> bytes | None:
-        while not self._st.out:
-            if self._st.ws.closed or self._closed:
-                return None
-            try:
-                with anyio.fail_after(timeout):
-                    data = await self._ns.read(65536)
-            except TimeoutError:
-                raise
-            except Exception:
-                data = b""
-            try:
-                await self._write(self._st.take(data))
-            except StreamLost:
-                self._st.ws.closed = True
-        return self._st.out.popleft()
+        """The next chunk of output; None once it ended (or was closed, from
+        any task). With a timeout, raises TimeoutError when nothing came in
+        that time; a broken connection is StreamLost. Readers take turns."""
+        async with self._rlock:
+            with anyio.fail_after(timeout):
+                while not self._st.out:
+                    if self._st.ws.error is not None:
+                        err, self._st.ws.error = self._st.ws.error, None
+                        raise err
+                    if self._st.ws.closed or self._closed:
+                        return None
+                    try:
+                        data = await self._ns.read(65536)
+                    except Exception as err:
+                        if self._closed:
+                            return None
+                        raise StreamLost(f"the terminal connection broke: {err}") from err
+                    try:
+                        await self._write(self._st.take(data))
+                    except StreamLost:
+                        pass
+                return self._st.out.popleft()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while (b := await self.read()) is not None:

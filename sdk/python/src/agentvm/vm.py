@@ -211,10 +211,9 @@ class VM:
                         except Exception as err:  # raised below, not as a group
                             failed = err
                         tg.cancel_scope.cancel()  # input the command never read
-                if feeder.error is not None:
-                    raise feeder.error
                 if failed is not None:
-                    raise failed
+                    # a source that failed ended the command: its error says why
+                    raise feeder.error or failed
                 return res
 
             return go()
@@ -222,15 +221,12 @@ class VM:
         with p:
             t = feeder.run(p, stdin)
             try:
-                res = p.wait()
+                return p.wait()
             except StreamLost:
                 t.join(5)
                 if feeder.error is not None:
                     raise feeder.error from None
                 raise
-            if feeder.error is not None:
-                raise feeder.error
-            return res
 
     @op
     def connect(self, port: int) -> Op[Any]:
