@@ -172,17 +172,8 @@ func (b *bench) runPySDK(ctx context.Context) error {
 		return nil
 	}
 	logf("exec true: %d batches of %d round trips per path, Python and Go taking turns", pyBatches, per)
-	for i := 0; i < pyBatches; i++ {
-		first, second := goBatch, pyBatch
-		if i%2 == 1 {
-			first, second = pyBatch, goBatch
-		}
-		if err := first(); err != nil {
-			return err
-		}
-		if err := second(); err != nil {
-			return err
-		}
+	if err := alternate(pyBatches, goBatch, pyBatch); err != nil {
+		return err
 	}
 	r.ExecGo, r.ExecSync, r.ExecAsync, r.Tool = summarize(execGo), summarize(execSync), summarize(execAsync), summarize(tool)
 	r.SyncRatio, r.AsyncRatio = ratio(r.ExecSync.P50, r.ExecGo.P50), ratio(r.ExecAsync.P50, r.ExecGo.P50)

@@ -61,3 +61,21 @@ func (s *batchScript) close() {
 	s.in.Close()
 	s.cmd.Wait()
 }
+
+// alternate runs n rounds of a then b, swapping which goes first each
+// round, so that drifting host conditions hit both alike.
+func alternate(n int, a, b func() error) error {
+	for i := 0; i < n; i++ {
+		first, second := a, b
+		if i%2 == 1 {
+			first, second = b, a
+		}
+		if err := first(); err != nil {
+			return err
+		}
+		if err := second(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -151,17 +151,8 @@ func (b *bench) runTSSDK(ctx context.Context) error {
 		return nil
 	}
 	logf("exec true: %d batches of %d round trips per path, TS SDK and Go client taking turns", tsBatches, per)
-	for i := 0; i < tsBatches; i++ {
-		first, second := goBatch, tsBatch
-		if i%2 == 1 {
-			first, second = tsBatch, goBatch
-		}
-		if err := first(); err != nil {
-			return err
-		}
-		if err := second(); err != nil {
-			return err
-		}
+	if err := alternate(tsBatches, goBatch, tsBatch); err != nil {
+		return err
 	}
 	r.ExecTS, r.RunTS, r.ExecGo, r.RunGo = summarize(execTS), summarize(runTS), summarize(execGo), summarize(runGo)
 	r.ExecRatio, r.RunRatio = ratio(r.ExecTS.P50, r.ExecGo.P50), ratio(r.RunTS.P50, r.RunGo.P50)
