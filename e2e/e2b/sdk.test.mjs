@@ -292,6 +292,24 @@ test('timeout expiry deletes the sandbox', async () => {
   assert.ok(how instanceof Error, 'the background command\'s stream ended with an error, not ' + how)
 })
 
+test('network: allowPublicTraffic false needs the traffic token', async () => {
+  const priv = await Sandbox.create({ timeoutMs: 600_000, network: { allowPublicTraffic: false }, metadata: { suite: 'js', run: RUN } })
+  made.push(priv.sandboxId)
+  assert.ok(priv.trafficAccessToken)
+  await priv.commands.run('cd /tmp && echo private > index.html && python3 -m http.server 8000', { background: true, timeoutMs: 0 })
+  const host = priv.getHost(8000)
+  const token = { 'E2B-Traffic-Access-Token': priv.trafficAccessToken }
+  await waitFor('the private server', async () => (await get(host, '/index.html', token)).body === 'private\n', 60_000)
+  const anon = await get(host, '/index.html')
+  assert.equal(anon.status, 403)
+  assert.match(anon.body, /allowPublicTraffic/)
+  const other = await get(host, '/index.html', { 'E2B-Traffic-Access-Token': sbx.trafficAccessToken }) // another sandbox's
+  assert.equal(other.status, 401)
+  assert.equal((await get(sbx.getHost(8000), '/index.html')).status, 200) // a public sandbox's port stays public
+  assert.equal((await priv.commands.run('echo envd works')).stdout, 'envd works\n')
+  await assert.rejects(Sandbox.create({ timeoutMs: 10_000, network: { allowOut: ['1.1.1.1'] } }), /allowOut/)
+})
+
 test('bad input', async () => {
   await assert.rejects(Sandbox.create('no-such-template-x', { timeoutMs: 10_000 }), /404|not found/i)
   await assert.rejects(Sandbox.connect('nosuchsandbox0000000'), SandboxNotFoundError)

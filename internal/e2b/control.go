@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -194,6 +195,37 @@ func present(m json.RawMessage) bool {
 	return s != "" && s != "null" && s != "{}" && s != "[]"
 }
 
+// networkOf reads a create's network rules: allowPublicTraffic: false makes
+// the sandbox's ports answer only with its traffic access token; egress
+// rules are refused (allow_internet_access and agentvm's egress policies
+// are what there is).
+func networkOf(raw json.RawMessage) (privateTraffic bool, err error) {
+	if !present(raw) {
+		return false, nil
+	}
+	var n struct {
+		AllowPublicTraffic *bool           `json:"allowPublicTraffic"`
+		AllowOut           json.RawMessage `json:"allowOut"`
+		DenyOut            json.RawMessage `json:"denyOut"`
+		MaskRequestHost    json.RawMessage `json:"maskRequestHost"`
+		Rules              json.RawMessage `json:"rules"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&n); err != nil {
+		return false, fmt.Errorf("network: %v", err)
+	}
+	switch {
+	case present(n.AllowOut) || present(n.DenyOut):
+		return false, errors.New("network.allowOut and network.denyOut are not supported by agentvm's E2B API: use allow_internet_access, or agentvm's egress policies")
+	case present(n.MaskRequestHost) && string(n.MaskRequestHost) != `""`:
+		return false, errors.New("network.maskRequestHost is not supported by agentvm's E2B API")
+	case present(n.Rules):
+		return false, errors.New("network.rules (transforms of outgoing requests) are not supported by agentvm's E2B API")
+	}
+	return n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic, nil
+}
+
 func timeoutOf(sec *int64, def time.Duration) (time.Duration, error) {
 	if sec == nil {
 		return def, nil
@@ -211,12 +243,14 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 	}
 	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
 	pauseDisk := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
+	privateTraffic, err := networkOf(req.Network)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
 	switch {
 	case present(req.MCP):
 		apiError(w, http.StatusBadRequest, "mcp gateways are not supported by agentvm")
-		return
-	case present(req.Network):
-		apiError(w, http.StatusBadRequest, "network rules are not supported by agentvm's E2B API: use allow_internet_access, or agentvm's egress policies")
 		return
 	case present(req.IAM):
 		apiError(w, http.StatusBadRequest, "iam tokens are not supported by agentvm")
@@ -277,7 +311,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 		return
 	}
 	sb := &store.Sandbox{VMID: v.ID, TemplateID: tmpl, Metadata: req.Metadata, AutoPause: req.AutoPause,
-		PauseDisk: pauseDisk, AutoResume: autoResume, Timeout: timeout, CreatedAt: time.Now().UTC()}
+		PauseDisk: pauseDisk, AutoResume: autoResume, PrivateTraffic: privateTraffic, Timeout: timeout, CreatedAt: time.Now().UTC()}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}

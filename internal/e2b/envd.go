@@ -649,19 +649,33 @@ func (p Proxy) Serve(w http.ResponseWriter, r *http.Request, v *store.VM) { p.En
 func (Proxy) NotFound(w http.ResponseWriter, ref string)                  { notFound(w, ref) }
 func (Proxy) PortClosed(w http.ResponseWriter, ref string, port int)      { portClosed(w, ref, port) }
 
+// errPrivateTraffic answers a request without a token for a port of a
+// sandbox created with network.allowPublicTraffic: false.
+var errPrivateTraffic = errors.New("this sandbox's traffic is private (network.allowPublicTraffic: false): send its trafficAccessToken in the E2B-Traffic-Access-Token header")
+
 // Principal is the key behind the envd or traffic access token a request
 // for another port of sandbox v carries (X-Access-Token, or
 // E2B-Traffic-Access-Token, which the code-interpreter SDKs send on every
 // call): with one, the caller reaches the sandbox's loopback too (DevTools,
 // the code interpreter, VNC), as with the envd token it can run anything
 // anyway. Without one the port is public, as E2B's are, on the sandbox's
-// address only. A token that does not hold is refused, not ignored.
+// address only, unless the sandbox's traffic is private (403). A token that
+// does not hold is refused, not ignored.
 func (p Proxy) Principal(w http.ResponseWriter, r *http.Request, v *store.VM) (*auth.Principal, bool) {
 	purpose, tok := purposeTraffic, r.Header.Get("E2B-Traffic-Access-Token")
 	if tok == "" {
 		purpose, tok = purposeEnvd, r.Header.Get("X-Access-Token")
 	}
 	if tok == "" {
+		sb, err := p.cfg.Store.GetSandbox(r.Context(), v.ID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			envdHTTPError(w, http.StatusServiceUnavailable, "read sandbox: "+err.Error())
+			return nil, false
+		}
+		if sb != nil && sb.PrivateTraffic {
+			envdHTTPError(w, http.StatusForbidden, errPrivateTraffic.Error())
+			return nil, false
+		}
 		return nil, true
 	}
 	pr, err := p.tokenPrincipal(r.Context(), purpose, v.ID, tok)

@@ -3,6 +3,7 @@ package e2b
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -406,5 +407,72 @@ func TestStreamOfAGoneSandboxIsReset(t *testing.T) {
 	_, err = io.Copy(io.Discard, resp.Body)
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("the stream ended with %v, want a connection reset", err)
+	}
+}
+
+// A sandbox created with network.allowPublicTraffic: false answers a port
+// request without a token with 403, and one with its traffic token as
+// before; a public sandbox's ports need no token.
+func TestPrivateTrafficNeedsTheTrafficToken(t *testing.T) {
+	h := newEnvdHarness(t)
+	ctx := context.Background()
+	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
+	principal := func(hdr, tok string) (*auth.Principal, int) {
+		r := httptest.NewRequest("GET", "/", nil)
+		if hdr != "" {
+			r.Header.Set(hdr, tok)
+		}
+		w := httptest.NewRecorder()
+		p, ok := Proxy{h.s}.Principal(w, r, h.vm)
+		if !ok {
+			return nil, w.Code
+		}
+		return p, 0
+	}
+	for _, private := range []bool{false, true} {
+		if err := h.s.cfg.Store.PutSandbox(ctx, &store.Sandbox{VMID: "vm1", PrivateTraffic: private, CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		p, code := principal("", "")
+		if private && code != http.StatusForbidden {
+			t.Errorf("private: no token: %v %d, want 403", p, code)
+		}
+		if !private && (code != 0 || p != nil) {
+			t.Errorf("public: no token: %v %d, want the public port", p, code)
+		}
+		if p, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm1", a)); p == nil || p.TokenID != a.TokenID {
+			t.Errorf("private=%v: the traffic token: refused (%d)", private, code)
+		}
+		if _, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a)); code != http.StatusUnauthorized {
+			t.Errorf("private=%v: another sandbox's traffic token: %d, want 401", private, code)
+		}
+	}
+}
+
+func TestNetworkRulesOfACreate(t *testing.T) {
+	for _, c := range []struct {
+		body    string
+		private bool
+		err     string
+	}{
+		{``, false, ""},
+		{`{}`, false, ""},
+		{`{"allowPublicTraffic":true}`, false, ""},
+		{`{"allowPublicTraffic":false}`, true, ""},
+		{`{"allowPublicTraffic":false,"allowOut":[],"denyOut":null,"maskRequestHost":""}`, true, ""},
+		{`{"allowOut":["1.1.1.1"]}`, false, "allowOut and network.denyOut are not supported"},
+		{`{"denyOut":["0.0.0.0/0"]}`, false, "not supported"},
+		{`{"maskRequestHost":"x.example"}`, false, "maskRequestHost is not supported"},
+		{`{"rules":{"api.example":[{"transform":{}}]}}`, false, "network.rules"},
+		{`{"allowPublicTrafic":false}`, false, "unknown field"},
+		{`{"allowPublicTraffic":"no"}`, false, "network:"},
+	} {
+		private, err := networkOf(json.RawMessage(c.body))
+		if c.err == "" && (err != nil || private != c.private) {
+			t.Errorf("%s: %v %v, want %v", c.body, private, err, c.private)
+		}
+		if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s: %v, want an error with %q", c.body, err, c.err)
+		}
 	}
 }

@@ -161,7 +161,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, p *auth.Principal)
 	out := make([]forkResult, 0, len(res.Children))
 	for _, c := range res.Children {
 		csb := &store.Sandbox{VMID: c.ID, TemplateID: sb.TemplateID, Metadata: sb.Metadata, AutoPause: sb.AutoPause,
-			PauseDisk: sb.PauseDisk, AutoResume: sb.AutoResume, Timeout: d, CreatedAt: time.Now().UTC()}
+			PauseDisk: sb.PauseDisk, AutoResume: sb.AutoResume, PrivateTraffic: sb.PrivateTraffic, Timeout: d, CreatedAt: time.Now().UTC()}
 		if d > 0 {
 			csb.EndAt = time.Now().Add(d)
 		}

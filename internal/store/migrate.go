@@ -182,6 +182,8 @@ ALTER TABLE sandboxes ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 0;`,
 	// 10: PostgreSQL's notifications of writes to the cached tables; this
 	// process is SQLite's only writer, so nothing here.
 	`SELECT 1;`,
+	// 11: an E2B sandbox whose ports answer only with its traffic token.
+	`ALTER TABLE sandboxes ADD COLUMN private_traffic INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -193,6 +193,8 @@ CREATE TRIGGER sandboxes_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON
 	FOR EACH STATEMENT EXECUTE FUNCTION agentvm_store_changed();
 CREATE TRIGGER ports_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ports
 	FOR EACH STATEMENT EXECUTE FUNCTION agentvm_store_changed();`,
+	// 11: an E2B sandbox whose ports answer only with its traffic token.
+	`ALTER TABLE sandboxes ADD COLUMN private_traffic BOOLEAN NOT NULL DEFAULT false;`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

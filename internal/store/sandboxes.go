@@ -21,8 +21,11 @@ type Sandbox struct {
 	// AutoResume wakes the sandbox, when paused, on the next request to
 	// it (its preview or envd), for at least another Timeout.
 	AutoResume bool
-	Timeout    time.Duration // the life it was last given; zero: none
-	CreatedAt  time.Time
+	// PrivateTraffic: its ports answer only requests that carry its traffic
+	// access token (E2B's network.allowPublicTraffic: false).
+	PrivateTraffic bool
+	Timeout        time.Duration // the life it was last given; zero: none
+	CreatedAt      time.Time
 }
 
 func unixMs(t time.Time) int64 {
@@ -45,11 +48,11 @@ func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.exec(ctx, `INSERT INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, pause_disk, auto_resume, timeout_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?)
+	_, err = s.exec(ctx, `INSERT INTO sandboxes (vm_id, template_id, metadata, end_at, auto_pause, pause_disk, auto_resume, private_traffic, timeout_ms, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT (vm_id) DO UPDATE SET template_id=excluded.template_id, metadata=excluded.metadata,
 		end_at=excluded.end_at, auto_pause=excluded.auto_pause, pause_disk=excluded.pause_disk,
-		auto_resume=excluded.auto_resume, timeout_ms=excluded.timeout_ms, created_at=excluded.created_at`,
-		sb.VMID, sb.TemplateID, string(md), unixMs(sb.EndAt), sb.AutoPause, sb.PauseDisk, sb.AutoResume, sb.Timeout.Milliseconds(), sb.CreatedAt.UnixNano())
+		auto_resume=excluded.auto_resume, private_traffic=excluded.private_traffic, timeout_ms=excluded.timeout_ms, created_at=excluded.created_at`,
+		sb.VMID, sb.TemplateID, string(md), unixMs(sb.EndAt), sb.AutoPause, sb.PauseDisk, sb.AutoResume, sb.PrivateTraffic, sb.Timeout.Milliseconds(), sb.CreatedAt.UnixNano())
 	return err
 }
 
@@ -84,13 +87,13 @@ func (s *Store) DeleteSandbox(ctx context.Context, vmID string) error {
 	return err
 }
 
-const sandboxCols = `vm_id, template_id, metadata, end_at, auto_pause, pause_disk, auto_resume, timeout_ms, created_at`
+const sandboxCols = `vm_id, template_id, metadata, end_at, auto_pause, pause_disk, auto_resume, private_traffic, timeout_ms, created_at`
 
 func scanSandbox(row interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
 	var md string
 	var end, timeout, created int64
-	if err := row.Scan(&sb.VMID, &sb.TemplateID, &md, &end, &sb.AutoPause, &sb.PauseDisk, &sb.AutoResume, &timeout, &created); err != nil {
+	if err := row.Scan(&sb.VMID, &sb.TemplateID, &md, &end, &sb.AutoPause, &sb.PauseDisk, &sb.AutoResume, &sb.PrivateTraffic, &timeout, &created); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
