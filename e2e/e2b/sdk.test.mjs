@@ -304,7 +304,8 @@ test('network: allowPublicTraffic false needs the traffic token', async () => {
   assert.equal(anon.status, 403)
   assert.match(anon.body, /allowPublicTraffic/)
   const other = await get(host, '/index.html', { 'E2B-Traffic-Access-Token': sbx.trafficAccessToken }) // another sandbox's
-  assert.equal(other.status, 401)
+  assert.equal(other.status, 403)
+  assert.match(other.body, /secured with traffic access token/)
   assert.equal((await get(sbx.getHost(8000), '/index.html')).status, 200) // a public sandbox's port stays public
   assert.equal((await priv.commands.run('echo envd works')).stdout, 'envd works\n')
   await assert.rejects(Sandbox.create({ timeoutMs: 10_000, network: { allowOut: ['1.1.1.1'] } }), /allowOut/)

@@ -528,3 +528,41 @@ func TestConnectDoesAnAnnouncedFilesystemOnlyPause(t *testing.T) {
 		}
 	}
 }
+
+// network.allowPublicTraffic: false is recorded on the sandbox and kept by
+// its forks; a create without it, or with true, is public; an egress rule
+// is refused and makes nothing.
+func TestPrivateTrafficIsRecordedAndForked(t *testing.T) {
+	e := newFakeE2B(t)
+	priv := e.create(t, `{"network":{"allowPublicTraffic":false}}`)
+	pub := e.create(t, `{"network":{"allowPublicTraffic":true}}`)
+	private := func(name string) bool {
+		t.Helper()
+		v, err := e.svc.Get(e.ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := e.st.GetSandboxFresh(e.ctx, v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.PrivateTraffic
+	}
+	if !private(priv.SandboxID) || private(pub.SandboxID) {
+		t.Fatalf("recorded: private %v, public %v", private(priv.SandboxID), private(pub.SandboxID))
+	}
+	code, b := e.call(t, "POST", "/sandboxes/"+priv.SandboxID+"/fork", e.key, `{"count":1}`)
+	var forks []forkResult
+	if err := json.Unmarshal(b, &forks); err != nil || code != http.StatusCreated || len(forks) != 1 || forks[0].Sandbox == nil {
+		t.Fatalf("fork: %d %s", code, b)
+	}
+	if !private(forks[0].Sandbox.SandboxID) {
+		t.Fatal("the fork of a private sandbox is public")
+	}
+	vms, _ := e.svc.List(e.ctx)
+	code, b = e.call(t, "POST", "/sandboxes", e.key, `{"network":{"denyOut":["0.0.0.0/0"]}}`)
+	wantAPIError(t, "an egress rule", code, b, http.StatusBadRequest, "network.allowOut and network.denyOut are not supported")
+	if after, _ := e.svc.List(e.ctx); len(after) != len(vms) {
+		t.Fatalf("a refused create made a VM: %d -> %d", len(vms), len(after))
+	}
+}

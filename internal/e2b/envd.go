@@ -662,17 +662,21 @@ var errPrivateTraffic = errors.New("this sandbox's traffic is private (network.a
 // address only, unless the sandbox's traffic is private (403). A token that
 // does not hold is refused, not ignored.
 func (p Proxy) Principal(w http.ResponseWriter, r *http.Request, v *store.VM) (*auth.Principal, bool) {
+	sb, err := p.cfg.Store.GetSandbox(r.Context(), v.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		notFound(w, v.Name) // killed meanwhile
+		return nil, false
+	case err != nil:
+		envdHTTPError(w, http.StatusServiceUnavailable, "read sandbox: "+err.Error())
+		return nil, false
+	}
 	purpose, tok := purposeTraffic, r.Header.Get("E2B-Traffic-Access-Token")
 	if tok == "" {
 		purpose, tok = purposeEnvd, r.Header.Get("X-Access-Token")
 	}
 	if tok == "" {
-		sb, err := p.cfg.Store.GetSandbox(r.Context(), v.ID)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			envdHTTPError(w, http.StatusServiceUnavailable, "read sandbox: "+err.Error())
-			return nil, false
-		}
-		if sb != nil && sb.PrivateTraffic {
+		if sb.PrivateTraffic {
 			envdHTTPError(w, http.StatusForbidden, errPrivateTraffic.Error())
 			return nil, false
 		}
@@ -680,6 +684,11 @@ func (p Proxy) Principal(w http.ResponseWriter, r *http.Request, v *store.VM) (*
 	}
 	pr, err := p.tokenPrincipal(r.Context(), purpose, v.ID, tok)
 	if err != nil {
+		if sb.PrivateTraffic && errors.Is(err, errEnvdToken) {
+			// E2B's answer to a secured sandbox's wrong token
+			envdHTTPError(w, http.StatusForbidden, "Sandbox is secured with traffic access token. Provided token is invalid.")
+			return nil, false
+		}
 		envdAuthError(w, err)
 		return nil, false
 	}

@@ -340,6 +340,9 @@ func TestConnectOnlyExtends(t *testing.T) {
 // not envd; the envd token opens both; neither opens another sandbox.
 func TestTrafficTokenIsNotEnvd(t *testing.T) {
 	h := newEnvdHarness(t)
+	if err := h.s.cfg.Store.PutSandbox(context.Background(), &store.Sandbox{VMID: "vm1", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
 	traffic, envd := h.s.trafficToken("vm1", a), h.s.envdToken("vm1", a)
 	if traffic == envd {
@@ -443,9 +446,21 @@ func TestPrivateTrafficNeedsTheTrafficToken(t *testing.T) {
 		if p, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm1", a)); p == nil || p.TokenID != a.TokenID {
 			t.Errorf("private=%v: the traffic token: refused (%d)", private, code)
 		}
-		if _, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a)); code != http.StatusUnauthorized {
-			t.Errorf("private=%v: another sandbox's traffic token: %d, want 401", private, code)
+		// a wrong token: refused, with E2B's 403 for a secured sandbox
+		want := http.StatusUnauthorized
+		if private {
+			want = http.StatusForbidden
 		}
+		if _, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a)); code != want {
+			t.Errorf("private=%v: another sandbox's traffic token: %d, want %d", private, code, want)
+		}
+	}
+	// a sandbox killed meanwhile is not found, not public
+	if err := h.s.cfg.Store.DeleteSandbox(ctx, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if p, code := principal("", ""); code != http.StatusBadGateway {
+		t.Errorf("a sandbox whose record is gone: %v %d, want 502", p, code)
 	}
 }
 

@@ -208,3 +208,19 @@ func TestCompatAutoResume(t *testing.T) {
 		}
 	}
 }
+
+// A caller the layer refuses (a private sandbox without its token) does not
+// wake the paused VM it asked for: the credential is checked first.
+func TestCompatRefusalWakesNothing(t *testing.T) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app") }))
+	defer app.Close()
+	woken := 0
+	p, _ := newProxyOn(t, suspendedVMs{fakeVMs{backend: app.Listener.Addr().String()}}, wakingCompat{wake: true, woken: &woken})
+	go p.Serve()
+	if code, _ := get(t, p, "3000-web.localhost", map[string]string{"X-Test-Key": "wrong"}); code != http.StatusUnauthorized || woken != 0 {
+		t.Fatalf("a refused caller: %d, woken %d times", code, woken)
+	}
+	if code, body := get(t, p, "3000-web.localhost", map[string]string{"X-Test-Key": "good"}); code != 200 || body != "app" || woken != 1 {
+		t.Fatalf("an allowed caller: %d %q, woken %d times", code, body, woken)
+	}
+}

@@ -406,6 +406,20 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	if p.cfg.ForwardCompat != nil && p.cfg.ForwardCompat(w, r, v) {
 		return true
 	}
+	// Its ports are public, but its loopback (and every port of a sandbox
+	// whose traffic is private) is reached only with the layer's own
+	// credential or an agentvm token that may (loopback.go), tracked under
+	// its key. Checked before anything wakes it: a caller it refuses must
+	// not resume a paused sandbox.
+	var pr *auth.Principal
+	if port != p.cfg.CompatPort {
+		if pr = p.callerReachesLoopback(r, v); pr == nil {
+			var ok bool
+			if pr, ok = c.Principal(w, r, v); !ok {
+				return true
+			}
+		}
+	}
 	// A paused sandbox is unreachable until connect resumes it, unless it
 	// asked to be woken by its traffic.
 	var reached bool
@@ -423,16 +437,6 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	if port == p.cfg.CompatPort {
 		c.Serve(w, r, v)
 		return true
-	}
-	// Its ports are public, but its loopback is reached only with the
-	// layer's own credential or an agentvm token that may (loopback.go),
-	// tracked under its key.
-	pr := p.callerReachesLoopback(r, v)
-	if pr == nil {
-		var ok bool
-		if pr, ok = c.Principal(w, r, v); !ok {
-			return true
-		}
 	}
 	if pr != nil {
 		var done func()

@@ -121,12 +121,12 @@ func TestSnapshotsTokensSandboxes(t *testing.T) {
 		if err := s.SetSandboxTimeout(ctx, "vm-x", now, time.Minute); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("timeout of a missing sandbox: %v", err)
 		}
-		s.PutSandbox(ctx, &Sandbox{VMID: "vm-b", TemplateID: "base", AutoPause: true, PauseDisk: true, AutoResume: true, Timeout: 90 * time.Second, CreatedAt: now.Add(time.Second)})
+		s.PutSandbox(ctx, &Sandbox{VMID: "vm-b", TemplateID: "base", AutoPause: true, PauseDisk: true, AutoResume: true, PrivateTraffic: true, Timeout: 90 * time.Second, CreatedAt: now.Add(time.Second)})
 		if err := s.SetSandboxTimeout(ctx, "vm-b", now.Add(time.Hour), 2*time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if sbs, _ := s.ListSandboxes(ctx); len(sbs) != 2 || sbs[0].VMID != "vm-b" || !sbs[0].AutoPause || !sbs[0].PauseDisk || !sbs[0].AutoResume ||
-			sbs[0].Timeout != 2*time.Minute || !sbs[0].EndAt.Equal(now.Add(time.Hour).Truncate(time.Millisecond)) || sbs[1].PauseDisk || sbs[1].AutoResume {
+		if sbs, _ := s.ListSandboxes(ctx); len(sbs) != 2 || sbs[0].VMID != "vm-b" || !sbs[0].AutoPause || !sbs[0].PauseDisk || !sbs[0].AutoResume || !sbs[0].PrivateTraffic ||
+			sbs[0].Timeout != 2*time.Minute || !sbs[0].EndAt.Equal(now.Add(time.Hour).Truncate(time.Millisecond)) || sbs[1].PauseDisk || sbs[1].AutoResume || sbs[1].PrivateTraffic {
 			t.Fatalf("sandboxes: %+v", sbs)
 		}
 		s.DeleteSandbox(ctx, "vm-b")
