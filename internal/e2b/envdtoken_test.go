@@ -93,6 +93,22 @@ func (h *envdHarness) key(t *testing.T, vmID string, req api.CreateTokenRequest)
 	return p
 }
 
+// principal asks the proxy's Principal about a request for a port of vm1
+// carrying tok in header hdr (none when hdr is ""): the principal, or the
+// status it answered with.
+func (h *envdHarness) principal(hdr, tok string) (*auth.Principal, int) {
+	r := httptest.NewRequest("GET", "/", nil)
+	if hdr != "" {
+		r.Header.Set(hdr, tok)
+	}
+	w := httptest.NewRecorder()
+	p, ok := Proxy{h.s}.Principal(w, r, h.vm)
+	if !ok {
+		return nil, w.Code
+	}
+	return p, 0
+}
+
 func (h *envdHarness) health(t *testing.T, tok string) int {
 	t.Helper()
 	req, _ := http.NewRequest("GET", h.url+"/health", nil)
@@ -351,16 +367,6 @@ func TestTrafficTokenIsNotEnvd(t *testing.T) {
 	if code := h.health(t, traffic); code != http.StatusUnauthorized {
 		t.Fatalf("the traffic token on envd: %d", code)
 	}
-	principal := func(hdr, tok string) (*auth.Principal, int) {
-		r := httptest.NewRequest("GET", "/", nil)
-		r.Header.Set(hdr, tok)
-		w := httptest.NewRecorder()
-		p, ok := Proxy{h.s}.Principal(w, r, h.vm)
-		if !ok {
-			return nil, w.Code
-		}
-		return p, 0
-	}
 	for _, c := range []struct {
 		hdr, tok string
 		ok       bool
@@ -371,7 +377,7 @@ func TestTrafficTokenIsNotEnvd(t *testing.T) {
 		{"X-Access-Token", traffic, false},
 		{"E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a), false},
 	} {
-		p, code := principal(c.hdr, c.tok)
+		p, code := h.principal(c.hdr, c.tok)
 		if c.ok && (p == nil || p.TokenID != a.TokenID) {
 			t.Errorf("%s %.12s: refused (%d)", c.hdr, c.tok, code)
 		}
@@ -420,30 +426,18 @@ func TestPrivateTrafficNeedsTheTrafficToken(t *testing.T) {
 	h := newEnvdHarness(t)
 	ctx := context.Background()
 	a := h.key(t, "vm1", api.CreateTokenRequest{Allow: []string{api.PermExec}})
-	principal := func(hdr, tok string) (*auth.Principal, int) {
-		r := httptest.NewRequest("GET", "/", nil)
-		if hdr != "" {
-			r.Header.Set(hdr, tok)
-		}
-		w := httptest.NewRecorder()
-		p, ok := Proxy{h.s}.Principal(w, r, h.vm)
-		if !ok {
-			return nil, w.Code
-		}
-		return p, 0
-	}
 	for _, private := range []bool{false, true} {
 		if err := h.s.cfg.Store.PutSandbox(ctx, &store.Sandbox{VMID: "vm1", PrivateTraffic: private, CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		p, code := principal("", "")
+		p, code := h.principal("", "")
 		if private && code != http.StatusForbidden {
 			t.Errorf("private: no token: %v %d, want 403", p, code)
 		}
 		if !private && (code != 0 || p != nil) {
 			t.Errorf("public: no token: %v %d, want the public port", p, code)
 		}
-		if p, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm1", a)); p == nil || p.TokenID != a.TokenID {
+		if p, code := h.principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm1", a)); p == nil || p.TokenID != a.TokenID {
 			t.Errorf("private=%v: the traffic token: refused (%d)", private, code)
 		}
 		// a wrong token: refused, with E2B's 403 for a secured sandbox
@@ -451,7 +445,7 @@ func TestPrivateTrafficNeedsTheTrafficToken(t *testing.T) {
 		if private {
 			want = http.StatusForbidden
 		}
-		if _, code := principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a)); code != want {
+		if _, code := h.principal("E2B-Traffic-Access-Token", h.s.trafficToken("vm2", a)); code != want {
 			t.Errorf("private=%v: another sandbox's traffic token: %d, want %d", private, code, want)
 		}
 	}
@@ -459,7 +453,7 @@ func TestPrivateTrafficNeedsTheTrafficToken(t *testing.T) {
 	if err := h.s.cfg.Store.DeleteSandbox(ctx, "vm1"); err != nil {
 		t.Fatal(err)
 	}
-	if p, code := principal("", ""); code != http.StatusBadGateway {
+	if p, code := h.principal("", ""); code != http.StatusBadGateway {
 		t.Errorf("a sandbox whose record is gone: %v %d, want 502", p, code)
 	}
 }

@@ -75,6 +75,8 @@ def test_token_and_url_defaults(tmp_path, monkeypatch) -> None:
     # the environment's token goes only to the environment's server
     assert "Authorization" not in agentvm.AgentVM("http://elsewhere:1")._t.headers
     assert agentvm.AgentVM("http://elsewhere:1", token="t2")._t.headers["Authorization"] == "Bearer t2"
+    # a data dir given with a URL is read: the caller named that server's token
+    assert agentvm.AgentVM("http://elsewhere:1", data_dir=str(tmp_path))._t.headers["Authorization"] == "Bearer avm_from_file"
     with pytest.raises(ValueError, match="must start with http"):
         agentvm.AgentVM("127.0.0.1:7070")
 

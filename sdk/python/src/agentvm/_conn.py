@@ -1,6 +1,6 @@
 """Helpers for connections the server switched to another protocol (exec
 frames, WebSocket, TCP): closing them so that a reader blocked in another
-thread wakes, and one error type for a connection that broke."""
+thread wakes, and waiting for bytes with a deadline of one's own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import select
 import socket
 from typing import Any
 
-from .errors import StreamLost
 
 
 def hard_close(ns: Any) -> None:
@@ -44,6 +43,3 @@ def wait_readable(ns: Any, timeout: float | None) -> bool:
     except (ValueError, OSError):
         return True  # closed meanwhile: the read that follows says so
 
-
-def lost(what: str, err: BaseException | None = None) -> StreamLost:
-    return StreamLost(f"{what}: {err}" if err is not None else what)

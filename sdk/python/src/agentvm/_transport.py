@@ -93,14 +93,11 @@ def default_token(data_dir: str | None = None) -> str:
     tok = os.environ.get("AGENTVM_TOKEN")
     if tok:
         return tok
-    d = data_dir or os.environ.get("AGENTVM_DATA_DIR") or str(Path.home() / ".local" / "share" / "agentvm")
-    try:
-        return (Path(d) / "admin.token").read_text().strip()
-    except OSError:
-        return ""
+    return _file_token(data_dir or os.environ.get("AGENTVM_DATA_DIR") or str(Path.home() / ".local" / "share" / "agentvm"))
 
 
 def _file_token(data_dir: str) -> str:
+    """The admin token in data_dir, else ""."""
     try:
         return (Path(data_dir) / "admin.token").read_text().strip()
     except OSError:
@@ -133,9 +130,10 @@ class _Base:
         # to the server of the environment: a URL given here gets the token
         # given with it, or none.
         if token is None:
-            token = default_token(data_dir) if url is None else ""
-            if not token and data_dir:
-                token = default_token(data_dir) if url is None else _file_token(data_dir)
+            if url is None:
+                token = default_token(data_dir)
+            else:
+                token = _file_token(data_dir) if data_dir else ""
         self.token = token
         self.headers = dict(headers or {})
         if self.token:

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -529,7 +529,3 @@ def _state_of(session: SandboxSession) -> AgentVMSandboxSessionState:
         raise TypeError("not an agentvm sandbox session")
     return st
 
-
-def workspace_path(session: SandboxSession, rel: str) -> str:
-    """The absolute path in the VM of a workspace-relative path."""
-    return str(PurePosixPath(_state_of(session).manifest.root) / rel)
