@@ -55,12 +55,16 @@ type CodeContext struct {
 	ID       string `json:"id"`
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
+	User     string `json:"user,omitempty"` // the guest user its process runs as
 }
 
 // CreateCodeContextRequest is the body of POST /v1/vms/{id}/code/contexts.
 type CreateCodeContextRequest struct {
-	Language string `json:"language,omitempty"` // python (default), javascript, bash
+	Language string `json:"language,omitempty"` // python (default), javascript, typescript, r, java, bash
 	Cwd      string `json:"cwd,omitempty"`      // default /home/user
+	// User is "user" (the default) or "root"; root needs a token without
+	// a user limit.
+	User string `json:"user,omitempty"`
 }
 
 // CodeContextList is returned by GET /v1/vms/{id}/code/contexts.

@@ -38,6 +38,9 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || pkgs+=(postgresql)
 # the packages its image installs.
 /usr/bin/python3 -c 'import ipykernel, jupyter_client, numpy, pandas, matplotlib' 2>/dev/null ||
 	pkgs+=(python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib)
+[ -d /usr/share/nodejs/typescript ] || pkgs+=(node-typescript)
+[ -d /usr/lib/R/site-library/IRkernel ] || pkgs+=(r-cran-irkernel)
+command -v jshell >/dev/null || pkgs+=(openjdk-17-jdk-headless)
 if [ ${#pkgs[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "agentvm setup: missing packages: ${pkgs[*]}; run as root or: sudo apt-get install ${pkgs[*]}" >&2

@@ -97,7 +97,7 @@ go vet ./...
 echo "==> unit tests (-race; the store's suite on SQLite and on a PostgreSQL it starts)"
 env -u AGENTVM_TEST_NO_POSTGRES go test -race -count=1 $(go list ./... | grep -v -e /e2e -e /bench)
 echo "==> code interpreter server (python unittest, real Jupyter kernels)"
-(cd internal/image/codeinterp && CODEINTERP_REQUIRE=1 /usr/bin/python3 -m unittest -q test_server)
+(cd internal/image/codeinterp && CODEINTERP_REQUIRE=1 /usr/bin/python3 -m unittest -q test_server test_languages)
 echo "==> fuzzing (a short run of every target; scripts/fuzz.sh runs them longer)"
 FUZZTIME="${FUZZTIME:-5s}" scripts/fuzz.sh
 if [ -n "$s3_pid" ]; then

@@ -88,7 +88,7 @@ images and HTML results are saved into --out DIR. An exception exits 1.`,
 		},
 	}
 	f := c.Flags()
-	f.StringVarP(&req.Language, "language", "l", "", "python (default), javascript or bash: runs in that language's default context")
+	f.StringVarP(&req.Language, "language", "l", "", "python (default), javascript, typescript, r, java or bash: runs in that language's default context")
 	f.StringVar(&req.Context, "context", "", "run in this context (see code-context); exclusive with --language")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for this run (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "interrupt the run after this long (the context survives); default 5m")
@@ -164,9 +164,9 @@ func codeContextCmd() *cobra.Command {
 				return printJSON(cs)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tLANGUAGE\tCWD")
+			fmt.Fprintln(tw, "ID\tLANGUAGE\tUSER\tCWD")
 			for _, x := range cs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", x.ID, x.Language, x.Cwd)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", x.ID, x.Language, x.User, x.Cwd)
 			}
 			return tw.Flush()
 		},
@@ -184,8 +184,9 @@ func codeContextCmd() *cobra.Command {
 			return nil
 		},
 	}
-	create.Flags().StringVarP(&req.Language, "language", "l", "", "python (default), javascript or bash")
+	create.Flags().StringVarP(&req.Language, "language", "l", "", "python (default), javascript, typescript, r, java or bash")
 	create.Flags().StringVar(&req.Cwd, "cwd", "", "working directory (default /home/user)")
+	create.Flags().StringVar(&req.User, "user", "", `guest user the kernel runs as: "user" (default) or "root"`)
 	restart := &cobra.Command{
 		Use: "restart VM CONTEXT", Short: "Restart a context's kernel (its variables are lost)", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -47,11 +47,13 @@ Description=agentvm code interpreter (Jupyter kernels; E2B code-interpreter prot
 After=agentvm-guest.service
 
 [Service]
-User=user
-Group=user
+# The server runs as root so that a context may ask to run as root (E2B's
+# kernels do); every other context runs as user, as before, and only root
+# (the guest agent) and user may connect.
+User=root
 WorkingDirectory=/home/user
 Environment=HOME=/home/user PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --env-file /etc/agentvm/env
+ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --user user --env-file /etc/agentvm/env
 Restart=always
 RestartSec=200ms
 
@@ -65,6 +67,7 @@ var flavors = []flavor{{
 	packages: []string{
 		"python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas",
 		"python3-matplotlib", "python3-matplotlib-inline",
+		"node-typescript", "r-cran-irkernel", "openjdk-17-jdk-headless",
 	},
 	files: append([]recipeFile{
 		{"/etc/systemd/system/agentvm-codeinterp.service", 0o644, codeInterpUnit},
@@ -73,6 +76,7 @@ var flavors = []flavor{{
 ln -sf /etc/systemd/system/agentvm-codeinterp.service /etc/systemd/system/multi-user.target.wants/agentvm-codeinterp.service
 # Compile once here, not in every VM on first import.
 python3 -m compileall -q ` + codeInterpDir + ` >/dev/null 2>&1 || true
+javac -nowarn -XDignore.symbol.file -d ` + codeInterpDir + `/java ` + codeInterpDir + `/JShellKernel.java
 `,
 	ready: []string{"curl", "-sf", "-o", "/dev/null", "--max-time", "5", "http://127.0.0.1:49999/health"},
 }, browserFlavor}

@@ -34,7 +34,7 @@ const (
 	codeGrace = 2 * time.Minute
 )
 
-// codeUser is the guest user kernels run as.
+// codeUser is the guest user kernels run as unless a context asks for root.
 const codeUser = "user"
 
 var contextIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -373,6 +373,18 @@ func (s *Server) createCodeContext(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Cwd != "" && (!strings.HasPrefix(req.Cwd, "/") || strings.ContainsRune(req.Cwd, 0)) {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, "cwd must be an absolute path")
+		return
+	}
+	switch req.User {
+	case "", codeUser:
+	case "root":
+		if p := principal(r); p.User != "" {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf(
+				"this token is limited to user %q; a context as root needs a token without a user limit", p.User))
+			return
+		}
+	default:
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, fmt.Sprintf("user must be %q (the default) or \"root\"", codeUser))
 		return
 	}
 	hc, ok := s.codeGuest(w, r)

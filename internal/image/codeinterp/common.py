@@ -29,8 +29,11 @@ LANG_ALIASES = {
     "javascript": "javascript", "js": "javascript", "node": "javascript",
     "typescript": "typescript", "ts": "typescript",
     "bash": "bash", "sh": "bash", "shell": "bash",
+    "r": "r",
+    "java": "java",
 }
-KNOWN_UNAVAILABLE = {"r", "java", "deno"}
+KNOWN_UNAVAILABLE = {"deno"}
+SUPPORTED = "python, javascript/js, typescript/ts, r, java, bash"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -81,9 +84,8 @@ def normalize_language(language):
         return LANG_ALIASES[lang]
     if lang in KNOWN_UNAVAILABLE:
         raise ApiError(400, f"Language '{language}' is not available in this sandbox "
-                            "(supported: python, javascript, typescript where node supports it, bash)")
-    raise ApiError(400, f"Unsupported language '{language}' "
-                        "(supported: python, javascript/js, typescript/ts, bash)")
+                            f"(supported: {SUPPORTED})")
+    raise ApiError(400, f"Unsupported language '{language}' (supported: {SUPPORTED})")
 
 
 def strip_repr_quotes(text):

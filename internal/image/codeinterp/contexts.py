@@ -175,9 +175,34 @@ class Context:
         self.genv_version, self.genv = None, {}
         self.seen_machine_id = None  # None: reseed before the next execution
         self.ran_user_code = False
+        self.user = None  # pwd entry of the user the process runs as; None: the server's
 
     def info(self):
-        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+        out = {"id": self.id, "language": self.language, "cwd": self.cwd}
+        out["user"] = self.user.pw_name if self.user else self.server.own_user
+        return out
+
+    # -- the process's user ------------------------------------------------------
+    def _as_user(self, env):
+        """Popen arguments that run the process as the context's user (and
+        that user's HOME, USER and LOGNAME in env)."""
+        pw = self.user
+        if pw is None:
+            return {}
+        env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+        if pw.pw_uid == os.getuid():
+            return {}
+        return {"user": pw.pw_uid, "group": pw.pw_gid,
+                "extra_groups": os.getgrouplist(pw.pw_name, pw.pw_gid)}
+
+    def _own(self, fd):
+        """Gives an open file the server made to the context's user."""
+        if self.user is not None and self.user.pw_uid != os.getuid():
+            os.fchown(fd, self.user.pw_uid, self.user.pw_gid)
+
+    def _rundir(self):
+        """The private directory for this user's sockets and files."""
+        return self.server.user_runtime_dir(self.user)
 
     # -- lifecycle ----------------------------------------------------------
     def start(self):
@@ -430,7 +455,7 @@ class BashContext(Context):
             self.proc = subprocess.Popen(
                 ["bash", "--noprofile", "--norc", "--noediting", "-i"], cwd=self.cwd, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(ctl_w,), start_new_session=True)
+                pass_fds=(ctl_w,), start_new_session=True, **self._as_user(env))
         except OSError as e:
             os.close(ctl_r)
             os.close(ctl_w)
@@ -442,7 +467,7 @@ class BashContext(Context):
                         "stdout": PipeReader(self.proc.stdout.fileno()),
                         "stderr": PipeReader(self.proc.stderr.fileno())}
         self.ctl_buf = ""
-        self.cell_file = os.path.join(self.server.runtime_dir, f"bash-{self.id}.sh")
+        self.cell_file = os.path.join(self._rundir(), f"bash-{self.id}.sh")
         token = secrets.token_hex(8)
         self._send(f"set +o history +m; unset HISTFILE MAILCHECK PROMPT_COMMAND; "
                    f"builtin printf 'READY {token} %s\\n' \"$$\" >&{self.ctl_w}\n")
@@ -513,6 +538,7 @@ class BashContext(Context):
         stream.emit({"type": "number_of_executions", "execution_count": self.exec_count})
         fd = os.open(self.cell_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            self._own(f.fileno())
             f.write(code)
             if not code.endswith("\n"):
                 f.write("\n")

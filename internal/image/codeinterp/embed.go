@@ -1,6 +1,7 @@
 // Package codeinterp holds the code-interpreter server that the
 // code-interpreter image runs inside the guest: server.py drives Jupyter
-// kernels (Python), jskernel.js (JavaScript) and bash, and answers E2B's
+// kernels (Python, R), jskernel.js (JavaScript, TypeScript), JShellKernel.java
+// (Java) and bash, and answers E2B's
 // code-interpreter protocol on 127.0.0.1:49999. The host reaches it through
 // the guest agent (the native /v1/vms/{id}/code API) and the preview proxy
 // (E2B's SDKs).
@@ -11,17 +12,21 @@ import "embed"
 // names are the files server.py needs at run time, installed side by side
 // (server.py imports the Python modules from its own directory).
 var names = []string{
-	"server.py",        // HTTP server, state, main
-	"common.py",        // constants, errors, helpers
-	"contexts.py",      // Stream, Context base, bash contexts
-	"pycontext.py",     // Python contexts (ipykernel)
-	"jscontext.py",     // JavaScript contexts
-	"kernel_module.py", // runs inside each Python kernel
-	"peers.py",         // client uid check (/proc/net/tcp)
-	"jskernel.js",      // runs in each node process
+	"server.py",         // HTTP server, state, main
+	"common.py",         // constants, errors, helpers
+	"contexts.py",       // Stream, Context base, bash contexts
+	"jupyter.py",        // contexts of Jupyter kernels
+	"pycontext.py",      // Python contexts (ipykernel)
+	"rcontext.py",       // R contexts (IRkernel)
+	"jscontext.py",      // JavaScript and TypeScript contexts
+	"javacontext.py",    // Java contexts
+	"JShellKernel.java", // runs in each JVM
+	"kernel_module.py",  // runs inside each Python kernel
+	"peers.py",          // client uid check (/proc/net/tcp)
+	"jskernel.js",       // runs in each node process
 }
 
-//go:embed server.py common.py contexts.py pycontext.py jscontext.py kernel_module.py peers.py jskernel.js
+//go:embed server.py common.py contexts.py jupyter.py pycontext.py rcontext.py jscontext.py javacontext.py JShellKernel.java kernel_module.py peers.py jskernel.js
 var files embed.FS
 
 // Files returns the files to install, by name.

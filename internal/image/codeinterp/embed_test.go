@@ -19,7 +19,7 @@ func TestFilesListsEveryRuntimeFile(t *testing.T) {
 	for _, e := range entries {
 		n := e.Name()
 		ext := filepath.Ext(n)
-		if e.IsDir() || (ext != ".py" && ext != ".js") || strings.HasPrefix(n, "test_") {
+		if e.IsDir() || (ext != ".py" && ext != ".js" && ext != ".java") || strings.HasPrefix(n, "test_") {
 			continue
 		}
 		want[n] = true

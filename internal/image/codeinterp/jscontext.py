@@ -61,20 +61,41 @@ class JSContext(Context):
             self._start_node([])
 
     def _start_node(self, flags):
+        self._start_pipes([self.server.node, *flags, self.server.jskernel],
+                          {"CODEINTERP_LANG": self.language}, "node")
+
+    def _on_ready(self, msg):
+        log.info("javascript runtime: node %s, acorn %s, typescript %s", msg.get("node"),
+                 "yes" if msg.get("acorn") else "NO (top-level await/import degraded)",
+                 ("tsc " + msg["tsc"]) if msg.get("tsc") else
+                 "yes" if msg.get("typescript") else "no")
+        if self.language == "typescript" and not msg.get("typescript"):
+            raise KernelStartError(
+                "TypeScript is not supported by this sandbox's Node.js "
+                f"{msg.get('node', '')} (needs module.stripTypeScriptTypes, Node >= 22.13, "
+                "or the typescript package, Debian's node-typescript)")
+
+    def _start_pipes(self, argv, extra_env, what):
+        """Starts a runtime that speaks jskernel.js's protocol on two pipes
+        (their fds in $CODEINTERP_FDS) and waits for its ready event."""
         cmd_r, cmd_w = os.pipe()
         ev_r, ev_w = os.pipe()
+        for fd in (cmd_r, ev_w):
+            # The runtime may reopen them (/proc/self/fd/N): a pipe answers
+            # only its owner.
+            self._own(fd)
         env = dict(os.environ)
+        env.update(extra_env)
         env["CODEINTERP_FDS"] = f"{cmd_r},{ev_w}"
-        env["CODEINTERP_LANG"] = self.language
         try:
             self.proc = subprocess.Popen(
-                [self.server.node, *flags, self.server.jskernel], cwd=self.cwd, env=env,
+                argv, cwd=self.cwd, env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(cmd_r, ev_w), start_new_session=True)
+                pass_fds=(cmd_r, ev_w), start_new_session=True, **self._as_user(env))
         except OSError as e:
             for fd in (cmd_r, cmd_w, ev_r, ev_w):
                 os.close(fd)
-            raise KernelStartError(f"cannot run node ({self.server.node}): {e}") from e
+            raise KernelStartError(f"cannot run {what} ({argv[0]}): {e}") from e
         os.close(cmd_r)
         os.close(ev_w)
         os.set_blocking(cmd_w, False)
@@ -89,19 +110,13 @@ class JSContext(Context):
             for msg in self._read_events(0.1, startup_err):
                 if msg.get("ev") == "ready":
                     self.kernel_info = msg
-                    log.info("javascript runtime: node %s, acorn %s, typescript %s", msg.get("node"),
-                             "yes" if msg.get("acorn") else "NO (top-level await/import degraded)",
-                             "yes" if msg.get("typescript") else "no")
-                    if self.language == "typescript" and not msg.get("typescript"):
-                        raise KernelStartError(
-                            "TypeScript is not supported by this sandbox's Node.js "
-                            f"{msg.get('node', '')} (needs module.stripTypeScriptTypes, Node >= 22.13)")
+                    self._on_ready(msg)
                     return
             if self.proc.poll() is not None:
                 startup_err.append(self.readers["stderr"].read())
-                raise KernelStartError(f"node exited with status {self.proc.returncode}: "
+                raise KernelStartError(f"{what} exited with status {self.proc.returncode}: "
                                        + "".join(startup_err)[-2000:].strip())
-        raise KernelStartError("timed out waiting for the JavaScript runtime")
+        raise KernelStartError(f"timed out waiting for the {self.language} runtime")
 
     def _read_events(self, timeout, sink_stderr=None, stream=None):
         """Reads what is available; returns parsed control messages.

@@ -9,7 +9,7 @@
 //
 //   in:  {"op":"execute","id":N,"code":"...","env":{"K":"V"}}   (env: this run only)
 //        {"op":"setenv","env":{"K":"V"},"unset":["K2"]}            (persistent)
-//   out: {"ev":"ready","node":"v18.x","acorn":bool,"typescript":bool}
+//   out: {"ev":"ready","node":"v18.x","acorn":bool,"typescript":bool,"tsc":"4.8.4"?}
 //        {"ev":"stdout"|"stderr","id":N|null,"text":"..."}
 //        {"ev":"result","id":N,"data":{"text/plain":"..."},"main":true}
 //        {"ev":"error","id":N,"name":"...","value":"...","traceback":"..."}
@@ -343,6 +343,57 @@ function display(value) {
   return util.inspect(value, { colors: false });
 }
 
+// TypeScript: node's own type stripping where it has it (Node >= 22.13),
+// else the TypeScript compiler (Debian's node-typescript) as a transpiler
+// only: types are erased, not checked, as node does.
+const typescript = LANG === 'typescript' && typeof Module.stripTypeScriptTypes !== 'function'
+  ? loadTypeScript() : null;
+
+function loadTypeScript() {
+  for (const id of ['typescript', '/usr/share/nodejs/typescript']) {
+    try {
+      return require(id);
+    } catch (_) {
+      // next
+    }
+  }
+  return null;
+}
+
+function stripTypes(code) {
+  if (typeof Module.stripTypeScriptTypes === 'function') {
+    const emitWarning = process.emitWarning;
+    process.emitWarning = () => {}; // "stripTypeScriptTypes is an experimental feature"
+    try {
+      return Module.stripTypeScriptTypes(code, { mode: 'strip' });
+    } finally {
+      process.emitWarning = emitWarning;
+    }
+  }
+  const ts = typescript;
+  const out = ts.transpileModule(code, {
+    reportDiagnostics: true,
+    compilerOptions: {
+      target: ts.ScriptTarget.ES2022,
+      module: ts.ModuleKind.ESNext,
+      isolatedModules: true,
+      // An import a cell does not use yet is kept for the cells after it.
+      preserveValueImports: true,
+      useDefineForClassFields: true,
+    },
+  });
+  const diag = (out.diagnostics || []).find((d) => d.category === ts.DiagnosticCategory.Error);
+  if (diag) {
+    let where = '';
+    if (diag.file && diag.start !== undefined) {
+      const { line, character } = diag.file.getLineAndCharacterOfPosition(diag.start);
+      where = ` (${line + 1}:${character + 1})`;
+    }
+    throw new SyntaxError(ts.flattenDiagnosticMessageText(diag.messageText, '\n') + where);
+  }
+  return out.outputText;
+}
+
 function runScript(source, filename) {
   const script = new vm.Script(source, { filename, displayErrors: false });
   return script.runInThisContext({ breakOnSigint: true, displayErrors: false });
@@ -351,15 +402,7 @@ function runScript(source, filename) {
 async function runCell(code) {
   cellNo += 1;
   const filename = `cell-${cellNo}.js`;
-  if (LANG === 'typescript') {
-    const emitWarning = process.emitWarning;
-    process.emitWarning = () => {}; // "stripTypeScriptTypes is an experimental feature"
-    try {
-      code = Module.stripTypeScriptTypes(code, { mode: 'strip' });
-    } finally {
-      process.emitWarning = emitWarning;
-    }
-  }
+  if (LANG === 'typescript') code = stripTypes(code);
   let t = null;
   try {
     t = transform(code);
@@ -472,5 +515,6 @@ send({
   ev: 'ready',
   node: process.version,
   acorn: !!acorn,
-  typescript: typeof Module.stripTypeScriptTypes === 'function',
+  typescript: typeof Module.stripTypeScriptTypes === 'function' || typescript !== null,
+  tsc: typescript ? typescript.version : undefined,
 });

@@ -11,34 +11,40 @@ implementation: only the protocol (paths, JSON field names, status codes) is
 shared with E2B.
 
 Run:   python3 server.py --port 49999 --host 127.0.0.1 [--cwd /home/user]
-       [--env-file FILE] [--preload numpy,pandas,matplotlib.pyplot]
+       [--user user] [--env-file FILE] [--preload numpy,pandas,matplotlib.pyplot]
        [--allow-uids 0,1001] [--machine-id-file /etc/machine-id]
 Needs: Python 3.11 stdlib, Debian's python3-ipykernel and python3-jupyter-client
-       (pyzmq), node, bash.  The other files of this directory must sit next
-       to this one: common.py, contexts.py, pycontext.py, jscontext.py,
-       kernel_module.py (run inside each Python kernel), peers.py and
-       jskernel.js (embed.go lists them).
-Tests: python3 -m unittest internal/image/codeinterp/test_server.py
-       (CODEINTERP_REQUIRE=1 turns a missing jupyter into a failure)
+       (pyzmq), node, bash; for R r-cran-irkernel, for Java a JDK (jdk.jshell),
+       for TypeScript node-typescript where node cannot strip types.  The other
+       files of this directory must sit next to this one (embed.go lists them).
+Tests: python3 -m unittest test_server test_languages  (in this directory;
+       CODEINTERP_REQUIRE=1 turns a missing runtime into a failure)
 
 Who may connect: the server runs any code it is sent, so it listens on
 loopback and accepts a connection only when the client's socket belongs to
-one of --allow-uids (default: root, i.e. the guest agent, and the server's
-own uid), as found in /proc/net/tcp{,6}; other guest users are refused
-(see peers.py).
+one of --allow-uids (default: root, i.e. the guest agent, the server's own
+uid and --user's), as found in /proc/net/tcp{,6}; other guest users are
+refused (see peers.py).
+
+Users: with --user (the image runs the server as root with --user user),
+contexts run as that user unless created with "user": "root".  Each user's
+kernel sockets and files live in a private 0700 directory of its own.
 
 Languages (a context is one long-lived child process, started in its cwd)
   python (default)  ipykernel, driven over ZeroMQ ipc:// sockets in a private
                     0700 directory (no TCP ports, nothing tied to the VM's IP,
                     so contexts survive pause/snapshot/fork).  matplotlib uses
                     the inline backend; figures carry a structured "chart".
+  r                 IRkernel, driven like ipykernel: values as R prints them
+                    (plus HTML for data frames), plots as PNG.
   javascript / js   jskernel.js (node): globals persist, top-level await and
                     static `import` work, last expression is the result.
-  typescript / ts   only where node has module.stripTypeScriptTypes (Node >=
-                    22.13); otherwise 400 with the reason.
+  typescript / ts   jskernel.js with types erased: by node where it can
+                    (Node >= 22.13), else by the typescript package.
+  java              JShellKernel.java (JShell): the value of the last
+                    expression; env vars are system properties, as in E2B.
   bash              one persistent interactive bash: variables, functions and
                     cwd persist; a non-zero status is an "ExitCodeError".
-  r, java           not available: 400.
 
 Endpoints (errors are text/plain bodies)
   GET    /health                   200 "OK" once the default Python context
@@ -49,9 +55,10 @@ Endpoints (errors are text/plain bodies)
                                    chunked, one JSON event per line; 400 bad
                                    body or both context_id and language; 404
                                    "Context <id> not found"; 413 > 10 MiB.
-  GET    /contexts                 [{id, language, cwd}, ...] in creation order
-  POST   /contexts                 {language?, cwd?} -> 200 {id, language, cwd};
-                                   400 bad language/cwd; 429 over --max-contexts
+  GET    /contexts                 [{id, language, cwd, user}, ...] in creation order
+  POST   /contexts                 {language?, cwd?, user?} -> 200 {id, language, cwd,
+                                   user}; 400 bad language/cwd/user; 429 over
+                                   --max-contexts
   DELETE /contexts/{id}            200 null | 404
   POST   /contexts/{id}/restart    200 null | 404   (new process, same id)
   POST   /contexts/{id}/interrupt  200 {"interrupted": bool}   (extension)
@@ -96,6 +103,7 @@ import json
 import logging
 import math
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -114,8 +122,28 @@ from common import ENV_NAME_RE, ApiError, KernelStartError, dumps, normalize_lan
 from contexts import BashContext, Stream
 from jscontext import JSContext
 from pycontext import PythonContext
+from javacontext import JavaContext
+from rcontext import RContext
 
 log = logging.getLogger("codeinterp")
+
+
+def _user_name(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _can_enter(path, pw):
+    """Whether pw's user (None: this process's) may enter directory path."""
+    if pw is None or pw.pw_uid == os.getuid():
+        return os.access(path, os.X_OK)
+    r = subprocess.run(["test", "-x", path], user=pw.pw_uid, group=pw.pw_gid,
+                       extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid),
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+    return r.returncode == 0
 
 
 class State:
@@ -123,11 +151,16 @@ class State:
         self.args = args
         self.python = args.python
         self.node = args.node
+        self.r = args.r
+        self.java = args.java
         self.jskernel = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jskernel.js")
         self.default_cwd = args.cwd
         self.max_contexts = args.max_contexts
         self.child_stderr = None if args.kernel_logs else subprocess.DEVNULL
         self.runtime_dir = tempfile.mkdtemp(prefix="codeinterp-", dir=args.runtime_dir)
+        self.own_user = _user_name(os.getuid())
+        self.run_as = args.run_as  # pwd entry of the default user; None: the server's
+        self.user_dirs = {}
         self.lock = threading.Lock()
         self.contexts = {}            # id -> Context, in creation order
         self.defaults = {}            # language -> id
@@ -137,6 +170,37 @@ class State:
         self.genv_lock = threading.Lock()
         self.genv_key = None
         self.genv = (0, {})
+
+    def user_runtime_dir(self, pw):
+        """A private 0700 directory of the user's (pw None: the server's)
+        for kernel sockets and files."""
+        if pw is None or pw.pw_uid == os.getuid():
+            return self.runtime_dir
+        with self.lock:
+            d = self.user_dirs.get(pw.pw_uid)
+            if d is None:
+                d = os.path.join(self.runtime_dir, str(pw.pw_uid))
+                os.chmod(self.runtime_dir, 0o711)  # each user enters only its own
+                os.mkdir(d, 0o700)
+                os.chown(d, pw.pw_uid, pw.pw_gid)
+                self.user_dirs[pw.pw_uid] = d
+            return d
+
+    def resolve_user(self, name):
+        """The pwd entry a context of user name runs as (None: the server's
+        own user); name None is the default user."""
+        if name is None:
+            return self.run_as
+        if not isinstance(name, str):
+            raise ApiError(400, "'user' must be a string")
+        default = self.run_as.pw_name if self.run_as else self.own_user
+        if name == default:
+            return self.run_as
+        if name == "root":
+            if os.getuid() != 0:
+                raise ApiError(400, "contexts as root need the server to run as root")
+            return pwd.getpwuid(0)
+        raise ApiError(400, f"'user' must be '{default}' (the default) or 'root'")
 
     def machine_id(self):
         """The current machine id (re-read each time: a few microseconds)."""
@@ -183,9 +247,18 @@ class State:
             return JSContext(self, str(uuid.uuid4()), cwd, language)
         if language == "bash":
             return BashContext(self, str(uuid.uuid4()), cwd)
+        if language == "r":
+            if not self.r:
+                raise ApiError(400, "Language 'r' is not available in this sandbox (no R with IRkernel)")
+            return RContext(self, str(uuid.uuid4()), cwd)
+        if language == "java":
+            if not self.java:
+                raise ApiError(400, "Language 'java' is not available in this sandbox (no JDK)")
+            return JavaContext(self, str(uuid.uuid4()), cwd)
         raise ApiError(400, f"Unsupported language '{language}'")
 
-    def create(self, language, cwd, preload=()):
+    def create(self, language, cwd, preload=(), user=None):
+        pw = self.resolve_user(user)
         cwd = cwd or self.default_cwd
         if not isinstance(cwd, str):
             raise ApiError(400, "'cwd' must be a string")
@@ -194,13 +267,16 @@ class State:
             cwd = os.path.join(self.default_cwd, cwd)
         if not os.path.isdir(cwd):
             raise ApiError(400, f"cwd '{cwd}' does not exist or is not a directory")
-        if not os.access(cwd, os.X_OK):
-            raise ApiError(400, f"cwd '{cwd}' is not accessible to uid {os.getuid()}")
+        if not _can_enter(cwd, pw):
+            who = pw.pw_name if pw else self.own_user
+            raise ApiError(400, f"cwd '{cwd}' is not accessible to {who}"
+                                + ("" if who == "root" else " (a context of user 'root' may enter it)"))
         with self.lock:
             if len(self.contexts) >= self.max_contexts:
                 raise ApiError(429, f"Too many contexts (limit {self.max_contexts}); "
                                     "delete unused contexts first")
             ctx = self._new(language, cwd, preload)
+            ctx.user = pw
             self.contexts[ctx.id] = ctx
         try:
             ctx.start()
@@ -209,7 +285,7 @@ class State:
                 self.contexts.pop(ctx.id, None)
             status = 400 if language == "typescript" and "not supported" in str(e) else 500
             raise ApiError(status, f"Failed to create {language} context: {e}") from e
-        log.info("created %s context %s (cwd %s)", language, ctx.id, cwd)
+        log.info("created %s context %s (cwd %s, user %s)", language, ctx.id, cwd, ctx.info()["user"])
         return ctx
 
     def get(self, ctx_id):
@@ -437,7 +513,7 @@ class Handler(BaseHTTPRequestHandler):
     def create_context(self):
         body = self.read_json(required=False)
         language = normalize_language(body.get("language") or None)
-        ctx = self.state.create(language, body.get("cwd") or None)
+        ctx = self.state.create(language, body.get("cwd") or None, user=body.get("user") or None)
         self.send_json(200, ctx.info())
 
     def context_op(self, method, ctx_id, action):
@@ -560,6 +636,13 @@ def main(argv=None):
     p.add_argument("--cwd", default=None, help="default working directory (default: $HOME)")
     p.add_argument("--python", default=sys.executable, help="interpreter for Python kernels")
     p.add_argument("--node", default=os.environ.get("CODEINTERP_NODE", "node"))
+    p.add_argument("--r", default=os.environ.get("CODEINTERP_R", "R"),
+                   help="R, with IRkernel installed, for R contexts ('' for none)")
+    p.add_argument("--java", default=os.environ.get("CODEINTERP_JAVA", "java"),
+                   help="java of a JDK (with jdk.jshell) for Java contexts ('' for none)")
+    p.add_argument("--user", dest="run_as", default=None,
+                   help="user that contexts run as unless one asks for root (the server must "
+                        "then run as root; default: the server's own user)")
     p.add_argument("--max-contexts", type=int, default=64)
     p.add_argument("--max-body-bytes", type=int, default=10 * 1024 * 1024)
     p.add_argument("--runtime-dir", default=os.environ.get("XDG_RUNTIME_DIR") or None,
@@ -595,16 +678,31 @@ def main(argv=None):
         allow_uids = peers.parse_uids(args.allow_uids, os.getuid())
     except ValueError as e:
         p.error(str(e))
+    if args.run_as:
+        try:
+            args.run_as = pwd.getpwnam(args.run_as)
+        except KeyError:
+            p.error(f"--user: no user {args.run_as!r}")
+        if args.run_as.pw_uid == os.getuid():
+            args.run_as = None
+        elif os.getuid() != 0:
+            p.error("--user needs the server to run as root")
+        if args.run_as and not args.allow_uids:
+            allow_uids = set(allow_uids) | {args.run_as.pw_uid}
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cwd is None:
-        home = os.path.expanduser("~")
+        home = args.run_as.pw_dir if args.run_as else os.path.expanduser("~")
         args.cwd = home if os.path.isdir(home) else os.getcwd()
     args.cwd = os.path.abspath(args.cwd)
     args.preload = [m.strip() for m in args.preload.split(",") if m.strip()]
     if args.node and os.sep not in args.node:
         args.node = shutil.which(args.node) or args.node
+    if args.r and os.sep not in args.r:
+        args.r = shutil.which(args.r) or ""
+    if args.java and os.sep not in args.java:
+        args.java = shutil.which(args.java) or ""
 
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     Server.address_family = family
