@@ -33,7 +33,8 @@ class Stream:
         self.started = time.monotonic()
         self.deadline = self.started + timeout_s if timeout_s else None
         self.timeout_s = timeout_s
-        self.gone = False
+        self.gone = False         # writes fail: nothing more reaches the client
+        self.peer_closed = False  # the client ended its side (it may still read)
         self.timed_out = False
         self.interrupt_requested = False
         self.can_peek = True
@@ -91,15 +92,17 @@ class Stream:
             self.emit({"type": name, "text": text, "timestamp": now_iso()})
 
     def _peer_closed(self):
-        if not self.can_peek or self.gone:
+        if not self.can_peek or self.gone or self.peer_closed:
             return False
         try:
             if not wait_fds([self.sock.fileno()], 0):
                 return False
             data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             if data == b"":
-                # The client is gone. (Writes cannot tell: the guest agent's
+                # The client closed its side: it is gone, or it half-closed
+                # and still reads.  (Writes cannot tell: the guest agent's
                 # relay keeps reading after the host closes its stream.)
+                # The run is interrupted and its stream still ends properly.
                 log.info("client closed the connection during the execution")
                 return True
             # The client sent something (pipelining); stop peeking, rely on writes.
@@ -114,11 +117,11 @@ class Stream:
         """Returns None or why the execution should stop: 'disconnect',
         'timeout' or 'interrupt'.  Also sends keepalives."""
         now = time.monotonic()
-        if not self.gone and self._peer_closed():
-            self.gone = True
+        if self._peer_closed():
+            self.peer_closed = True
         if not self.gone and now - self.last_write >= common.KEEPALIVE_INTERVAL:
             self.send({"type": "keepalive"})
-        if self.gone:
+        if self.gone or self.peer_closed:
             return "disconnect"
         if self.deadline is not None and now >= self.deadline:
             self.timed_out = True
@@ -262,7 +265,11 @@ class Context:
     # -- execution ------------------------------------------------------------
     def execute(self, code, env, stream):
         while not self.ready.wait(0.2):
-            if stream.poll() in ("timeout", "disconnect"):
+            reason = stream.poll()
+            if reason in ("timeout", "disconnect"):
+                if reason == "disconnect":
+                    stream.emit(error_event("ClientDisconnected", "The client closed the connection "
+                                            "before the context was ready; the code did not run"))
                 return
         if self.start_error:
             stream.emit(error_event("ContextError", f"Context failed to start: {self.start_error}"))
@@ -272,6 +279,9 @@ class Context:
             if reason in ("timeout", "disconnect"):
                 if reason == "timeout":
                     stream.notes.append("the context was still busy with a previous execution")
+                else:
+                    stream.emit(error_event("ClientDisconnected", "The client closed the connection "
+                                            "while the context was busy; the code did not run"))
                 return
         try:
             if self.closed:

@@ -600,7 +600,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             else:
                 stream.finish()
-                if stream.gone:
+                if stream.gone or stream.peer_closed:
                     self.close_connection = True
             try:
                 self.connection.settimeout(self.timeout)
@@ -608,7 +608,8 @@ class Handler(BaseHTTPRequestHandler):
                 pass
             log.info("executed in %s context %s: %.3fs%s", ctx.language, ctx.id,
                      time.monotonic() - t0,
-                     " (client gone)" if stream.gone else " (timed out)" if stream.timed_out else "")
+                     " (client gone)" if stream.gone or stream.peer_closed
+                     else " (timed out)" if stream.timed_out else "")
 
 
 class Server(ThreadingHTTPServer):

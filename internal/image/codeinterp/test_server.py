@@ -636,6 +636,32 @@ class TestPython(unittest.TestCase):
         ex = execute("kept", context_id=ctx["id"], timeout_ms=60000)
         self.assertEqual(ex.text, "yes")
 
+    def test_half_closed_client_gets_the_whole_stream(self):
+        # A client (or a relay) that ends its side after the request still
+        # reads: the run is interrupted, and its stream ends with an error
+        # and end_of_execution, then the terminating chunk, never mid-way.
+        ctx = create_context(self)
+        body = json.dumps({"code": "import time\nprint('go', flush=True)\ntime.sleep(120)",
+                           "context_id": ctx["id"]}).encode()
+        s = socket.create_connection(("127.0.0.1", _port))
+        self.addCleanup(s.close)
+        s.sendall(b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.settimeout(DEADLINE)
+        buf = b""
+        while b'"go\\n"' not in buf:
+            b = s.recv(4096)
+            self.assertTrue(b, buf)
+            buf += b
+        s.shutdown(socket.SHUT_WR)
+        while True:
+            b = s.recv(4096)
+            if not b:
+                break
+            buf += b
+        self.assertTrue(buf.endswith(b"\r\n0\r\n\r\n"), buf[-200:])
+        self.assertIn(b'"name":"KeyboardInterrupt"', buf)
+        self.assertIn(b'{"type":"end_of_execution"}', buf)
+
     def test_interrupt_endpoint(self):
         ctx = create_context(self)
         bg = Background(self, "import time\nval = 9\nprint('started', flush=True)\ntime.sleep(600)",
