@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,17 @@ func wantText(t *testing.T, c *client.Client, ctx context.Context, vm string, re
 	if ex.Error != nil || ex.Text() != want {
 		t.Fatalf("run %q: text %q, want %q (error %+v, stdout %q, stderr %q)", req.Code, ex.Text(), want, ex.Error, ex.Stdout, ex.Stderr)
 	}
+}
+
+// resultTexts lists the text/plain of every result, main or display.
+func resultTexts(ex *client.Execution) []string {
+	var out []string
+	for _, r := range ex.Results {
+		var s string
+		json.Unmarshal(r.Data["text/plain"], &s)
+		out = append(out, s)
+	}
+	return out
 }
 
 func pngResult(t *testing.T, ex *client.Execution) []byte {
@@ -151,6 +163,80 @@ func TestCodeInterpreter(t *testing.T) {
 		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "bash", Code: "false"})
 		if ex.Error == nil {
 			t.Fatal("a failing bash command gave no error")
+		}
+	})
+
+	t.Run("r java typescript", func(t *testing.T) {
+		// R answers with display results (IRkernel's), as in E2B.
+		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "r", Code: "r_x <- 41\nr_x + 1"})
+		if texts := resultTexts(ex); len(texts) != 1 || texts[0] != "[1] 42" {
+			t.Fatalf("R value: %q %+v", texts, ex.Error)
+		}
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "r", Code: `Sys.getenv("R_RUN")`, Env: map[string]string{"R_RUN": "yes"}})
+		if texts := resultTexts(ex); len(texts) != 1 || texts[0] != `[1] "yes"` {
+			t.Fatalf("R env: %q", texts)
+		}
+		pngResult(t, runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "r", Code: "plot(1:10)"}))
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "r", Code: "data.frame(a = 1:2)"})
+		if len(ex.Results) != 1 || !strings.Contains(string(ex.Results[0].Data["text/html"]), "<table") {
+			t.Fatalf("R data frame: %+v", ex.Results)
+		}
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: "int j = 20;\nj * 2 + 2"}, "42")
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: `System.getProperty("J_RUN")`, Env: map[string]string{"J_RUN": "yes"}}, "yes")
+		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: `Integer.parseInt("x")`})
+		if ex.Error == nil || ex.Error.Name != "java.lang.NumberFormatException" {
+			t.Fatalf("Java exception: %+v", ex.Error)
+		}
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "typescript", Code: "const n: number = 21;\nn * 2"}, "42")
+	})
+
+	t.Run("root contexts", func(t *testing.T) {
+		if _, err := c.CreateCodeContext(ctx, "ci", api.CreateCodeContextRequest{Cwd: "/root"}); !isStatus(err, http.StatusBadRequest) ||
+			!strings.Contains(err.Error(), "not accessible to user") {
+			t.Fatalf("a default context in /root: %v", err)
+		}
+		cx, err := c.CreateCodeContext(ctx, "ci", api.CreateCodeContextRequest{Cwd: "/root", User: "root"})
+		if err != nil || cx.User != "root" || cx.Cwd != "/root" {
+			t.Fatalf("a root context: %v %+v", err, cx)
+		}
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Context: cx.ID, Code: "import os\n(os.getuid(), os.getcwd())"}, "(0, '/root')")
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "import os\nos.getuid()"}, "1001") // the default is user still
+		c.DeleteCodeContext(ctx, "ci", cx.ID)
+		if _, err := c.CreateCodeContext(ctx, "ci", api.CreateCodeContextRequest{User: "bob"}); !isStatus(err, http.StatusBadRequest) {
+			t.Fatalf("a context of user bob: %v", err)
+		}
+		// A token limited to user "user" runs code, but not as root.
+		lim, err := c.CreateToken(ctx, api.CreateTokenRequest{VM: v.ID, Allow: []string{api.PermExec}, User: "user"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc := &client.Client{BaseURL: s.URL, Token: lim.Secret, HTTP: http.DefaultClient}
+		if _, err := lc.CreateCodeContext(ctx, v.ID, api.CreateCodeContextRequest{User: "root"}); !isStatus(err, http.StatusForbidden) {
+			t.Fatalf("a user-limited token made a root context: %v", err)
+		}
+		ux, err := lc.CreateCodeContext(ctx, v.ID, api.CreateCodeContextRequest{Language: "bash"})
+		if err != nil || ux.User != "user" {
+			t.Fatalf("a user-limited token's context: %v %+v", err, ux)
+		}
+		c.DeleteCodeContext(ctx, "ci", ux.ID)
+		// The CLI, and the USER column of code-context ls.
+		id, errOut, code := s.CLI("", "code-context", "create", "ci", "-l", "bash", "--user", "root")
+		if code != 0 {
+			t.Fatalf("code-context create --user root: %d %q", code, errOut)
+		}
+		id = strings.TrimSpace(id)
+		out, errOut, code := s.CLI("", "run-code", "ci", "--context", id, "id -un")
+		if code != 0 || out != "root\n" {
+			t.Fatalf("run-code in a root context: %d %q %q", code, out, errOut)
+		}
+		out, _, _ = s.CLI("", "code-context", "ls", "ci")
+		if !regexp.MustCompile(id + `\s+bash\s+root\s+/home/user`).MatchString(out) {
+			t.Fatalf("code-context ls: %q", out)
+		}
+		s.CLI("", "code-context", "rm", "ci", id)
+		out, errOut, code = s.CLI("", "run-code", "ci", "-l", "r", `cat(R.version.string)`)
+		if code != 0 || !strings.HasPrefix(out, "R version") {
+			t.Fatalf("run-code -l r: %d %q %q", code, out, errOut)
 		}
 	})
 

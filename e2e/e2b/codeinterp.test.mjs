@@ -85,6 +85,25 @@ test('cwd and languages', async () => {
   assert.equal(shEnv.logs.stdout.join('').trim(), 'bash-env')
 })
 
+test('R, Java and TypeScript: values, the sandbox\'s env and a run\'s, cwd', async () => {
+  const r = await sbx.runCode('Sys.getenv("SANDBOX_WIDE")', { language: 'r' })
+  assert.equal(r.results[0]?.text.trim(), '[1] "from-create"')
+  const rEnv = await sbx.runCode('Sys.getenv("FOO")', { language: 'r', envs: { FOO: 'bar' } })
+  assert.equal(rEnv.results[0]?.text.trim(), '[1] "bar"')
+  const rCwd = await sbx.runCode('getwd()', { language: 'r' })
+  assert.equal(rCwd.results[0]?.text.trim(), '[1] "/home/user"')
+  const plot = await sbx.runCode('plot(1:10)', { language: 'r' })
+  assert.equal(Buffer.from(plot.results[0]?.png ?? '', 'base64').subarray(1, 4).toString(), 'PNG')
+  const j = await sbx.runCode('System.getProperty("SANDBOX_WIDE")', { language: 'java' })
+  assert.equal(j.results[0]?.text.trim(), 'from-create')
+  const jEnv = await sbx.runCode('System.getProperty("FOO")', { language: 'java', envs: { FOO: 'bar' } })
+  assert.equal(jEnv.text, 'bar')
+  const jDefault = await sbx.runCode('System.getProperty("FOO", "default")', { language: 'java' })
+  assert.equal(jDefault.text, 'default')
+  const ts = await sbx.runCode('const message: string = "Hello World!"; console.log(message)', { language: 'ts' })
+  assert.deepEqual(ts.logs.stdout, ['Hello World!\n'])
+})
+
 test('contexts: create, use, list, restart, remove', async () => {
   const ctx = await sbx.createCodeContext({ cwd: '/tmp', language: 'python' })
   assert.equal(ctx.cwd, '/tmp')

@@ -62,6 +62,17 @@ class CodeInterpreterSync(unittest.TestCase):
         ex = self.sbx.run_code("echo $HOME; pwd", language="bash")
         self.assertEqual("".join(ex.logs.stdout), "/home/user\n/home/user\n")
 
+    def test_r_java_typescript(self):
+        ex = self.sbx.run_code('Sys.getenv("SANDBOX_WIDE")', language="r")
+        self.assertEqual(ex.results[0].text.strip(), '[1] "py-create"')
+        ex = self.sbx.run_code("getwd()", language="r")
+        self.assertEqual(ex.results[0].text.strip(), '[1] "/home/user"')
+        ex = self.sbx.run_code('System.getProperty("ONE")', language="java", envs={"ONE": "1"})
+        self.assertEqual(ex.text, "1")
+        self.assertEqual(self.sbx.run_code('System.getProperty("user.dir")', language="java").text, "/home/user")
+        ex = self.sbx.run_code("const n: number = 21; n * 2", language="typescript")
+        self.assertEqual(ex.text, "42")
+
     def test_contexts(self):
         ctx = self.sbx.create_code_context(cwd="/tmp", language="python")
         self.assertEqual(self.sbx.run_code("import os; os.getcwd()", context=ctx).text, "/tmp")

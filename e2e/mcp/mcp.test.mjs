@@ -106,7 +106,7 @@ for (const [kind, connect] of [['stdio', () => stdio()], ['streamable HTTP', () 
   })
 }
 
-test('run_code: a code-interpreter VM, state, a chart as an image, an error', async () => {
+test('run_code: a code-interpreter VM, state, a chart as an image, an error, five languages', async () => {
   const c = await http(env.AGENTVM_TOKEN)
   const vm = 'mcp-code-' + Date.now() % 100000
   assert.match(await call(c, 'create_vm', { name: vm, image: 'code-interpreter' }), /run_code/)
@@ -123,6 +123,9 @@ test('run_code: a code-interpreter VM, state, a chart as an image, an error', as
     assert.match(textOf(err), /KeyError/)
     const js = await call(c, 'run_code', { vm, code: '6 * 7', language: 'javascript' })
     assert.match(js, /42/)
+    assert.match(await call(c, 'run_code', { vm, code: 'const t: number = 6 * 7; t', language: 'typescript' }), /--- value \(text\/plain\) ---\n42/)
+    assert.match(await call(c, 'run_code', { vm, code: 'r <- 6 * 7; r', language: 'r' }), /--- result \(text\/plain\) ---\n\[1\] 42/)
+    assert.match(await call(c, 'run_code', { vm, code: 'String s = "ja" + "va";\ns', language: 'java' }), /--- value \(text\/plain\) ---\njava\n/)
     const both = await c.callTool({ name: 'run_code', arguments: { vm, code: '1', language: 'python', context: 'x' } }, undefined, slow)
     assert.equal(both.isError, true)
   } finally {

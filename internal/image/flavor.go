@@ -169,6 +169,9 @@ func (f *flavor) installScript() string {
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin
 printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
 chmod 755 /usr/sbin/policy-rc.d
+# Some packages' scripts need /proc (the JDK's runs java); unmounted below,
+# or by the builder when this fails.
+mount -t proc proc /proc
 echo "step: apt-get update"
 apt-get update -qq
 echo "step: installing ` + strings.Join(f.packages, " ") + `"
@@ -176,6 +179,7 @@ apt-get install -y -qq --no-install-recommends ` + strings.Join(f.packages, " ")
 apt-get clean
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/*.log
 rm -f /usr/sbin/policy-rc.d
+umount /proc
 `
 }
 

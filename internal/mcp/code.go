@@ -15,7 +15,7 @@ import (
 type runCodeIn struct {
 	VM             string            `json:"vm,omitempty" jsonschema:"the VM's name or id (made with create_vm image code-interpreter)"`
 	Code           string            `json:"code" jsonschema:"the code to run; the value of its last expression is returned"`
-	Language       string            `json:"language,omitempty" jsonschema:"python (default), javascript or bash; each language has one default context whose state persists"`
+	Language       string            `json:"language,omitempty" jsonschema:"python (default), javascript, typescript, r, java or bash; each language has one default context whose state persists"`
 	Context        string            `json:"context,omitempty" jsonschema:"run in this context id instead of the language's default one"`
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"interrupt the run after this many seconds (default 300); variables survive"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables for this run only"`
