@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/pkg/client"
 )
 
 // The code-interpreter benchmark: a run of print(1) on a warm context against
@@ -22,6 +24,57 @@ type CodeReport struct {
 	CreateNoPool Stats   `json:"create_to_first_result_template"`
 	CreatePool   Stats   `json:"create_to_first_result_warm_pool"`
 	CreateExec   Stats   `json:"create_to_first_exec_default_image_template"`
+	// Per language: 1+1 on a warm context (ratio to Python's, measured in
+	// the same interleaved turns), the first run in a running VM (which
+	// starts the context unless it was warm in the template) and create
+	// from the warm pool to that language's first result.
+	Languages []CodeLanguage `json:"languages"`
+}
+
+// CodeLanguage is one language's row of -code.
+type CodeLanguage struct {
+	Language   string  `json:"language"`
+	FirstRun   float64 `json:"first_run_ms"`
+	RoundTrip  Stats   `json:"one_plus_one"`
+	Ratio      float64 `json:"ratio_to_python"`
+	PoolCreate Stats   `json:"create_to_first_result_warm_pool"`
+}
+
+// codeLanguages are the languages -code measures, each with its 1+1 and
+// the text of its answer.
+var codeLanguages = []struct{ lang, code, want string }{
+	{"python", "1+1", "2"},
+	{"javascript", "1+1", "2"},
+	{"typescript", "const a: number = 1; a + 1", "2"},
+	{"r", "1+1", "[1] 2"},
+	{"java", "1+1", "2"},
+	{"bash", "echo $((1+1))", "2\n"},
+}
+
+// runLanguage runs one language's 1+1 and checks its answer.
+func runLanguage(ctx context.Context, c codeRunner, vm string, i int) error {
+	l := codeLanguages[i]
+	ex, err := c.RunCode(ctx, vm, api.RunCodeRequest{Language: l.lang, Code: l.code}, nil)
+	if err != nil {
+		return fmt.Errorf("%s: %w", l.lang, err)
+	}
+	if ex.Error != nil {
+		return fmt.Errorf("%s: %s: %s", l.lang, ex.Error.Name, ex.Error.Value)
+	}
+	got := ex.Stdout
+	for _, r := range ex.Results {
+		var s string
+		json.Unmarshal(r.Data["text/plain"], &s)
+		got += s
+	}
+	if got != l.want {
+		return fmt.Errorf("%s: %q answered %q, want %q", l.lang, l.code, got, l.want)
+	}
+	return nil
+}
+
+type codeRunner interface {
+	RunCode(ctx context.Context, id string, req api.RunCodeRequest, onEvent func(api.CodeEvent)) (*client.Execution, error)
 }
 
 var codeShape = api.CreateVMRequest{Image: "code-interpreter", Memory: 1 << 30}
@@ -60,6 +113,31 @@ func (b *bench) runCode(ctx context.Context) error {
 	r.RunPrint, r.ExecTrue = summarize(runs), summarize(execs)
 	if r.ExecTrue.P50 > 0 {
 		r.RunRatio = r.RunPrint.P50 / r.ExecTrue.P50
+	}
+	logf("code interpreter: 1+1 in %d languages, first run then %d interleaved turns", len(codeLanguages), b.o.execs)
+	r.Languages = make([]CodeLanguage, len(codeLanguages))
+	turns := make([][]float64, len(codeLanguages))
+	for i := range codeLanguages {
+		t0 := time.Now()
+		if err := runLanguage(ctx, b.c, v.ID, i); err != nil {
+			return err
+		}
+		r.Languages[i] = CodeLanguage{Language: codeLanguages[i].lang, FirstRun: millis(time.Since(t0))}
+	}
+	for n := 0; n < b.o.execs; n++ {
+		for i := range codeLanguages {
+			t0 := time.Now()
+			if err := runLanguage(ctx, b.c, v.ID, i); err != nil {
+				return err
+			}
+			turns[i] = append(turns[i], millis(time.Since(t0)))
+		}
+	}
+	for i := range codeLanguages {
+		r.Languages[i].RoundTrip = summarize(turns[i])
+		if py := r.Languages[0].RoundTrip.P50; py > 0 {
+			r.Languages[i].Ratio = r.Languages[i].RoundTrip.P50 / py
+		}
 	}
 	if err := b.remove(v.ID); err != nil {
 		return err
@@ -129,6 +207,30 @@ func (b *bench) runCode(ctx context.Context) error {
 		}
 	}
 	r.CreatePool = summarize(pool)
+	poolRuns := min(b.o.creates, 3)
+	logf("code interpreter: %d creates to first result per language from the warm pool", poolRuns)
+	for i := range codeLanguages {
+		var d []float64
+		for n := 0; n < poolRuns; n++ {
+			if err := waitPool(ctx, c.Health, "code-interpreter/1x1024"); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			v, err := c.CreateVM(ctx, codeShape)
+			if err != nil {
+				return err
+			}
+			err = runLanguage(ctx, c, v.ID, i)
+			d = append(d, millis(time.Since(t0)))
+			if err2 := c.DeleteVM(ctx, v.ID); err == nil {
+				err = err2
+			}
+			if err != nil {
+				return err
+			}
+		}
+		r.Languages[i].PoolCreate = summarize(d)
+	}
 	return nil
 }
 
@@ -147,5 +249,12 @@ func (r *Report) PrintCode(w io.Writer) {
 	statsLine(w, "create -> first result (warm pool)", c.CreatePool)
 	if c.CreatePool.P50 > 0 {
 		fmt.Fprintf(w, "  warm pool create -> first result p50 %.0f ms (target <= 1000 ms)\n", c.CreatePool.P50)
+	}
+	if len(c.Languages) > 0 {
+		fmt.Fprintln(w, "  per language: 1+1 on a warm context (p50, ratio to Python's), first run in a running VM, warm pool create -> first result (p50)")
+		for _, l := range c.Languages {
+			fmt.Fprintf(w, "    %-11s 1+1 %7.1f ms  %5.2fx   first run %8.0f ms   pool create %8.0f ms\n",
+				l.Language, l.RoundTrip.P50, l.Ratio, l.FirstRun, l.PoolCreate.P50)
+		}
 	}
 }
