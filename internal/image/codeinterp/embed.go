@@ -12,7 +12,8 @@ import "embed"
 // names are the files server.py needs at run time, installed side by side
 // (server.py imports the Python modules from its own directory).
 var names = []string{
-	"server.py",         // HTTP server, state, main
+	"server.py",         // HTTP server, main
+	"state.py",          // contexts, users, sandbox env
 	"common.py",         // constants, errors, helpers
 	"contexts.py",       // Stream, Context base, bash contexts
 	"jupyter.py",        // contexts of Jupyter kernels
@@ -26,7 +27,7 @@ var names = []string{
 	"jskernel.js",       // runs in each node process
 }
 
-//go:embed server.py common.py contexts.py jupyter.py pycontext.py rcontext.py jscontext.py javacontext.py JShellKernel.java kernel_module.py peers.py jskernel.js
+//go:embed server.py state.py common.py contexts.py jupyter.py pycontext.py rcontext.py jscontext.py javacontext.py JShellKernel.java kernel_module.py peers.py jskernel.js
 var files embed.FS
 
 // Files returns the files to install, by name.
