@@ -139,8 +139,14 @@ func saveResult(e api.CodeEvent, dir string, n int) int {
 		fmt.Fprintf(os.Stderr, "saved %s to %s\n", mime, p)
 	}
 	// Images stand for themselves; their text is only a placeholder like
-	// "<Figure size 640x480 with 1 Axes>".
-	if text != "" && (e.Main || len(files) == 0) {
+	// "<Figure size 640x480 with 1 Axes>". Other display results (R's
+	// values, with their HTML) print their text.
+	image := false
+	for _, ft := range fileTypes {
+		_, ok := e.Data[ft.mime]
+		image = image || ok && ft.mime != "text/html"
+	}
+	if text != "" && (e.Main || !image) {
 		fmt.Println(text)
 	}
 	if dir == "" && len(files) > 0 {

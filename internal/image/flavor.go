@@ -76,7 +76,10 @@ var flavors = []flavor{{
 ln -sf /etc/systemd/system/agentvm-codeinterp.service /etc/systemd/system/multi-user.target.wants/agentvm-codeinterp.service
 # Compile once here, not in every VM on first import.
 python3 -m compileall -q ` + codeInterpDir + ` >/dev/null 2>&1 || true
+# javac's loader finds its libraries through /proc/self/exe.
+mount -t proc proc /proc
 javac -nowarn -XDignore.symbol.file -d ` + codeInterpDir + `/java ` + codeInterpDir + `/JShellKernel.java
+umount /proc
 `,
 	ready: []string{"curl", "-sf", "-o", "/dev/null", "--max-time", "5", "http://127.0.0.1:49999/health"},
 }, browserFlavor}
@@ -157,10 +160,12 @@ func (b *builder) installFlavor(ctx context.Context, root string) error {
 	}
 	b.progress(f.name + ": setup script")
 	chroot, _ := lookPath("chroot")
-	if err := b.run(ctx, nil, chroot, root, "/bin/sh", "-c", f.script); err != nil {
-		return err
+	err := b.run(ctx, nil, chroot, root, "/bin/sh", "-c", f.script)
+	// A failed script may leave /proc mounted in the tree.
+	if uerr := unmountUnder(root); err == nil {
+		err = uerr
 	}
-	return unmountUnder(root)
+	return err
 }
 
 // installScript runs in the chroot of the flavor's copy of the default rootfs.
