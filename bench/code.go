@@ -187,49 +187,43 @@ func (b *bench) runCode(ctx context.Context) error {
 		return err
 	}
 	defer c.DeleteVM(context.Background(), first.ID)
-	var pool []float64
-	for i := 0; i < b.o.creates; i++ {
-		if err := waitPool(ctx, c.Health, "code-interpreter/1x1024"); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		v, err := c.CreateVM(ctx, codeShape)
-		if err != nil {
-			return err
-		}
-		if _, err := c.RunCode(ctx, v.ID, api.RunCodeRequest{Code: "1"}, nil); err != nil {
-			c.DeleteVM(context.Background(), v.ID)
-			return err
-		}
-		pool = append(pool, millis(time.Since(t0)))
-		if err := c.DeleteVM(ctx, v.ID); err != nil {
-			return err
-		}
-	}
-	r.CreatePool = summarize(pool)
-	poolRuns := min(b.o.creates, 3)
-	logf("code interpreter: %d creates to first result per language from the warm pool", poolRuns)
-	for i := range codeLanguages {
+	// poolCreates times n creates from the warm pool, each to first(vm)'s end.
+	poolCreates := func(n int, first func(vm string) error) (Stats, error) {
 		var d []float64
-		for n := 0; n < poolRuns; n++ {
+		for i := 0; i < n; i++ {
 			if err := waitPool(ctx, c.Health, "code-interpreter/1x1024"); err != nil {
-				return err
+				return Stats{}, err
 			}
 			t0 := time.Now()
 			v, err := c.CreateVM(ctx, codeShape)
 			if err != nil {
-				return err
+				return Stats{}, err
 			}
-			err = runLanguage(ctx, c, v.ID, i)
+			err = first(v.ID)
 			d = append(d, millis(time.Since(t0)))
 			if err2 := c.DeleteVM(ctx, v.ID); err == nil {
 				err = err2
 			}
 			if err != nil {
-				return err
+				return Stats{}, err
 			}
 		}
-		r.Languages[i].PoolCreate = summarize(d)
+		return summarize(d), nil
+	}
+	r.CreatePool, err = poolCreates(b.o.creates, func(vm string) error {
+		_, err := c.RunCode(ctx, vm, api.RunCodeRequest{Code: "1"}, nil)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	poolRuns := min(b.o.creates, 3)
+	logf("code interpreter: %d creates to first result per language from the warm pool", poolRuns)
+	for i := range codeLanguages {
+		r.Languages[i].PoolCreate, err = poolCreates(poolRuns, func(vm string) error { return runLanguage(ctx, c, vm, i) })
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -16,9 +16,7 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 import unittest
 
 import test_server as base
@@ -77,39 +75,14 @@ def setUpModule():
     node = os.environ.get("CODEINTERP_TEST_NODE") or shutil.which("node")
     if node:
         cmd += ["--node", node]
-    _log = open(os.path.join(_tmp, "server.log"), "w+")
-    _server = subprocess.Popen(cmd, stdout=_log, stderr=subprocess.STDOUT)
     _saved = base._port
     base._port = port
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if _server.poll() is not None:
-            _log.seek(0)
-            raise RuntimeError("server exited:\n" + _log.read())
-        try:
-            if request("GET", "/health", timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("server did not become healthy")
+    _server, _log = base.launch(cmd, None, os.path.join(_tmp, "server.log"))
 
 
 def tearDownModule():
     base._port = _saved
-    if _server is not None:
-        _server.terminate()
-        try:
-            _server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            _server.kill()
-    if _log is not None:
-        if os.environ.get("CODEINTERP_TEST_SHOW_LOG"):
-            _log.seek(0)
-            sys.stderr.write(_log.read())
-        _log.close()
-    if _tmp:
-        shutil.rmtree(_tmp, ignore_errors=True)
+    base.stop(_server, _log, _tmp)
 
 
 def set_sandbox_env(env):

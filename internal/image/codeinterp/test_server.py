@@ -97,41 +97,50 @@ def setUpModule():
            "--machine-id-file", _machine_id_file]
     if _node:
         cmd += ["--node", _node]
-    _server_log = open(os.path.join(_tmp, "server.log"), "w+")
     t0 = time.monotonic()
-    _server = subprocess.Popen(cmd, env=env, stdout=_server_log, stderr=subprocess.STDOUT)
-    deadline = t0 + 180
-    while time.monotonic() < deadline:
-        if _server.poll() is not None:
-            _server_log.seek(0)
-            raise RuntimeError("server exited:\n" + _server_log.read())
-        try:
-            status, _, _ = request("GET", "/health", timeout=2)
-            if status == 200:
-                break
-        except OSError:
-            pass
-        time.sleep(0.02)
-    else:
-        raise RuntimeError("server did not become healthy")
+    _server, _server_log = launch(cmd, env, os.path.join(_tmp, "server.log"))
     _startup_seconds = time.monotonic() - t0
     sys.stderr.write(f"\n[codeinterp] server healthy after {_startup_seconds:.2f}s\n")
 
 
 def tearDownModule():
-    if _server is not None:
-        _server.terminate()
+    stop(_server, _server_log, _tmp)
+
+
+def launch(cmd, env, log_path):
+    """Starts a server and waits until its /health (on _port) answers 200;
+    returns the process and its open log."""
+    log = open(log_path, "w+")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError("server exited:\n" + log.read())
         try:
-            _server.wait(timeout=15)
+            if request("GET", "/health", timeout=2)[0] == 200:
+                return proc, log
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError("server did not become healthy")
+
+
+def stop(proc, log, tmp):
+    """Ends a server of launch(), shows its log if asked, removes tmp."""
+    if proc is not None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            _server.kill()
-    if _server_log is not None:
+            proc.kill()
+    if log is not None:
         if os.environ.get("CODEINTERP_TEST_SHOW_LOG"):
-            _server_log.seek(0)
-            sys.stderr.write(_server_log.read())
-        _server_log.close()
-    if _tmp:
-        shutil.rmtree(_tmp, ignore_errors=True)
+            log.seek(0)
+            sys.stderr.write(log.read())
+        log.close()
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------
@@ -618,29 +627,9 @@ class TestPython(unittest.TestCase):
         ex = execute("survivor + 1", context_id=ctx["id"])
         self.assertEqual(ex.text, "42")
 
-    def test_client_disconnect_interrupts(self):
-        ctx = create_context(self)
-        execute("kept = 'yes'", context_id=ctx["id"])
-        body = json.dumps({"code": "import time\nprint('go', flush=True)\ntime.sleep(120)",
-                           "context_id": ctx["id"]}).encode()
-        s = socket.create_connection(("127.0.0.1", _port))
-        s.sendall(b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        s.settimeout(DEADLINE)
-        buf = b""
-        while b'"go\\n"' not in buf:
-            b = s.recv(4096)
-            self.assertTrue(b, buf)
-            buf += b
-        s.close()
-        # Unless the disconnect interrupted the sleep(120), this times out.
-        ex = execute("kept", context_id=ctx["id"], timeout_ms=60000)
-        self.assertEqual(ex.text, "yes")
-
-    def test_half_closed_client_gets_the_whole_stream(self):
-        # A client (or a relay) that ends its side after the request still
-        # reads: the run is interrupted, and its stream ends with an error
-        # and end_of_execution, then the terminating chunk, never mid-way.
-        ctx = create_context(self)
+    def start_sleeper(self, ctx):
+        """A raw connection whose run has printed 'go' and sleeps; returns
+        the socket and what it read so far."""
         body = json.dumps({"code": "import time\nprint('go', flush=True)\ntime.sleep(120)",
                            "context_id": ctx["id"]}).encode()
         s = socket.create_connection(("127.0.0.1", _port))
@@ -652,6 +641,22 @@ class TestPython(unittest.TestCase):
             b = s.recv(4096)
             self.assertTrue(b, buf)
             buf += b
+        return s, buf
+
+    def test_client_disconnect_interrupts(self):
+        ctx = create_context(self)
+        execute("kept = 'yes'", context_id=ctx["id"])
+        s, _ = self.start_sleeper(ctx)
+        s.close()
+        # Unless the disconnect interrupted the sleep(120), this times out.
+        ex = execute("kept", context_id=ctx["id"], timeout_ms=60000)
+        self.assertEqual(ex.text, "yes")
+
+    def test_half_closed_client_gets_the_whole_stream(self):
+        # A client (or a relay) that ends its side after the request still
+        # reads: the run is interrupted, and its stream ends with an error
+        # and end_of_execution, then the terminating chunk, never mid-way.
+        s, buf = self.start_sleeper(create_context(self))
         s.shutdown(socket.SHUT_WR)
         while True:
             b = s.recv(4096)
