@@ -214,6 +214,17 @@ func TestCodeInterpreter(t *testing.T) {
 		if _, err := lc.CreateCodeContext(ctx, v.ID, api.CreateCodeContextRequest{User: "root"}); !isStatus(err, http.StatusForbidden) {
 			t.Fatalf("a user-limited token made a root context: %v", err)
 		}
+		rx, err := c.CreateCodeContext(ctx, "ci", api.CreateCodeContextRequest{User: "root"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lc.RunCode(ctx, v.ID, api.RunCodeRequest{Context: rx.ID, Code: "1"}, nil); !isStatus(err, http.StatusForbidden) {
+			t.Fatalf("a user-limited token ran code in a root context: %v", err)
+		}
+		if err := lc.RestartCodeContext(ctx, v.ID, rx.ID); !isStatus(err, http.StatusForbidden) {
+			t.Fatalf("a user-limited token restarted a root context: %v", err)
+		}
+		c.DeleteCodeContext(ctx, "ci", rx.ID)
 		ux, err := lc.CreateCodeContext(ctx, v.ID, api.CreateCodeContextRequest{Language: "bash"})
 		if err != nil || ux.User != "user" {
 			t.Fatalf("a user-limited token's context: %v %+v", err, ux)

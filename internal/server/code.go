@@ -197,7 +197,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 		timeout = defaultCodeTimeout
 	}
 	hc, ok := s.codeGuest(w, r)
-	if !ok {
+	if !ok || s.refuseRootContext(w, r, hc, req.Context) {
 		return
 	}
 	// Bound the whole relay: a guest that stops answering cannot hold the
@@ -401,7 +401,46 @@ func (s *Server) createCodeContext(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, api.CodeUnavailable, "code interpreter: bad context answer")
 		return
 	}
+	if req.User == "root" && c.User != "root" {
+		// A server from an image built before root contexts ignores the field.
+		if del, err := http.NewRequestWithContext(r.Context(), "DELETE", "http://code-interpreter/contexts/"+c.ID, nil); err == nil {
+			if resp, err := hc.Do(del); err == nil {
+				resp.Body.Close()
+			}
+		}
+		writeError(w, http.StatusConflict, api.CodeConflict,
+			"this VM's code interpreter cannot run a context as root: its image predates them (make the VM anew)")
+		return
+	}
 	writeJSON(w, http.StatusCreated, c)
+}
+
+// refuseRootContext answers 403, and says so, when a token limited to a
+// guest user names a context that runs as root: the limit holds for the
+// contexts it may not create.
+func (s *Server) refuseRootContext(w http.ResponseWriter, r *http.Request, hc *http.Client, ctxID string) bool {
+	p := principal(r)
+	if p.User == "" || ctxID == "" {
+		return false
+	}
+	resp := s.codeCall(w, r, hc, "GET", "/contexts", nil)
+	if resp == nil {
+		return true
+	}
+	defer resp.Body.Close()
+	var cs []api.CodeContext
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&cs); err != nil {
+		writeError(w, http.StatusBadGateway, api.CodeUnavailable, "code interpreter: bad context list: "+err.Error())
+		return true
+	}
+	for _, c := range cs {
+		if c.ID == ctxID && c.User == "root" {
+			writeError(w, http.StatusForbidden, api.CodeForbidden, fmt.Sprintf(
+				"this token is limited to user %q; context %s runs as root", p.User, ctxID))
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) codeContextOp(method, suffix string) http.HandlerFunc {
@@ -412,7 +451,7 @@ func (s *Server) codeContextOp(method, suffix string) http.HandlerFunc {
 			return
 		}
 		hc, ok := s.codeGuest(w, r)
-		if !ok {
+		if !ok || s.refuseRootContext(w, r, hc, id) {
 			return
 		}
 		resp := s.codeCall(w, r, hc, method, "/contexts/"+id+suffix, nil)

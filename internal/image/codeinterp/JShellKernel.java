@@ -51,6 +51,7 @@ import jdk.jshell.VarSnippet;
 class JShellKernel {
     private static OutputStream events;
     private static volatile long currentId = -1;
+    private static volatile boolean interrupted;
     private static JShell shell;
 
     public static void main(String[] args) throws Exception {
@@ -64,7 +65,10 @@ class JShellKernel {
         System.setOut(new PrintStream(new EventStream("stdout"), true, StandardCharsets.UTF_8));
         System.setErr(new PrintStream(new EventStream("stderr"), true, StandardCharsets.UTF_8));
         shell = JShell.builder().executionEngine("local").build();
-        sun.misc.Signal.handle(new sun.misc.Signal("INT"), sig -> shell.stop());
+        sun.misc.Signal.handle(new sun.misc.Signal("INT"), sig -> {
+            interrupted = true; // the snippets after the stopped one do not run
+            shell.stop();
+        });
         // Compile once now, so that the first execution is not the slow one.
         shell.eval("int $warm = 0;");
         shell.drop(shell.snippets().filter(s -> s.source().contains("$warm")).findFirst().get());
@@ -126,6 +130,7 @@ class JShellKernel {
         long id = msg.get("id") instanceof Number ? ((Number) msg.get("id")).longValue() : 0;
         Object code = msg.get("code");
         Map<String, String> old = setProperties(stringMap(msg.get("env")));
+        interrupted = false;
         currentId = id;
         try {
             run(id, code instanceof String ? (String) code : "");
@@ -151,6 +156,10 @@ class JShellKernel {
         String rest = code;
         String shown = null;
         while (!rest.isBlank()) {
+            if (interrupted) {
+                error(id, "KeyboardInterrupt", "Execution interrupted", "");
+                return;
+            }
             SourceCodeAnalysis.CompletionInfo info = analysis.analyzeCompletion(rest);
             if (info.completeness() == SourceCodeAnalysis.Completeness.EMPTY) break;
             if (!info.completeness().isComplete()) {
@@ -161,6 +170,7 @@ class JShellKernel {
             List<SnippetEvent> evs = shell.eval(info.source());
             for (SnippetEvent ev : evs) {
                 if (ev.causeSnippet() != null) continue; // updates of dependent snippets
+                if (interrupted) break; // stopped: reported below
                 Snippet sn = ev.snippet();
                 if (ev.status() == Snippet.Status.REJECTED) {
                     String diags = shell.diagnostics(sn).map(JShellKernel::describe)
@@ -189,6 +199,10 @@ class JShellKernel {
                 shown = display(sn, ev.value());
             }
             rest = info.remaining();
+        }
+        if (interrupted) {
+            error(id, "KeyboardInterrupt", "Execution interrupted", "");
+            return;
         }
         if (shown != null) {
             Map<String, Object> data = new LinkedHashMap<>();
@@ -234,7 +248,17 @@ class JShellKernel {
                 case 'r': b.append('\r'); break;
                 case 'b': b.append('\b'); break;
                 case 'f': b.append('\f'); break;
-                case '0': b.append('\0'); break;
+                case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+                    // JShell writes other control characters as octal (\ooo).
+                    int end = i, v = 0;
+                    while (end < s.length() - 1 && end < i + 3 && s.charAt(end) >= '0' && s.charAt(end) <= '7') {
+                        v = v * 8 + (s.charAt(end) - '0');
+                        end++;
+                    }
+                    b.append((char) v);
+                    i = end - 1;
+                    break;
+                }
                 case 'u':
                     if (i + 4 < s.length() - 1) {
                         try {

@@ -236,6 +236,22 @@ def write_all(fd, data, deadline, proc):
         wait_fds([fd], 0.1, select.POLLOUT)
 
 
+def create_private(path, mode=0o600):
+    """Opens a new regular file at path for writing, replacing what was
+    there without following a symlink: path may lie in a directory of
+    another user's, who could plant one (the server runs as root)."""
+    for _ in range(10):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        except FileExistsError:
+            continue  # something was created in between: again
+    raise OSError(f"cannot create {path}: it keeps being recreated")
+
+
 def read_machine_id(path):
     """The content of /etc/machine-id (path), or "" when unreadable.  It
     changes when a VM is restored from a template or forked, which is how

@@ -15,7 +15,8 @@ var names = []string{
 	"server.py",         // HTTP server, main
 	"state.py",          // contexts, users, sandbox env
 	"common.py",         // constants, errors, helpers
-	"contexts.py",       // Stream, Context base, bash contexts
+	"contexts.py",       // Stream, Context base
+	"bashcontext.py",    // bash contexts
 	"jupyter.py",        // contexts of Jupyter kernels
 	"pycontext.py",      // Python contexts (ipykernel)
 	"rcontext.py",       // R contexts (IRkernel)
@@ -27,7 +28,7 @@ var names = []string{
 	"jskernel.js",       // runs in each node process
 }
 
-//go:embed server.py state.py common.py contexts.py jupyter.py pycontext.py rcontext.py jscontext.py javacontext.py JShellKernel.java kernel_module.py peers.py jskernel.js
+//go:embed server.py state.py common.py contexts.py bashcontext.py jupyter.py pycontext.py rcontext.py jscontext.py javacontext.py JShellKernel.java kernel_module.py peers.py jskernel.js
 var files embed.FS
 
 // Files returns the files to install, by name.

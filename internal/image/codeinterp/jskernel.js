@@ -391,7 +391,9 @@ function stripTypes(code) {
     }
     throw new SyntaxError(ts.flattenDiagnosticMessageText(diag.messageText, '\n') + where);
   }
-  return out.outputText;
+  // A cell with only type imports or exports is made a module with an
+  // empty export, which a script cannot have.
+  return out.outputText.replace(/^export \{\};\s*$/m, '');
 }
 
 function runScript(source, filename) {

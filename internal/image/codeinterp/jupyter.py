@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import common
-from common import KernelStartError, bundle_to_result, error_event, now_iso
+from common import KernelStartError, bundle_to_result, create_private, error_event, now_iso
 from contexts import Context
 
 log = logging.getLogger("codeinterp")
@@ -44,9 +44,10 @@ class JupyterContext(Context):
         import zmq
         from jupyter_client.session import Session
 
-        # No message signing: the ipc sockets live in the server's private
-        # 0700 directory, so only this user (and root) can reach them, and an
-        # HMAC over every message costs real time under emulation.
+        # No message signing: the ipc sockets live in a private 0700
+        # directory of the kernel's user, so only that user (and root) can
+        # reach them, and an HMAC over every message costs real time under
+        # emulation.
         key = ""
         tag = f"{self.kernel_name}-{secrets.token_hex(4)}"
         prefix = os.path.join(self._rundir(), tag)
@@ -54,8 +55,7 @@ class JupyterContext(Context):
         conn = dict(ports, ip=prefix, key=key, transport="ipc",
                     signature_scheme="hmac-sha256", kernel_name=self.kernel_name)
         conn_file = prefix + ".json"
-        fd = os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(create_private(conn_file), "w") as f:
             self._own(f.fileno())
             json.dump(conn, f)
         self.files = [conn_file] + [f"{prefix}-{p}" for p in ports.values()]
@@ -153,16 +153,21 @@ class JupyterContext(Context):
         return None
 
     def _setup(self, code, what):
-        """Runs setup code silently; a failure is logged, not raised."""
+        """Runs setup code silently; a failure is logged and its reason
+        returned (None when it worked)."""
         reply = self._silent(code, 30)
         if reply is None or reply.get("status") != "ok":
-            log.warning("%s context %s: %s failed: %s", self.language, self.id, what,
-                        (reply or {}).get("evalue", "no reply"))
+            why = (reply or {}).get("evalue", "no reply")
+            log.warning("%s context %s: %s failed: %s", self.language, self.id, what, why)
+            return why
+        return None
 
     # -- execution ----------------------------------------------------------------
     def _begin(self, code, env, stream):
         if env:
-            self._setup(self._set_env_code(env), "setting the run's env")
+            why = self._setup(self._set_env_code(env), "setting the run's env")
+            if why:
+                stream.output("stderr", f"[codeinterp] the run's env vars could not be set: {why}\n")
         shell = self.sockets[0]
         msg = self.session.send(shell, "execute_request", {
             "code": code, "silent": False, "store_history": True,

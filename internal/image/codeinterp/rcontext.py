@@ -8,15 +8,17 @@ from jupyter import JupyterContext
 
 
 def r_string(s):
-    """An R string literal for s (any text)."""
+    """An R string literal for s (any text without NUL).  Other characters
+    go through as they are (R limits literals with \\u escapes to 10,000
+    characters); control characters as octal escapes."""
     out = ['"']
     for ch in s:
         if ch in '\\"':
             out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
+        elif ch < " " or ch == "\x7f":
+            out.append("\\%03o" % ord(ch))
         else:
-            out.append("\\U{%x}" % ord(ch))
+            out.append(ch)
     out.append('"')
     return "".join(out)
 

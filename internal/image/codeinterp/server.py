@@ -474,6 +474,7 @@ def main(argv=None):
     Server.allow_uids = frozenset(allow_uids)
     httpd = Server((args.host, args.port), Handler)
     state = State(args)
+    state.check_default_user()
     Handler.state = state
     log.info("listening on %s:%d (cwd %s; clients of uid %s)", args.host, httpd.server_address[1],
              args.cwd, ",".join(map(str, sorted(allow_uids))))

@@ -15,7 +15,7 @@ import uuid
 
 import common
 from common import ENV_NAME_RE, ApiError, KernelStartError, read_machine_id
-from contexts import BashContext
+from bashcontext import BashContext
 from javacontext import JavaContext
 from jscontext import JSContext
 from pycontext import PythonContext
@@ -69,18 +69,26 @@ class State:
 
     def user_runtime_dir(self, pw):
         """A private 0700 directory of the user's (pw None: the server's)
-        for kernel sockets and files."""
-        if pw is None or pw.pw_uid == os.getuid():
+        for kernel sockets and files.  Without --user it is the runtime
+        directory itself; with it each user, root too, has its own."""
+        if self.run_as is None and (pw is None or pw.pw_uid == os.getuid()):
             return self.runtime_dir
+        uid, gid = (os.getuid(), os.getgid()) if pw is None else (pw.pw_uid, pw.pw_gid)
         with self.lock:
-            d = self.user_dirs.get(pw.pw_uid)
+            d = self.user_dirs.get(uid)
             if d is None:
-                d = os.path.join(self.runtime_dir, str(pw.pw_uid))
+                d = os.path.join(self.runtime_dir, str(uid))
                 os.chmod(self.runtime_dir, 0o711)  # each user enters only its own
                 os.mkdir(d, 0o700)
-                os.chown(d, pw.pw_uid, pw.pw_gid)
-                self.user_dirs[pw.pw_uid] = d
+                os.chown(d, uid, gid)
+                self.user_dirs[uid] = d
             return d
+
+    def check_default_user(self):
+        """Fails clearly when --user cannot reach its runtime directory."""
+        if self.run_as is not None and not _can_enter(self.user_runtime_dir(self.run_as), self.run_as):
+            raise SystemExit(f"codeinterp: {self.run_as.pw_name} cannot enter {self.runtime_dir}: "
+                             "a directory above it is closed to that user (see --runtime-dir)")
 
     def resolve_user(self, name):
         """The pwd entry a context of user name runs as (None: the server's

@@ -121,6 +121,11 @@ class TestR(unittest.TestCase):
     def test_env_per_run_and_sandbox_env(self):
         ex = self.run_r('Sys.getenv("FOO")', env_vars={"FOO": 'b\u00e4r "q" \\ $x'})
         self.assertEqual(ex.results[0]["text"], '[1] "b\u00e4r \\"q\\" \\\\ $x"')
+        long = "\u00e9" * 20000 + "\n\t"
+        ex = self.run_r('nchar(Sys.getenv("FOO")) == 20002 && Sys.getenv("FOO") == paste0(strrep("\u00e9", 20000), "\\n\\t")',
+                        env_vars={"FOO": long})
+        self.assertEqual(ex.stderr, "")
+        self.assertEqual(ex.results[0]["text"], "[1] TRUE")
         ex = self.run_r('Sys.getenv("FOO", unset = "default")')
         self.assertEqual(ex.results[0]["text"], '[1] "default"')
         set_sandbox_env({"SANDBOX_R": "global"})
@@ -157,6 +162,7 @@ class TestJava(unittest.TestCase):
         self.assertEqual(ex.text, "42")
         self.assertEqual(self.run_java('"a\\tb" + x').text, "a\tb41")  # a String, unquoted
         self.assertIsNone(self.run_java('void hi() { System.out.println("hi"); }\nhi()').text)
+        self.assertEqual(self.run_java('"a\\u0001b" + "\\u007f"').text, "a\u0001b\u007f")
 
     def test_env_as_system_properties(self):
         ex = self.run_java('System.getProperty("FOO")', env_vars={"FOO": "bar"})
@@ -178,9 +184,17 @@ class TestJava(unittest.TestCase):
 
     def test_interrupt_keeps_state(self):
         self.run_java("int kept = 7;")
-        ex = self.run_java("while (true) { }", timeout_ms=1500)
+        # The snippets after the stopped one do not run.
+        ex = self.run_java('while (true) { }\nSystem.out.println("after");\nkept = 8;', timeout_ms=1500)
         self.assertEqual(ex.error["name"], "TimeoutError")
         self.assertTrue(ex.ended)
+        self.assertEqual(ex.stdout, "")
+        self.assertEqual(self.run_java("kept").text, "7")
+        bg = Background(self, 'System.out.println("started");\nwhile (true) { }\nkept = 9;',
+                        context_id=self.ctx["id"])
+        bg.wait_marker()
+        self.assertEqual(request_json("POST", f"/contexts/{self.ctx['id']}/interrupt")[1], {"interrupted": True})
+        self.assertEqual(bg.join().error["name"], "KeyboardInterrupt")
         self.assertEqual(self.run_java("kept").text, "7")
 
     def test_cwd(self):
@@ -201,6 +215,9 @@ class TestTypeScript(unittest.TestCase):
         ex = execute("typeof os.platform(); await new Promise<number>((r) => setTimeout(() => r(5), 10))",
                      context_id=cid)
         self.assertEqual(ex.text, "5")
+        ex = execute("import type { Stats } from 'fs'\nexport type N = number\nconst s: N = 3; s", context_id=cid)
+        self.assertIsNone(ex.error, ex.events)
+        self.assertEqual(ex.text, "3")
         ex = execute("const y: = 3", context_id=cid)
         self.assertEqual(ex.error["name"], "SyntaxError")
         self.assertIn("(1:10)", ex.error["value"])
@@ -243,9 +260,29 @@ class TestUsers(unittest.TestCase):
         # Restarted, it is root still.
         self.assertEqual(request("POST", f"/contexts/{ctx['id']}/restart")[0], 200)
         self.assertEqual(execute("import os; os.getuid()", context_id=ctx["id"]).text, "0")
+        private = os.path.join(_tmp, "private")
+        os.makedirs(private, mode=0o700, exist_ok=True)
+        with open(os.path.join(private, "secret"), "w") as f:
+            f.write("s3cret")
         bash = create_context(self, language="bash", user="root")
-        self.assertEqual(execute("id -u; cat /root/.profile >/dev/null && echo read",
-                                 context_id=bash["id"]).stdout, "0\nread\n")
+        self.assertEqual(execute(f"id -u; cat {private}/secret", context_id=bash["id"]).stdout, "0\ns3cret")
+        ex = execute(f"cat {private}/secret", language="bash")  # the default user's
+        self.assertIn("Permission denied", ex.stderr)
+
+    def test_planted_symlinks_are_not_followed(self):
+        # The root server writes a bash context's cell file in the user's
+        # own directory: a symlink planted there must not reach the target.
+        victim = os.path.join(_tmp, "victim")
+        with open(victim, "w") as f:
+            f.write("untouched")
+        os.chmod(victim, 0o600)
+        ctx = create_context(self, language="bash")
+        ex = execute(f'ln -sf {victim} "$BASH_SOURCE" && echo planted', context_id=ctx["id"])
+        self.assertEqual(ex.stdout, "planted\n", ex.events)
+        self.assertEqual(execute("echo next", context_id=ctx["id"]).stdout, "next\n")
+        with open(victim) as f:
+            self.assertEqual(f.read(), "untouched")
+        self.assertEqual(os.stat(victim).st_uid, 0)
 
     def test_bad_user(self):
         for user, want in (("bob", b"'user' must be 'nobody' (the default) or 'root'"),
