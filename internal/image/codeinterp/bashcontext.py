@@ -10,7 +10,7 @@ import time
 
 import common
 from common import (KernelStartError, PipeReader, create_private, descendants, error_event, kill_group,
-                    wait_fds, write_all)
+                    read_pipes, write_all)
 from contexts import Context
 
 log = logging.getLogger("codeinterp")
@@ -72,27 +72,13 @@ class BashContext(Context):
         raise KernelStartError("timed out waiting for bash")
 
     def _read(self, timeout, stream):
-        fds = [r.fd for r in self.readers.values() if not r.eof]
-        if not fds:
-            time.sleep(timeout)
-            return []
-        ready = wait_fds(fds, timeout)
-        lines = []
-        for name in ("stdout", "stderr", "ctl"):
-            r = self.readers[name]
-            if r.fd not in ready:
+        lines, self.ctl_buf, raw = read_pipes(self.readers, "ctl", self.ctl_buf, timeout)
+        for name, text in raw:
+            if stream is None:
                 continue
-            text = r.read()
-            if not text:
-                continue
-            if name == "ctl":
-                self.ctl_buf += text
-                *done, self.ctl_buf = self.ctl_buf.split("\n")
-                lines.extend(done)
-            elif stream is not None:
-                if name == "stderr" and self.interrupted and text.strip() == "":
-                    continue  # interactive bash echoes a newline on SIGINT
-                stream.output(name, text)
+            if name == "stderr" and self.interrupted and text.strip() == "":
+                continue  # interactive bash echoes a newline on SIGINT
+            stream.output(name, text)
         return lines
 
     def _kill_process(self):

@@ -221,6 +221,32 @@ class PipeReader:
             pass
 
 
+def read_pipes(readers, control, buf, timeout):
+    """Waits up to timeout for a runtime's pipes (readers: name ->
+    PipeReader) and reads what came.  Returns the complete lines of the
+    control pipe, the rest of its last line (buf is the rest from the call
+    before), and (name, text) of the other pipes, in readers' order."""
+    fds = [r.fd for r in readers.values() if not r.eof]
+    if not fds:
+        time.sleep(timeout)
+        return [], buf, []
+    ready = wait_fds(fds, timeout)
+    lines, raw = [], []
+    for name, r in readers.items():
+        if r.fd not in ready:
+            continue
+        text = r.read()
+        if not text:
+            continue
+        if name == control:
+            buf += text
+            *done, buf = buf.split("\n")
+            lines.extend(done)
+        else:
+            raw.append((name, text))
+    return lines, buf, raw
+
+
 def write_all(fd, data, deadline, proc):
     """Writes data to a non-blocking fd, giving up at deadline or if proc dies."""
     view = memoryview(data)

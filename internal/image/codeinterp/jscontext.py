@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import common
-from common import KernelStartError, PipeReader, bundle_to_result, error_event, wait_fds, write_all
+from common import KernelStartError, PipeReader, bundle_to_result, error_event, read_pipes, write_all
 from contexts import Context
 
 log = logging.getLogger("codeinterp")
@@ -121,31 +121,19 @@ class JSContext(Context):
     def _read_events(self, timeout, sink_stderr=None, stream=None):
         """Reads what is available; returns parsed control messages.
         Raw stdout/stderr go to stream (or to sink_stderr during startup)."""
-        fds = [r.fd for r in self.readers.values() if not r.eof]
-        if not fds:
-            time.sleep(timeout)
-            return []
-        ready = wait_fds(fds, timeout)
-        msgs = []
-        for name, r in self.readers.items():
-            if r.fd not in ready:
-                continue
-            text = r.read()
-            if not text:
-                continue
-            if name == "ev":
-                self.ev_buf += text
-                *lines, self.ev_buf = self.ev_buf.split("\n")
-                for line in lines:
-                    if line.strip():
-                        try:
-                            msgs.append(json.loads(line))
-                        except ValueError:
-                            log.warning("jskernel: bad control line %r", line[:200])
-            elif stream is not None:
+        lines, self.ev_buf, raw = read_pipes(self.readers, "ev", self.ev_buf, timeout)
+        for name, text in raw:
+            if stream is not None:
                 stream.output(name, text)
             elif sink_stderr is not None and name == "stderr":
                 sink_stderr.append(text)
+        msgs = []
+        for line in lines:
+            if line.strip():
+                try:
+                    msgs.append(json.loads(line))
+                except ValueError:
+                    log.warning("jskernel: bad control line %r", line[:200])
         return msgs
 
     def _kill_process(self):
