@@ -34,6 +34,14 @@ class _TermState:
         #: the exit message ({"type": "exit", "exit_code": n}) once the program exited
         self.exit: dict[str, Any] | None = None
 
+    def ended(self, closed: bool) -> bool:
+        """Whether no more output can come (the stream ended, or the caller
+        closed it); a protocol error the stream met is raised, once."""
+        if self.ws.error is not None:
+            err, self.ws.error = self.ws.error, None
+            raise err
+        return self.ws.closed or closed
+
     def take(self, data: bytes) -> bytes:
         """Feeds bytes read; queues the output; returns bytes to send back."""
         msgs, reply = self.ws.receive(data)
@@ -91,10 +99,7 @@ class Terminal:
         nothing came in that time; a broken connection is StreamLost."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._st.out:
-            if self._st.ws.error is not None:
-                err, self._st.ws.error = self._st.ws.error, None
-                raise err
-            if self._st.ws.closed or self._closed:
+            if self._st.ended(self._closed):
                 return None
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not wait_readable(self._ns, left):
@@ -181,10 +186,7 @@ class AsyncTerminal:
         async with self._rlock:
             with anyio.fail_after(timeout):
                 while not self._st.out:
-                    if self._st.ws.error is not None:
-                        err, self._st.ws.error = self._st.ws.error, None
-                        raise err
-                    if self._st.ws.closed or self._closed:
+                    if self._st.ended(self._closed):
                         return None
                     try:
                         data = await self._ns.read(65536)
