@@ -170,20 +170,20 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 	if err != nil || prev != nil {
 		return prev, false, err
 	}
-	id := v.ID
-	unlock := s.ops.lock(id, "create")
-	defer unlock()
+	h := s.hold(v, s.ops.lock(v.ID, "create"))
+	defer h.release()
 	start := time.Now()
-	if err := s.restore(ctx, v); err != nil {
-		s.log.Error("create failed", "vm", id, "err", err)
-		s.destroy(context.Background(), v)
+	if err := h.restore(ctx); err != nil {
+		s.log.Error("create failed", "vm", v.ID, "err", err)
+		h.destroy(context.Background())
 		return nil, false, err
 	}
-	return v, true, s.finishCreate(ctx, v, start)
+	return v, true, h.finishCreate(ctx, start)
 }
 
-// restore starts v from its shape's template and pushes its identity.
-func (s *Service) restore(ctx context.Context, v *store.VM) error {
+// restore starts the VM from its shape's template and pushes its identity.
+func (h *held) restore(ctx context.Context) error {
+	s, v := h.s, h.v
 	t, err := s.EnsureTemplate(ctx, v.Image, v.CPUs, v.MemoryMiB)
 	if err != nil {
 		return err
@@ -206,7 +206,7 @@ func (s *Service) restore(ctx context.Context, v *store.VM) error {
 	}
 	mc := s.machineConfig(v, p, img)
 	mc.RAMPath, mc.Incoming, mc.IncomingShared = t.ram(), t.state(), true
-	return s.launchOnOverlay(ctx, v, t.disk(), mc, launchOpts{agentTimeout: 30 * time.Second, baseDisk: t.DiskBytes, identity: identityNew})
+	return h.launchOnOverlay(ctx, t.disk(), mc, launchOpts{agentTimeout: 30 * time.Second, baseDisk: t.DiskBytes, identity: identityNew})
 }
 
 // checkNetwork reports a missing private network as a 404.

@@ -3,6 +3,8 @@ package vm
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -16,33 +18,40 @@ const (
 	ActorRestartPolicy = "restart-policy"
 )
 
-// eventHub fans new events out to followers.
-type eventHub struct {
+// journal records what happens to VMs: events in the store, handed to
+// their followers as they come, and lines in each VM's own log (the
+// serial console's file, which the events are copied to). The Service
+// embeds it: Event, Events and FollowEvents are its API.
+type journal struct {
+	store   Store
+	log     *slog.Logger
+	logPath func(vmID string) string // the VM's log file
+
 	mu   sync.Mutex
 	subs map[chan *store.Event]string // channel -> vm id
 }
 
 // Event records an event for a VM in the database (and the VM's log) and
 // hands it to followers.
-func (s *Service) Event(vmID, typ, actor, format string, args ...any) {
+func (j *journal) Event(vmID, typ, actor, format string, args ...any) {
 	e := &store.Event{VMID: vmID, Time: time.Now().UTC(), Type: typ, Actor: actor, Message: fmt.Sprintf(format, args...)}
-	s.addEvent(e)
+	j.add(e)
 }
 
 // EventData is Event with structured fields.
-func (s *Service) EventData(vmID, typ, actor string, data map[string]string, format string, args ...any) {
+func (j *journal) EventData(vmID, typ, actor string, data map[string]string, format string, args ...any) {
 	e := &store.Event{VMID: vmID, Time: time.Now().UTC(), Type: typ, Actor: actor, Message: fmt.Sprintf(format, args...), Data: data}
-	s.addEvent(e)
+	j.add(e)
 }
 
-func (s *Service) addEvent(e *store.Event) {
-	if err := s.store.AddEvent(context.Background(), e); err != nil {
-		s.log.Warn("record event", "vm", e.VMID, "err", err)
+func (j *journal) add(e *store.Event) {
+	if err := j.store.AddEvent(context.Background(), e); err != nil {
+		j.log.Warn("record event", "vm", e.VMID, "err", err)
 		return
 	}
-	s.logEvent(e.VMID, "%s: %s (by %s)", e.Type, e.Message, e.Actor)
-	s.events.mu.Lock()
-	for ch, id := range s.events.subs {
+	j.logEvent(e.VMID, "%s: %s (by %s)", e.Type, e.Message, e.Actor)
+	j.mu.Lock()
+	for ch, id := range j.subs {
 		if id == e.VMID || id == "" {
 			select {
 			case ch <- e:
@@ -50,34 +59,45 @@ func (s *Service) addEvent(e *store.Event) {
 			}
 		}
 	}
-	s.events.mu.Unlock()
+	j.mu.Unlock()
+}
+
+// logEvent appends a lifecycle line to the VM's log, beside the serial console
+// and QEMU's own output, so `agentvm logs` tells the whole story.
+func (j *journal) logEvent(id, format string, args ...any) {
+	f, err := os.OpenFile(j.logPath(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "[agentvm %s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
 // Events returns a VM's events after seq (oldest first, at most limit);
 // vmID "" returns every VM's.
-func (s *Service) Events(ctx context.Context, vmID string, after int64, limit int) ([]*store.Event, error) {
-	return s.store.ListEvents(ctx, vmID, after, limit)
+func (j *journal) Events(ctx context.Context, vmID string, after int64, limit int) ([]*store.Event, error) {
+	return j.store.ListEvents(ctx, vmID, after, limit)
 }
 
 // FollowEvents streams a VM's events after seq to fn until ctx ends or fn
 // returns an error; vmID "" follows every VM's.
-func (s *Service) FollowEvents(ctx context.Context, vmID string, after int64, fn func(*store.Event) error) error {
+func (j *journal) FollowEvents(ctx context.Context, vmID string, after int64, fn func(*store.Event) error) error {
 	ch := make(chan *store.Event, 256)
-	s.events.mu.Lock()
-	if s.events.subs == nil {
-		s.events.subs = map[chan *store.Event]string{}
+	j.mu.Lock()
+	if j.subs == nil {
+		j.subs = map[chan *store.Event]string{}
 	}
-	s.events.subs[ch] = vmID
-	s.events.mu.Unlock()
+	j.subs[ch] = vmID
+	j.mu.Unlock()
 	defer func() {
-		s.events.mu.Lock()
-		delete(s.events.subs, ch)
-		s.events.mu.Unlock()
+		j.mu.Lock()
+		delete(j.subs, ch)
+		j.mu.Unlock()
 	}()
 	last := after
 	catchUp := func() error {
 		for {
-			es, err := s.store.ListEvents(ctx, vmID, last, 500)
+			es, err := j.store.ListEvents(ctx, vmID, last, 500)
 			if err != nil {
 				return err
 			}

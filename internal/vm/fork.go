@@ -36,7 +36,7 @@ const forkAttempts = 3
 
 // fork copies a running VM into count new running VMs (memory, processes, disk);
 // the parent keeps running. Each child gets its own identity and copy-on-write disk.
-// A child that does not come up as a healthy copy of its parent (see checkChild)
+// A child that does not come up as a healthy copy of its parent (see held.check)
 // is deleted and made again from a new capture of the parent; after forkAttempts
 // captures the fork fails and leaves no child behind. The parent is only captured.
 func (s *Service) fork(ctx context.Context, idOrName string, fo ForkOptions) (*ForkResult, error) {
@@ -47,33 +47,33 @@ func (s *Service) fork(ctx context.Context, idOrName string, fo ForkOptions) (*F
 	if count < 1 || count > 32 {
 		return nil, fmt.Errorf("%w: count must be between 1 and 32, got %d", ErrInvalid, count)
 	}
-	parent, unlock, err := s.settled(ctx, idOrName, opFork)
+	parent, err := s.settled(ctx, idOrName, opFork)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.admit(parent.MemoryMiB*int64(count), 0); err != nil {
-		unlock()
+	if err := s.admit(parent.v.MemoryMiB*int64(count), 0); err != nil {
+		parent.release()
 		return nil, err
 	}
 	start := time.Now()
-	out := &ForkResult{Parent: parent}
+	out := &ForkResult{Parent: parent.v}
 	children := make([]*store.VM, count)
 	var errs []error
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
-			if parent, unlock, err = s.relockParent(ctx, parent.ID); err != nil {
+			if parent, err = s.relockParent(ctx, out.Parent.ID); err != nil {
 				errs = append(errs, err)
 				break
 			}
-			out.Parent = parent
+			out.Parent = parent.v
 		}
 		var retry bool
-		errs, retry = s.forkOnce(ctx, parent, unlock, children, out, fo.Name)
+		errs, retry = parent.forkOnce(ctx, children, out, fo.Name)
 		if len(errs) == 0 || !retry || attempt == forkAttempts || ctx.Err() != nil {
 			break
 		}
-		s.log.Warn("fork: children failed; capturing the parent again", "vm", parent.ID, "attempt", attempt+1, "err", errors.Join(errs...))
-		s.logEvent(parent.ID, "fork: %d of %d children failed (%v); capturing the parent again (attempt %d of %d)",
+		s.log.Warn("fork: children failed; capturing the parent again", "vm", out.Parent.ID, "attempt", attempt+1, "err", errors.Join(errs...))
+		s.logEvent(out.Parent.ID, "fork: %d of %d children failed (%v); capturing the parent again (attempt %d of %d)",
 			len(errs), count, errors.Join(errs...), attempt+1, forkAttempts)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -88,20 +88,21 @@ func (s *Service) fork(ctx context.Context, idOrName string, fo ForkOptions) (*F
 	return out, nil
 }
 
-// forkOnce captures parent (releasing its lock once the capture is taken) and
+// forkOnce captures the held parent (releasing it once the capture is taken) and
 // restores a checked child into every empty slot of children. It returns the
 // errors of the slots it left empty, and whether another capture may fill them.
-func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(), children []*store.VM, out *ForkResult, nameFn func() string) ([]error, bool) {
+func (h *held) forkOnce(ctx context.Context, children []*store.VM, out *ForkResult, nameFn func() string) ([]error, bool) {
+	s, parent := h.s, h.v
 	dir := filepath.Join(s.cfg.DataDir, "snapshots", "fork-"+randHex(6))
 	os.MkdirAll(dir, 0o700)
 	defer os.RemoveAll(dir) // children have loaded the state when we return
 	state := filepath.Join(dir, "state")
-	frozen, res, err := s.capture(ctx, parent, state)
+	frozen, res, err := h.capture(ctx, state)
 	var want *guest.Info
 	if err == nil {
-		want = s.parentInfo(ctx, parent)
+		want = h.parentInfo(ctx)
 	}
-	unlock() // the parent runs on; children only need the state file and frozen layer
+	h.release() // the parent runs on; children only need the state file and frozen layer
 	if err != nil {
 		return []error{err}, false
 	}
@@ -138,20 +139,21 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 				errs[i] = err
 				return
 			}
-			defer s.ops.lock(v.ID, "create")()
+			child := s.hold(v, s.ops.lock(v.ID, "create"))
+			defer child.release()
 			t0 := time.Now()
 			v.Source, v.Layout, v.HotMemoryMiB = "fork of "+parent.Name, parent.Layout, parent.HotMemoryMiB
-			err = s.restoreState(ctx, v, frozen, parent.Layers, state, parent.DiskBytes)
+			err = child.restoreState(ctx, frozen, parent.Layers, state, parent.DiskBytes)
 			if err == nil {
-				err = s.checkChild(ctx, v, want)
+				err = child.check(ctx, want)
 			}
 			if err != nil {
 				s.log.Warn("fork child failed", "vm", v.ID, "parent", parent.ID, "err", err)
-				s.destroy(context.Background(), v)
+				child.destroy(context.Background())
 				errs[i], retry[i] = err, true
 				return
 			}
-			if err := s.finishCreate(ctx, v, t0); err != nil {
+			if err := child.finishCreate(ctx, t0); err != nil {
 				errs[i] = err
 				return
 			}
@@ -173,12 +175,12 @@ func (s *Service) forkOnce(ctx context.Context, parent *store.VM, unlock func(),
 // relockParent takes the parent's lock again for another capture. It waits
 // for whoever holds it now (a flatten that the last capture started) instead
 // of failing with a conflict, but not forever.
-func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(), error) {
+func (s *Service) relockParent(ctx context.Context, id string) (*held, error) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	unlock, err := s.ops.wait(wctx, id, "fork")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	v, err := s.GetFresh(ctx, id)
 	if err == nil {
@@ -186,15 +188,16 @@ func (s *Service) relockParent(ctx context.Context, id string) (*store.VM, func(
 	}
 	if err != nil {
 		unlock()
-		return nil, nil, err
+		return nil, err
 	}
-	return v, unlock, nil
+	return s.hold(v, unlock), nil
 }
 
 // parentInfo asks the parent's agent who its guest is (boot id, kernel taint),
 // right after a capture: what every child restored from it must still be.
 // nil when the agent does not answer (the children are then not checked).
-func (s *Service) parentInfo(ctx context.Context, parent *store.VM) *guest.Info {
+func (h *held) parentInfo(ctx context.Context) *guest.Info {
+	s, parent := h.s, h.v
 	in := s.instance(parent.ID)
 	if in == nil || parent.State == store.StatePaused {
 		// A paused guest's agent cannot answer: waiting for it would hold
@@ -214,13 +217,14 @@ func (s *Service) parentInfo(ctx context.Context, parent *store.VM) *guest.Info 
 	return nil
 }
 
-// checkChild makes sure a restored child runs its parent's kernel, alive: its
+// check makes sure a restored fork child runs its parent's kernel, alive: its
 // guest's boot id must be the parent's (a kernel that panicked on the restore
 // reboots, and its agent answers again from a fresh boot, every process gone)
 // and the kernel must not have oopsed since the parent's state was taken.
 // A child that passes has already taken its identity (the handshake and the
 // identity push of the launch).
-func (s *Service) checkChild(ctx context.Context, v *store.VM, want *guest.Info) error {
+func (h *held) check(ctx context.Context, want *guest.Info) error {
+	s, v := h.s, h.v
 	if want == nil {
 		return nil
 	}

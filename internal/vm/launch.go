@@ -103,8 +103,9 @@ type launching struct {
 	release func()          // ends the daemon's hold on m (unfinished), from "start" on
 }
 
-// launch runs the list of steps for v's kind of launch.
-func (s *Service) launch(ctx context.Context, v *store.VM, mc qemu.Config, o launchOpts) error {
+// launch runs the list of steps for the held VM's kind of launch.
+func (h *held) launch(ctx context.Context, mc qemu.Config, o launchOpts) error {
+	s, v := h.s, h.v
 	l := &launching{s: s, v: v, mc: mc, o: o, t0: time.Now(), resize: v.DiskBytes > o.baseDisk}
 	steps := restoreSteps
 	switch {
@@ -351,19 +352,20 @@ type crashError struct {
 func (e *crashError) Error() string { return e.err.Error() }
 func (e *crashError) Unwrap() error { return e.err }
 
-// launchOnOverlay launches v from a saved state on a new private overlay of
+// launchOnOverlay launches the VM from a saved state on a new private overlay of
 // base (v.Disk). A QEMU that crashes before the guest is up is retried once,
 // in a fresh QEMU on a fresh overlay (the crashed guest may have written to
 // the first), and the crash is logged with QEMU's exit status and the state
 // file; only a second failure reaches the caller. A wake is retried only
-// when QEMU died in its start (wakeLocked): its disk is the VM's own, which a
+// when QEMU died in its start (held.wake): its disk is the VM's own, which a
 // guest that ran may have changed after the state was saved.
-func (s *Service) launchOnOverlay(ctx context.Context, v *store.VM, base string, mc qemu.Config, o launchOpts) error {
+func (h *held) launchOnOverlay(ctx context.Context, base string, mc qemu.Config, o launchOpts) error {
+	s, v := h.s, h.v
 	for attempt := 1; ; attempt++ {
 		if err := disk.Overlay(ctx, base, v.Disk, 0); err != nil {
 			return err
 		}
-		err := s.launch(ctx, v, mc, o)
+		err := h.launch(ctx, mc, o)
 		var ce *crashError
 		if err == nil || attempt == 2 || !errors.As(err, &ce) || ctx.Err() != nil {
 			return err

@@ -55,11 +55,12 @@ func (s *Service) List(ctx context.Context) ([]*store.VM, error) {
 
 // stop shuts the VM down (ACPI power button, then quit, then kill); its disk is kept.
 func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) {
-	v, unlock, err := s.take(ctx, idOrName, opStop)
+	h, err := s.take(ctx, idOrName, opStop)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer h.release()
+	v := h.v
 	if done(opStop, v) {
 		return v, nil // stopping twice is a no-op
 	}
@@ -67,18 +68,11 @@ func (s *Service) stop(ctx context.Context, idOrName string) (*store.VM, error) 
 		return nil, err
 	}
 	qemu.RemoveState(s.suspendPath(v.ID)) // a suspended VM's saved memory is dropped; its disk stays
-	if in := s.instance(v.ID); in != nil {
-		in.mu.Lock()
-		in.expectExit = true
-		in.mu.Unlock()
-		in.machine.Shutdown(ctx, 30*time.Second)
-		in.detach()
-		s.setInstance(v.ID, nil)
-	}
+	h.shutdown(ctx, 30*time.Second)
 	os.RemoveAll(s.paths(v.ID).Run)
 	v.PID, v.ColdBoot = 0, true
 	s.logEvent(v.ID, "stopped")
-	return v, s.enter(ctx, v, table[opStop].to)
+	return v, h.enter(ctx, table[opStop].to)
 }
 
 // start cold-boots a stopped VM from its own disk; a paused or suspended VM is
@@ -87,11 +81,12 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 	if v, err := s.GetFresh(ctx, idOrName); err == nil && (v.State == store.StatePaused || v.State == store.StateSuspended) {
 		return s.Wake(ctx, v.ID)
 	}
-	v, unlock, err := s.take(ctx, idOrName, opStart)
+	h, err := s.take(ctx, idOrName, opStart)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer h.release()
+	v := h.v
 	if done(opStart, v) {
 		return v, nil
 	}
@@ -114,19 +109,16 @@ func (s *Service) start(ctx context.Context, idOrName string) (*store.VM, error)
 	p := s.paths(v.ID)
 	os.MkdirAll(p.Run, 0o700)
 	mc := s.machineConfig(v, p, img)
-	if err := s.launch(ctx, v, mc, launchOpts{agentTimeout: s.cfg.BootTimeout, baseDisk: v.DiskBytes, identity: identitySame, growFS: true}); err != nil {
+	if err := h.launch(ctx, mc, launchOpts{agentTimeout: s.cfg.BootTimeout, baseDisk: v.DiskBytes, identity: identitySame, growFS: true}); err != nil {
 		v.PID, v.Error = 0, "start failed: "+err.Error()
-		s.enter(ctx, v, store.StateStopped)
+		h.enter(ctx, store.StateStopped)
 		return nil, err
 	}
 	v.ColdBoot = true
-	if err := s.enter(ctx, v, table[opStart].to); err != nil {
+	if err := h.enter(ctx, table[opStart].to); err != nil {
 		// A QEMU the record does not name would be killed by the next
 		// start anyway: end it now.
-		if in := s.instance(v.ID); in != nil {
-			in.kill()
-			s.setInstance(v.ID, nil)
-		}
+		h.kill()
 		return nil, fmt.Errorf("start %s: record it running: %w", v.Name, err)
 	}
 	s.logEvent(v.ID, "started (qemu pid %d)", v.PID)
@@ -148,6 +140,7 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if v, err = s.GetFresh(ctx, v.ID); err != nil { // deleted while we waited
 		return err
 	}
+	h := s.hold(v, unlock)
 	if err := s.ours(v); err != nil {
 		lost, lerr := s.cfg.nodeLost(ctx, v.Node)
 		if lerr != nil {
@@ -164,10 +157,10 @@ func (s *Service) remove(ctx context.Context, idOrName string) error {
 	if err := checkTransition(opDelete, v); err != nil {
 		return err
 	}
-	if err := s.enter(ctx, v, table[opDelete].during); err != nil {
+	if err := h.enter(ctx, table[opDelete].during); err != nil {
 		return err
 	}
-	s.destroy(ctx, v)
+	h.destroy(ctx)
 	s.log.Info("vm deleted", "vm", v.ID)
 	return nil
 }
@@ -182,7 +175,8 @@ func (s *Service) monitor(id string, in *instance) {
 	if in.expectingExit() {
 		return
 	}
-	defer s.ops.lock(id, opExitHandling)()
+	unlock := s.ops.lock(id, opExitHandling)
+	defer unlock()
 	if s.instance(id) != in {
 		return
 	}
@@ -197,8 +191,9 @@ func (s *Service) monitor(id string, in *instance) {
 	if err != nil {
 		return
 	}
+	h := s.hold(v, unlock)
 	if v.State == statePool {
-		s.destroy(context.Background(), v)
+		h.destroy(context.Background())
 		return
 	}
 	to := store.StateCrashed
@@ -206,7 +201,7 @@ func (s *Service) monitor(id string, in *instance) {
 	if clean && reason != "host-error" {
 		to, v.Error = store.StateStopped, ""
 	}
-	s.enter(context.Background(), v, to)
+	h.enter(context.Background(), to)
 	os.RemoveAll(s.paths(id).Run)
 	why := reason
 	if why == "" {
@@ -285,32 +280,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		return err
 	}
 	for _, v := range vms {
-		switch v.State {
-		case store.StateSuspended, store.StateStopped, store.StateCrashed, store.StateError:
-			// A wake or start the daemon did not finish: its QEMU (recorded or
-			// not) goes, see killStrays below.
-		case store.StateCreating, store.StateDeleting, statePool:
-			s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
-			s.destroy(ctx, v)
-		case store.StateRunning, store.StatePaused:
-			qemu.RemoveState(s.suspendPath(v.ID) + ".tmp")
-			if !s.hv.IsOurs(v.PID, v.ID) {
-				if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
-					// the daemon died between writing the suspend state and recording it
-					v.PID = 0
-					s.enter(ctx, v, store.StateSuspended)
-					s.log.Info("finished an interrupted suspend", "vm", v.ID)
-					continue
-				}
-			}
-			qemu.RemoveState(s.suspendPath(v.ID))
-			if err := s.reattach(ctx, v); err != nil {
-				s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
-				v.PID, v.ColdBoot, v.Error = 0, true, "lost while the daemon was down: "+err.Error()
-				s.enter(ctx, v, store.StateCrashed)
-				os.RemoveAll(s.paths(v.ID).Run)
-			}
-		}
+		s.reconcile(ctx, v)
 	}
 	// No QEMU runs for a VM unless the VM's record says it runs that one: a
 	// QEMU left by an interrupted operation would hold the VM's disk lock
@@ -331,6 +301,38 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	s.stash.removePartial()
 	s.storeUnstored(ctx)
 	return nil
+}
+
+// reconcile settles one VM of this node at start-up, under its lock.
+func (s *Service) reconcile(ctx context.Context, v *store.VM) {
+	h := s.hold(v, s.ops.lock(v.ID, "reconcile"))
+	defer h.release()
+	switch v.State {
+	case store.StateSuspended, store.StateStopped, store.StateCrashed, store.StateError:
+		// A wake or start the daemon did not finish: its QEMU (recorded or
+		// not) goes, see killStrays in Reconcile.
+	case store.StateCreating, store.StateDeleting, statePool:
+		s.log.Info("removing unfinished VM", "vm", v.ID, "state", v.State)
+		h.destroy(ctx)
+	case store.StateRunning, store.StatePaused:
+		qemu.RemoveState(s.suspendPath(v.ID) + ".tmp")
+		if !s.hv.IsOurs(v.PID, v.ID) {
+			if _, err := os.Stat(s.suspendPath(v.ID)); err == nil {
+				// the daemon died between writing the suspend state and recording it
+				v.PID = 0
+				h.enter(ctx, store.StateSuspended)
+				s.log.Info("finished an interrupted suspend", "vm", v.ID)
+				return
+			}
+		}
+		qemu.RemoveState(s.suspendPath(v.ID))
+		if err := s.reattach(ctx, v); err != nil {
+			s.log.Warn("cannot reattach", "vm", v.ID, "err", err)
+			v.PID, v.ColdBoot, v.Error = 0, true, "lost while the daemon was down: "+err.Error()
+			h.enter(ctx, store.StateCrashed)
+			os.RemoveAll(s.paths(v.ID).Run)
+		}
+	}
 }
 
 // killStrays kills every QEMU of v except the one with pid keep, and waits

@@ -186,7 +186,8 @@ func (s *Service) Unfence(ctx context.Context) error {
 
 // recordFenced records what a fence did to VM id.
 func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
-	defer s.ops.lock(id, "unfence")()
+	unlock := s.ops.lock(id, "unfence")
+	defer unlock()
 	v, err := s.store.GetVMFresh(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil // deleted meanwhile
@@ -201,12 +202,13 @@ func (s *Service) recordFenced(ctx context.Context, id, reason string) error {
 		return nil // another node took it over (revive.go): its record and QEMU are that node's
 	}
 	s.killStrays(v, 0)
+	h := s.hold(v, unlock)
 	switch {
 	case v.State == statePool:
-		s.destroy(ctx, v)
+		h.destroy(ctx)
 	case live(v):
 		v.PID, v.ColdBoot, v.Error = 0, true, "killed by this node's fence: "+reason
-		return s.enter(ctx, v, store.StateCrashed)
+		return h.enter(ctx, store.StateCrashed)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ func TestOperationsRecordThemselves(t *testing.T) {
 	}
 	defer st.Close()
 	s := &Service{store: st, cfg: Config{DataDir: t.TempDir(), RunDir: t.TempDir()}, log: slog.Default()}
+	s.journal = &journal{store: st, log: s.log, logPath: func(id string) string { return s.paths(id).Log }}
 	var samples []string
 	s.OnOp(func(op string, took time.Duration) { samples = append(samples, op) })
 

@@ -28,12 +28,12 @@ func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error)
 	if err == nil && done(opPause, v) {
 		return &OpResult{VM: v}, nil
 	}
-	v, unlock, err := s.settled(ctx, idOrName, opPause)
+	h, err := s.settled(ctx, idOrName, opPause)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	in, err := s.attached(v)
+	defer h.release()
+	in, err := h.attached()
 	if err != nil {
 		return nil, err
 	}
@@ -41,9 +41,9 @@ func (s *Service) pause(ctx context.Context, idOrName string) (*OpResult, error)
 	if err := in.machine.Pause(ctx); err != nil {
 		return nil, err
 	}
-	s.logEvent(v.ID, "paused")
-	err = s.enter(ctx, v, table[opPause].to)
-	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, err
+	s.logEvent(h.v.ID, "paused")
+	err = h.enter(ctx, table[opPause].to)
+	return &OpResult{VM: h.v, TookMs: time.Since(start).Milliseconds()}, err
 }
 
 // resume continues a paused VM.
@@ -52,28 +52,29 @@ func (s *Service) resume(ctx context.Context, idOrName string) (*OpResult, error
 	if err == nil && done(opResume, v) {
 		return &OpResult{VM: v}, nil
 	}
-	v, unlock, err := s.settled(ctx, idOrName, opResume)
+	h, err := s.settled(ctx, idOrName, opResume)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer h.release()
 	start := time.Now()
-	if err := s.resumeLocked(ctx, v); err != nil {
+	if err := h.resume(ctx); err != nil {
 		return nil, err
 	}
-	return &OpResult{VM: v, TookMs: time.Since(start).Milliseconds()}, nil
+	return &OpResult{VM: h.v, TookMs: time.Since(start).Milliseconds()}, nil
 }
 
-func (s *Service) resumeLocked(ctx context.Context, v *store.VM) error {
-	in, err := s.attached(v)
+// resume continues the held VM, which is paused.
+func (h *held) resume(ctx context.Context) error {
+	in, err := h.attached()
 	if err != nil {
 		return err
 	}
 	if err := in.machine.Resume(ctx); err != nil {
 		return err
 	}
-	s.logEvent(v.ID, "resumed")
-	return s.enter(ctx, v, table[opResume].to)
+	h.s.logEvent(h.v.ID, "resumed")
+	return h.enter(ctx, table[opResume].to)
 }
 
 func (s *Service) suspendPath(id string) string {
@@ -87,16 +88,18 @@ func (s *Service) suspend(ctx context.Context, idOrName string) (*OpResult, erro
 	if err == nil && done(opSuspend, v) {
 		return &OpResult{VM: v}, nil
 	}
-	v, unlock, err := s.settled(ctx, idOrName, opSuspend)
+	h, err := s.settled(ctx, idOrName, opSuspend)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	return s.suspendLocked(ctx, v)
+	defer h.release()
+	return h.suspend(ctx)
 }
 
-func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, error) {
-	in, err := s.attached(v)
+// suspend saves the held VM, running or paused, and ends its machine.
+func (h *held) suspend(ctx context.Context) (*OpResult, error) {
+	s, v := h.s, h.v
+	in, err := h.attached()
 	if err != nil {
 		return nil, err
 	}
@@ -118,12 +121,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 		s.resumeStoppedOnFullDisk(v.ID)
 		return nil, fmt.Errorf("suspend %s: %w", v.Name, s.noSpace(crashedDuring(in, v, err)))
 	}
-	in.mu.Lock()
-	in.expectExit = true
-	in.mu.Unlock()
-	in.machine.Quit()
-	in.detach()
-	s.setInstance(v.ID, nil)
+	h.quit(in)
 	os.RemoveAll(s.paths(v.ID).Run)
 	v.PID, v.SavedBy = 0, s.savedByHere(layoutOf(v))
 	s.syncSaved(v.ID, path)
@@ -133,7 +131,7 @@ func (s *Service) suspendLocked(ctx context.Context, v *store.VM) (*OpResult, er
 	// QEMU is gone: the record says so whatever the caller does (enter's
 	// write outlives the request: a client hanging up here once left a VM
 	// listed running without a QEMU until the next daemon start).
-	err = s.enter(ctx, v, table[opSuspend].to)
+	err = h.enter(ctx, table[opSuspend].to)
 	if err == nil {
 		s.storeSuspendedLater(v)
 	}
@@ -211,8 +209,9 @@ func (s *Service) resumeStoppedOnFullDisk(self string) {
 // errStateTorn: the host restarted before a saved state reached the disk.
 var errStateTorn = errors.New("the host restarted before the saved state reached its disk")
 
-// wakeLocked restores a suspended VM from its state file.
-func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
+// wake restores the held VM, which is suspended, from its state file.
+func (h *held) wake(ctx context.Context) error {
+	s, v := h.s, h.v
 	if err := s.admit(v.MemoryMiB, 0); err != nil {
 		return err
 	}
@@ -232,7 +231,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		// do it.
 		v.PID, v.ColdBoot = 0, true
 		v.Error = "memory state lost (" + err.Error() + "); start boots it from its disk"
-		s.enter(ctx, v, store.StateStopped)
+		h.enter(ctx, store.StateStopped)
 		s.logEvent(v.ID, "wake impossible: %s", v.Error)
 		return fmt.Errorf("%w: VM %s lost its memory state; its disk is intact: start it with: agentvm start %s", ErrConflict, v.Name, v.Name)
 	}
@@ -257,7 +256,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	// not hold the VM, and everyone queued behind its lock, for ever.
 	lctx, cancel := context.WithTimeout(ctx, wakeTimeout)
 	defer cancel()
-	err = s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock})
+	err = h.launch(lctx, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock})
 	if ce := (*crashError)(nil); errors.As(err, &ce) && ce.unstarted && lctx.Err() == nil {
 		// QEMU died loading the state or at the cont that would have run
 		// the guest (QEMU 10.0.2 segfaulted so, once in hundreds): the
@@ -266,7 +265,7 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 		s.log.Warn("wake crashed: qemu exited in its start; retrying once in a fresh qemu", "vm", v.ID, "state", mc.Incoming, "err", err)
 		s.Event(v.ID, "lifecycle", ActorSystem, "wake from %s crashed in QEMU's start (%v); retrying once in a fresh QEMU", mc.Incoming, err)
 		s.killStrays(v, 0)
-		err = s.launch(lctx, v, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock})
+		err = h.launch(lctx, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: v.DiskBytes, identity: identityClock})
 	}
 	if err != nil {
 		s.killStrays(v, 0)
@@ -280,11 +279,8 @@ func (s *Service) wakeLocked(ctx context.Context, v *store.VM) error {
 	// write does not depend on the caller staying: a running QEMU the
 	// record does not name would be killed by the next wake.
 	v.SavedBy = nil // it described the state this wake consumed
-	if err := s.enter(ctx, v, table[opWake].to); err != nil {
-		if in := s.instance(v.ID); in != nil {
-			in.kill()
-			s.setInstance(v.ID, nil)
-		}
+	if err := h.enter(ctx, table[opWake].to); err != nil {
+		h.kill()
 		s.killStrays(v, 0)
 		v.PID = 0
 		undoStored()
@@ -320,15 +316,17 @@ func (s *Service) Wake(ctx context.Context, idOrName string) (*store.VM, error) 
 	// Paused, suspended, or an operation (say a suspend) is under way: queue
 	// behind it; an upload of its suspended state stops.
 	s.stash.stopUpload(uploadKey(v.ID))
-	defer s.ops.lock(v.ID, "wake")()
+	unlock := s.ops.lock(v.ID, "wake")
+	defer unlock()
 	if v, err = s.GetFresh(ctx, v.ID); err != nil {
 		return nil, err
 	}
+	h := s.hold(v, unlock)
 	switch v.State {
 	case store.StatePaused:
-		err = s.resumeLocked(ctx, v)
+		err = h.resume(ctx)
 	case store.StateSuspended:
-		err = s.wakeLocked(ctx, v)
+		err = h.wake(ctx)
 	}
 	return v, err
 }

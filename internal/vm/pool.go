@@ -44,6 +44,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	if err != nil || v.State != statePool || in == nil {
 		return nil, false, fmt.Errorf("pool VM %s is gone", id)
 	}
+	h := s.hold(v, unlock)
 	name := o.Name
 	if name == "" {
 		name = v.ID
@@ -51,9 +52,9 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	v.Name, v.Labels, v.Env, v.IdempotencyKey, v.DiskBytes = name, o.Labels, o.Env, o.IdempotencyKey, o.DiskBytes
 	v.Network, v.Egress = o.Network, o.Egress
 	v.IdleTimeoutSec, v.DeleteAfterSec, v.Restart = int64(o.IdleTimeout.Seconds()), int64(o.DeleteAfter.Seconds()), o.Restart
-	if err := s.enter(ctx, v, store.StateCreating); err != nil {
+	if err := h.enter(ctx, store.StateCreating); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
-			s.destroy(context.Background(), v) // its record is in doubt
+			h.destroy(context.Background()) // its record is in doubt
 			return nil, false, err
 		}
 		// the name or key was taken meanwhile: the pool VM is still good
@@ -67,7 +68,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, name)
 	}
 	fail := func(err error) (*store.VM, bool, error) {
-		s.destroy(context.Background(), v)
+		h.destroy(context.Background())
 		return nil, false, err
 	}
 	s.nets.apply(v)
@@ -88,7 +89,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	now := time.Now().UTC()
 	v.StartedAt, v.CreatedAt = &now, now
 	v.Source = "warm pool (template " + v.Template + ")"
-	if err := s.finishCreate(ctx, v, start); err != nil {
+	if err := h.finishCreate(ctx, start); err != nil {
 		return nil, false, err
 	}
 	return v, true, nil
@@ -129,14 +130,14 @@ func (s *Service) fillOne(key poolKey) error {
 	if err != nil {
 		return err
 	}
-	unlock := s.ops.lock(v.ID, "create")
-	defer unlock()
-	if err := s.restore(ctx, v); err != nil { // network, clock and seed are pushed here
-		s.destroy(context.Background(), v)
+	h := s.hold(v, s.ops.lock(v.ID, "create"))
+	defer h.release()
+	if err := h.restore(ctx); err != nil { // network, clock and seed are pushed here
+		h.destroy(context.Background())
 		return err
 	}
 	if s.pool.isClosed() {
-		s.destroy(context.Background(), v)
+		h.destroy(context.Background())
 		return errors.New("server is stopping")
 	}
 	// Run once through what a claim and a first exec run, so that QEMU has
@@ -156,11 +157,11 @@ func (s *Service) fillOne(key poolKey) error {
 		err = waitReady(ctx, agent, img)
 	}
 	if err != nil {
-		s.destroy(context.Background(), v)
+		h.destroy(context.Background())
 		return err
 	}
 	if err := s.store.UpdateVM(ctx, v); err != nil { // its pid; it stays in the pool state
-		s.destroy(context.Background(), v)
+		h.destroy(context.Background())
 		return err
 	}
 	s.pool.push(key, v.ID)
@@ -190,7 +191,7 @@ func (s *Service) drainPool(ctx context.Context) {
 	}
 	for _, v := range vms {
 		if v.State == statePool {
-			s.destroy(ctx, v)
+			s.destroyIfPooled(ctx, v.ID)
 		}
 	}
 }
@@ -202,8 +203,16 @@ func (s *Service) PoolReady() map[string]int { return s.pool.counts() }
 // destroyPooled destroys the pool VMs of shapes the pool no longer keeps.
 func (s *Service) destroyPooled(ids []string) {
 	for _, id := range ids {
-		if v, err := s.store.GetVMFresh(context.Background(), id); err == nil && v.State == statePool {
-			s.destroy(context.Background(), v)
-		}
+		s.destroyIfPooled(context.Background(), id)
+	}
+}
+
+// destroyIfPooled destroys VM id, under its lock, if it is still a pool VM
+// (a claim may have taken it meanwhile).
+func (s *Service) destroyIfPooled(ctx context.Context, id string) {
+	unlock := s.ops.lock(id, "drain pool")
+	defer unlock()
+	if v, err := s.store.GetVMFresh(ctx, id); err == nil && v.State == statePool {
+		s.hold(v, unlock).destroy(ctx)
 	}
 }

@@ -47,11 +47,12 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	if _, err := s.Wake(ctx, idOrName); err != nil {
 		return nil, err
 	}
-	v, unlock, err := s.settled(ctx, idOrName, opResize)
+	h, err := s.settled(ctx, idOrName, opResize)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer h.release()
+	v := h.v
 	if o.DiskBytes != 0 && o.DiskBytes < v.DiskBytes {
 		return nil, fmt.Errorf("%w: shrinking the disk is not supported (it is %d MiB, asked for %d MiB)", ErrInvalid, v.DiskBytes>>20, o.DiskBytes>>20)
 	}
@@ -63,18 +64,18 @@ func (s *Service) resize(ctx context.Context, idOrName string, o ResizeOptions) 
 	}
 	var msgs []string
 	if o.DiskBytes > v.DiskBytes {
-		msg, err := s.growDisk(ctx, v, o.DiskBytes)
+		msg, err := h.growDisk(ctx, o.DiskBytes)
 		if err != nil {
 			return nil, err
 		}
 		msgs = append(msgs, msg)
 	}
-	m, err := s.resizeCPUs(ctx, v, o.CPUs)
+	m, err := h.resizeCPUs(ctx, o.CPUs)
 	if err != nil {
 		return nil, err
 	}
 	msgs = append(msgs, m...)
-	m, err = s.resizeMemory(ctx, v, o.MemoryMiB)
+	m, err = h.resizeMemory(ctx, o.MemoryMiB)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +92,8 @@ func live(v *store.VM) bool { return v.State == store.StateRunning || v.State ==
 
 // growDisk grows v's disk to size: online through QEMU and the guest, or
 // offline with qemu-img.
-func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string, error) {
+func (h *held) growDisk(ctx context.Context, size int64) (string, error) {
+	s, v := h.s, h.v
 	msg := "disk grown; the filesystem grows at the next start"
 	if live(v) {
 		in, err := s.attached(v)
@@ -123,7 +125,8 @@ func (s *Service) growDisk(ctx context.Context, v *store.VM, size int64) (string
 
 // resizeCPUs sets v's vCPU count (0: unchanged): hot-added to a running VM
 // when it can be, else recorded for the next start.
-func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]string, error) {
+func (h *held) resizeCPUs(ctx context.Context, cpus int) ([]string, error) {
+	v := h.v
 	switch {
 	case cpus == 0:
 		return nil, nil
@@ -136,7 +139,7 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 		v.CPUs, v.NextCPUs = cpus, 0
 		return []string{"CPUs set; they apply when the VM starts"}, nil
 	case cpus > v.CPUs && v.State == store.StateRunning && cpus <= qemu.MaxCPUsFor(v.Layout, v.CPUs):
-		if err := s.growCPUs(ctx, v, cpus); err != nil {
+		if err := h.growCPUs(ctx, cpus); err != nil {
 			return nil, err
 		}
 		if v.NextCPUs != 0 && v.NextCPUs <= v.CPUs {
@@ -158,12 +161,13 @@ func (s *Service) resizeCPUs(ctx context.Context, v *store.VM, cpus int) ([]stri
 // resizeMemory sets v's memory (0: unchanged): at once for a VM that is not
 // running; grown live through the virtio-mem device of a running VM when
 // there is room; else at its next start.
-func (s *Service) resizeMemory(ctx context.Context, v *store.VM, mib int64) ([]string, error) {
+func (h *held) resizeMemory(ctx context.Context, mib int64) ([]string, error) {
+	v := h.v
 	plug, msgs := decideMemory(v, mib)
 	if plug == 0 {
 		return msgs, nil
 	}
-	msg, err := s.growMemory(ctx, v, plug)
+	msg, err := h.growMemory(ctx, plug)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +217,8 @@ const growMemoryWait = 2 * time.Minute
 // until the guest has plugged them (it onlines them itself:
 // memhp_default_state=online). The record follows QEMU as soon as it is
 // asked: a later restore starts QEMU with that much plugged.
-func (s *Service) growMemory(ctx context.Context, v *store.VM, plug int64) (string, error) {
+func (h *held) growMemory(ctx context.Context, plug int64) (string, error) {
+	s, v := h.s, h.v
 	in, err := s.attached(v)
 	if err != nil {
 		return "", err
@@ -240,7 +245,8 @@ func (s *Service) growMemory(ctx context.Context, v *store.VM, plug int64) (stri
 // growCPUs hot-adds vCPUs to a running VM and brings them online in the
 // guest. The record follows QEMU after every added vCPU: a later restore
 // starts QEMU with exactly the vCPUs it had (see qemu.AddCPUs).
-func (s *Service) growCPUs(ctx context.Context, v *store.VM, want int) error {
+func (h *held) growCPUs(ctx context.Context, want int) error {
+	s, v := h.s, h.v
 	in, err := s.attached(v)
 	if err != nil {
 		return err

@@ -31,7 +31,7 @@ func TestResizeCPUsDecisions(t *testing.T) {
 		{"legacy machine", store.VM{State: "running", CPUs: 1, Layout: qemu.LegacyDeviceSet}, 2, 1, 2, "earlier agentvm"},
 	} {
 		v := c.vm
-		msgs, err := s.resizeCPUs(ctx, &v, c.cpus)
+		msgs, err := s.hold(&v, func() {}).resizeCPUs(ctx, c.cpus)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}

@@ -71,6 +71,7 @@ func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) e
 		return err
 	}
 	defer unlock()
+	h := s.hold(v, unlock)
 	from, was := v.Node, v.State
 	if err := checkTakeover(opRevive, was, store.StateCrashed); err != nil {
 		s.log.Error("revive", "vm", v.ID, "err", err)
@@ -93,10 +94,7 @@ func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) e
 	// A revive that fails gives the VM back to its lost node as it was,
 	// for the next request (here or on another node) to try again.
 	fail := func(err error) error {
-		if in := s.instance(v.ID); in != nil {
-			in.kill()
-			s.setInstance(v.ID, nil)
-		}
+		h.kill()
 		s.killOwnQEMUs(v)
 		os.RemoveAll(s.paths(v.ID).Dir)
 		if gerr := checkTakeover(opGiveBack, store.StateCrashed, before.State); gerr != nil {
@@ -131,10 +129,10 @@ func (s *Service) revive(ctx context.Context, v *store.VM, sn *store.Snapshot) e
 	v.DiskBytes = max(v.DiskBytes, sn.DiskBytes)
 	v.SavedBy, v.ResumeOnStart, v.ColdBoot = nil, false, false
 	v.Source, v.Error = "snapshot "+sn.Name, ""
-	if err := s.restoreState(rctx, v, frozen, layers, state, sn.DiskBytes); err != nil {
+	if err := h.restoreState(rctx, frozen, layers, state, sn.DiskBytes); err != nil {
 		return fail(err)
 	}
-	if err := s.enter(rctx, v, store.StateRunning); err != nil {
+	if err := h.enter(rctx, store.StateRunning); err != nil {
 		return fail(err)
 	}
 	s.logEvent(v.ID, "taken over by node %s: node %s was lost while the VM was %s; it came back from snapshot %s, taken %s ago (what it did since is gone)",

@@ -126,6 +126,8 @@ func (s *Service) captureFormat() string {
 
 // Service owns all VMs of one data dir.
 type Service struct {
+	*journal // events and the VMs' logs (events.go)
+
 	cfg   Config
 	store Store
 	log   *slog.Logger
@@ -134,7 +136,6 @@ type Service struct {
 
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id
-	events    eventHub
 	activity  activity
 	started   time.Time
 	ops       opLocks
@@ -190,6 +191,7 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
 		pool: newWarmPool(cfg.PoolSize)}
+	s.journal = &journal{store: s.store, log: cfg.Log, logPath: func(id string) string { return s.paths(id).Log }}
 	s.stash = newStash(cfg.Objects, cfg.DataDir, cfg.Log)
 	s.nets = &Networks{store: s.store, log: cfg.Log, policy: cfg.Policy,
 		live: func(id string) *network.Network {
@@ -399,17 +401,6 @@ func (s *Service) takeInstances() []*instance {
 	}
 	s.instances = map[string]*instance{}
 	return ins
-}
-
-// logEvent appends a lifecycle line to the VM's log, beside the serial console
-// and QEMU's own output, so `agentvm logs` tells the whole story.
-func (s *Service) logEvent(id, format string, args ...any) {
-	f, err := os.OpenFile(s.paths(id).Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	fmt.Fprintf(f, "[agentvm %s] %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
 // diskPath is the writable top of a VM's disk chain.

@@ -66,11 +66,12 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 			return nil, fmt.Errorf("%w: a snapshot named %q already exists", ErrConflict, name)
 		}
 	}
-	v, unlock, err := s.settled(ctx, idOrName, opSnapshot)
+	h, err := s.settled(ctx, idOrName, opSnapshot)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer h.release()
+	v := h.v
 	sn := &store.Snapshot{ID: "snap-" + randHex(6), Name: name, VMID: v.ID, VMName: v.Name, CPUs: v.CPUs, MemoryMiB: v.MemoryMiB,
 		DiskBytes: v.DiskBytes, Env: v.Env, Image: v.Image, Key: s.shapeKeyFor(layoutOf(v), v.CPUs, v.MemoryMiB), CreatedAt: time.Now().UTC(), Node: s.cfg.Node}
 	if sn.Name == "" {
@@ -87,7 +88,7 @@ func (s *Service) snapshot(ctx context.Context, idOrName, name string) (*store.S
 		return nil, err
 	}
 	sn.State = filepath.Join(dir, "state")
-	frozen, res, err := s.capture(ctx, v, sn.State)
+	frozen, res, err := h.capture(ctx, sn.State)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("snapshot %s: %w", v.Name, err)
@@ -250,21 +251,22 @@ func (s *Service) createFrom(ctx context.Context, snap string, o CreateOptions) 
 	if err != nil || prev != nil {
 		return prev, false, err
 	}
-	defer s.ops.lock(v.ID, "create")()
+	h := s.hold(v, s.ops.lock(v.ID, "create"))
+	defer h.release()
 	start := time.Now()
 	v.Source, v.Layout, v.HotMemoryMiB = "snapshot "+sn.Name, layout, sn.HotMemoryMiB
 	frozen, layers, state := sn.Disk, sn.Layers, sn.State
 	if !local {
 		if frozen, layers, state, err = s.fetchSnapshot(ctx, sn); err != nil {
-			s.destroy(context.Background(), v)
+			h.destroy(context.Background())
 			return nil, false, err
 		}
 	}
-	if err := s.restoreState(ctx, v, frozen, layers, state, sn.DiskBytes); err != nil {
-		s.destroy(context.Background(), v)
+	if err := h.restoreState(ctx, frozen, layers, state, sn.DiskBytes); err != nil {
+		h.destroy(context.Background())
 		return nil, false, err
 	}
-	return v, true, s.finishCreate(ctx, v, start)
+	return v, true, h.finishCreate(ctx, start)
 }
 
 func truncate(s string, n int) string {

@@ -155,11 +155,12 @@ func allowed(from, to store.State) bool {
 }
 
 // enter is the one way a VM's recorded state changes: it checks the move
-// against the state machine and records v, with the new state, in one
+// against the state machine and records the held VM, with the new state, in one
 // write that does not depend on the caller staying (the effect it records
 // has happened). Operations enter their during state before their effect
-// and their target after it. On an error v keeps its old state.
-func (s *Service) enter(ctx context.Context, v *store.VM, to store.State) error {
+// and their target after it. On an error the record keeps its old state.
+func (h *held) enter(ctx context.Context, to store.State) error {
+	s, v := h.s, h.v
 	from := v.State
 	if from != to && !allowed(from, to) {
 		// A programming error: the record stays as it was.

@@ -14,54 +14,12 @@ import (
 	"github.com/agentvm/agentvm/internal/store"
 )
 
-// The steps user operations are made of, beside the launch (launch.go): a
-// VM taken under its operation lock (take, settled), its row made and
-// finished (insertRow, finishCreate), its running state captured to a file
-// with a frozen disk layer (capture) and restored from one (restoreState),
-// the host's room checked (admit), and every trace removed (destroy).
-// Create, fork, snapshot, suspend and wake are short compositions of them.
-
-// take finds a VM and takes it for a user-requested operation (409 if another one
-// is in progress; the handling of an unexpected exit is waited for, up to
-// 30 s), returning the record as it is once the VM is held.
-func (s *Service) take(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
-	v, err := s.GetLocal(ctx, idOrName)
-	if err != nil {
-		return nil, nil, err
-	}
-	s.stash.stopUpload(uploadKey(v.ID)) // nor does any user operation
-	unlock, err := s.ops.try(v.ID, v.Name, op)
-	if err != nil && (!s.ops.isBusy(v.ID) || s.ops.busyWith(v.ID) == opExitHandling) {
-		// The record of an unexpected exit is being written (the VM may
-		// already show as crashed): that is short, and what op may do
-		// depends on it, so wait for it rather than answer 409.
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		unlock, err = s.ops.wait(wctx, v.ID, op)
-		cancel()
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	unlock = s.thenStore(v.ID, unlock)
-	if v, err = s.GetFresh(ctx, v.ID); err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	return v, unlock, nil
-}
-
-// settled is take plus the transition check of op.
-func (s *Service) settled(ctx context.Context, idOrName, op string) (*store.VM, func(), error) {
-	v, unlock, err := s.take(ctx, idOrName, op)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := checkTransition(op, v); err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	return v, unlock, nil
-}
+// The steps user operations are made of, beside the launch (launch.go) and
+// the held VM's own (held.go): a new VM's row made and finished
+// (insertRow, finishCreate), its running state captured to a file with a
+// frozen disk layer (capture) and restored from one (restoreState), the
+// host's room checked (admit), and every trace removed (destroy). Create,
+// fork, snapshot, suspend and wake are short compositions of them.
 
 // admit refuses a create the host cannot hold: guest RAM must fit in available
 // memory (with headroom for QEMU itself) and disk growth in free disk space.
@@ -147,10 +105,11 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 }
 
 // finishCreate records a successful create; on failure the VM is destroyed.
-func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time) error {
+func (h *held) finishCreate(ctx context.Context, start time.Time) error {
+	s, v := h.s, h.v
 	v.CreateMs = time.Since(start).Milliseconds()
-	if err := s.enter(ctx, v, store.StateRunning); err != nil {
-		s.destroy(context.Background(), v)
+	if err := h.enter(ctx, store.StateRunning); err != nil {
+		h.destroy(context.Background())
 		return err
 	}
 	from := "template " + v.Template
@@ -164,10 +123,10 @@ func (s *Service) finishCreate(ctx context.Context, v *store.VM, start time.Time
 }
 
 // destroy removes every trace of a VM: process, files, sockets, row.
-func (s *Service) destroy(ctx context.Context, v *store.VM) {
+func (h *held) destroy(ctx context.Context) {
+	s, v := h.s, h.v
 	if in := s.instance(v.ID); in != nil {
-		in.kill()
-		s.setInstance(v.ID, nil)
+		h.kill()
 	} else if s.hv.IsOurs(v.PID, v.ID) {
 		s.hv.Kill(v.PID)
 		for i := 0; i < 100 && s.hv.IsOurs(v.PID, v.ID); i++ {
@@ -207,8 +166,9 @@ func (s *Service) deleted(id string) {
 // capture saves a running or paused VM's memory to statePath and freezes its disk
 // at the same instant; the VM goes on (or stays paused) on a new writable top.
 // It returns the frozen layer.
-func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (frozen string, res qemu.SaveResult, err error) {
-	in, err := s.attached(v)
+func (h *held) capture(ctx context.Context, statePath string) (frozen string, res qemu.SaveResult, err error) {
+	s, v := h.s, h.v
+	in, err := h.attached()
 	if err != nil {
 		return "", res, err
 	}
@@ -255,8 +215,9 @@ func (s *Service) capture(ctx context.Context, v *store.VM, statePath string) (f
 	return frozen, res, nil
 }
 
-// restoreState starts v from a saved memory state on a new overlay over frozen.
-func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, layers []string, state string, baseDisk int64) error {
+// restoreState starts the VM from a saved memory state on a new overlay over frozen.
+func (h *held) restoreState(ctx context.Context, frozen string, layers []string, state string, baseDisk int64) error {
+	s, v := h.s, h.v
 	img, err := s.ImageNamed(ctx, v.Image) // its kernel
 	if err != nil {
 		return err
@@ -272,5 +233,5 @@ func (s *Service) restoreState(ctx context.Context, v *store.VM, frozen string, 
 	}
 	mc := s.machineConfig(v, p, img)
 	mc.Incoming = state
-	return s.launchOnOverlay(ctx, v, frozen, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: baseDisk, identity: identityNew})
+	return h.launchOnOverlay(ctx, frozen, mc, launchOpts{agentTimeout: 60 * time.Second, baseDisk: baseDisk, identity: identityNew})
 }

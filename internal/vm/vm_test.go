@@ -169,14 +169,15 @@ func TestEnterRecordsOnlyKnownMoves(t *testing.T) {
 	if err := st.CreateVM(ctx, v); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.enter(ctx, v, store.StateRunning); err == nil || v.State != store.StateDeleting {
+	h := s.hold(v, func() {})
+	if err := h.enter(ctx, store.StateRunning); err == nil || v.State != store.StateDeleting {
 		t.Fatalf("deleting -> running: %v, state %s", err, v.State)
 	}
 	if got, _ := st.GetVM(ctx, v.ID); got.State != store.StateDeleting {
 		t.Fatalf("recorded %s", got.State)
 	}
 	v.State = store.StateRunning // as if the row were running
-	if err := s.enter(ctx, v, store.StateCrashed); err != nil {
+	if err := h.enter(ctx, store.StateCrashed); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := st.GetVM(ctx, v.ID); got.State != store.StateCrashed {

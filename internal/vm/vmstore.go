@@ -266,15 +266,16 @@ func (s *Service) MoveOut(ctx context.Context, idOrName, to string) (*store.VM, 
 	if s.cfg.Objects == nil || s.cfg.Node == "" {
 		return nil, fmt.Errorf("%w: VMs move between nodes only in a cluster with an object store (serve --cluster --objects)", ErrConflict)
 	}
-	v, unlock, err := s.take(ctx, idOrName, "move")
+	h, err := s.take(ctx, idOrName, "move")
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer h.release()
+	v := h.v
 	before := *v
 	switch v.State {
 	case store.StateRunning, store.StatePaused:
-		if _, err := s.suspendLocked(ctx, v); err != nil {
+		if _, err := h.suspend(ctx); err != nil {
 			return nil, err
 		}
 	case store.StateSuspended:
@@ -284,7 +285,7 @@ func (s *Service) MoveOut(ctx context.Context, idOrName, to string) (*store.VM, 
 	// A VM that ran and cannot go runs on here.
 	stay := func(err error) (*store.VM, error) {
 		if before.State == store.StateRunning {
-			if werr := s.wakeLocked(context.WithoutCancel(ctx), v); werr != nil {
+			if werr := h.wake(context.WithoutCancel(ctx)); werr != nil {
 				return nil, fmt.Errorf("%w; and its wake here failed too: %v", err, werr)
 			}
 		}
