@@ -23,8 +23,11 @@ func ValidRestart(r string) bool {
 
 // activity tracks, per VM, the last time anyone used it and how many
 // long-lived uses (terminals, streams, SSH sessions, proxied requests) are
-// open right now: an open one counts as activity all along.
+// open right now: an open one counts as activity all along. The Service
+// embeds it: Touch and Hold are its API, for the front doors.
 type activity struct {
+	started time.Time // the daemon's start: no VM was used before it
+
 	mu   sync.Mutex
 	last map[string]time.Time
 	open map[string]int
@@ -33,8 +36,7 @@ type activity struct {
 }
 
 // Touch records activity on a VM now.
-func (s *Service) Touch(id string) {
-	a := &s.activity
+func (a *activity) Touch(id string) {
 	a.mu.Lock()
 	if a.last == nil {
 		a.last = map[string]time.Time{}
@@ -44,15 +46,14 @@ func (s *Service) Touch(id string) {
 }
 
 // Hold marks a long-lived use of a VM until the returned func is called.
-func (s *Service) Hold(id string) func() {
-	a := &s.activity
+func (a *activity) Hold(id string) func() {
 	a.mu.Lock()
 	if a.open == nil {
 		a.open = map[string]int{}
 	}
 	a.open[id]++
 	a.mu.Unlock()
-	s.Touch(id)
+	a.Touch(id)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -62,14 +63,13 @@ func (s *Service) Hold(id string) func() {
 				delete(a.open, id)
 			}
 			a.mu.Unlock()
-			s.Touch(id)
+			a.Touch(id)
 		})
 	}
 }
 
 // idleFor is how long a VM has had no activity (0 while something is open).
-func (s *Service) idleFor(v *store.VM) time.Duration {
-	a := &s.activity
+func (a *activity) idleFor(v *store.VM) time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.open[v.ID] > 0 {
@@ -78,7 +78,7 @@ func (s *Service) idleFor(v *store.VM) time.Duration {
 	last, ok := a.last[v.ID]
 	if !ok {
 		// nothing since the daemon started: count from its start or the VM's
-		last = s.started
+		last = a.started
 		if v.StartedAt != nil && v.StartedAt.After(last) {
 			last = *v.StartedAt
 		}
@@ -192,6 +192,26 @@ func restartBackoff(n int) time.Duration {
 	return min(d, 5*time.Minute)
 }
 
+// restartAfter is how long the restart policy waits before it restarts VM
+// id now (restartBackoff), and how many restarts it made in the last 10
+// minutes before this one.
+func (a *activity) restartAfter(id string) (time.Duration, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.restarts == nil {
+		a.restarts = map[string][]time.Time{}
+	}
+	var recent []time.Time
+	for _, t := range a.restarts[id] {
+		if time.Since(t) < 10*time.Minute {
+			recent = append(recent, t)
+		}
+	}
+	wait := restartBackoff(len(recent))
+	a.restarts[id] = append(recent, time.Now().Add(wait))
+	return wait, len(recent)
+}
+
 // maybeRestart restarts a VM whose QEMU died, per its restart policy.
 func (s *Service) maybeRestart(v *store.VM, crashed bool, reason string) {
 	switch {
@@ -200,21 +220,8 @@ func (s *Service) maybeRestart(v *store.VM, crashed bool, reason string) {
 	default:
 		return
 	}
-	a := &s.activity
-	a.mu.Lock()
-	if a.restarts == nil {
-		a.restarts = map[string][]time.Time{}
-	}
-	var recent []time.Time
-	for _, t := range a.restarts[v.ID] {
-		if time.Since(t) < 10*time.Minute {
-			recent = append(recent, t)
-		}
-	}
-	wait := restartBackoff(len(recent))
-	a.restarts[v.ID] = append(recent, time.Now().Add(wait))
-	a.mu.Unlock()
-	s.Event(v.ID, "lifecycle", ActorRestartPolicy, "restart policy %s: restarting in %s (%s; %d restarts in the last 10 min)", v.Restart, wait, reason, len(recent))
+	wait, recent := s.activity.restartAfter(v.ID)
+	s.Event(v.ID, "lifecycle", ActorRestartPolicy, "restart policy %s: restarting in %s (%s; %d restarts in the last 10 min)", v.Restart, wait, reason, recent)
 	go func() {
 		time.Sleep(wait)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -127,6 +127,8 @@ func (s *Service) captureFormat() string {
 // Service owns all VMs of one data dir.
 type Service struct {
 	*journal // events and the VMs' logs (events.go)
+	activity // when each VM was last used (policy.go)
+	*images  // the guest images, each built once (images.go)
 
 	cfg   Config
 	store Store
@@ -136,15 +138,10 @@ type Service struct {
 
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id
-	activity  activity
-	started   time.Time
 	ops       opLocks
 	onDelete  []func(vmID string)                   // see OnDelete
 	onOp      []func(op string, took time.Duration) // see OnOp
 	snapLocks map[string]*sync.RWMutex
-
-	imgMu sync.Mutex
-	imgs  map[string]*imageSlot // by canonical name
 
 	pool *warmPool
 
@@ -189,8 +186,9 @@ func New(cfg Config, st Store) (*Service, error) {
 	if hv == nil {
 		hv = HypervisorOf(qemuDriver{})
 	}
-	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, started: time.Now(),
+	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, activity: activity{started: time.Now()},
 		pool: newWarmPool(cfg.PoolSize)}
+	s.images = &images{cfg: cfg}
 	s.journal = &journal{store: s.store, log: cfg.Log, logPath: func(id string) string { return s.paths(id).Log }}
 	s.stash = newStash(cfg.Objects, cfg.DataDir, cfg.Log)
 	s.nets = &Networks{store: s.store, log: cfg.Log, policy: cfg.Policy,
@@ -222,54 +220,6 @@ func New(cfg Config, st Store) (*Service, error) {
 
 // Accel returns the accelerator in use.
 func (s *Service) Accel() string { return s.cfg.Accel }
-
-// Image returns the default image, building it on first use.
-func (s *Service) Image(ctx context.Context) (*image.Image, error) {
-	return s.ImageNamed(ctx, image.Default)
-}
-
-// ImageNamed returns an image by name or alias ("" is the default), building
-// it on first use.
-func (s *Service) ImageNamed(ctx context.Context, name string) (*image.Image, error) {
-	canon, err := image.Resolve(name)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	s.imgMu.Lock()
-	if s.imgs == nil {
-		s.imgs = map[string]*imageSlot{}
-	}
-	slot := s.imgs[canon]
-	if slot == nil {
-		slot = &imageSlot{}
-		s.imgs[canon] = slot
-	}
-	s.imgMu.Unlock()
-	// One build per image at a time; other images (and callers of a built
-	// one) do not wait for it. The build does not stop when the caller that
-	// started it gives up: a retry finds it done.
-	slot.mu.Lock()
-	defer slot.mu.Unlock()
-	if slot.img != nil {
-		return slot.img, nil
-	}
-	ensure := s.cfg.EnsureImage
-	if ensure == nil {
-		ensure = image.Ensure
-	}
-	img, err := ensure(context.WithoutCancel(ctx), image.Options{CacheDir: s.cfg.CacheDir, AgentPath: s.cfg.AgentPath, Name: canon, Progress: s.cfg.ImageProgress})
-	if err != nil {
-		return nil, fmt.Errorf("%s image: %w", canon, err)
-	}
-	slot.img = img
-	return img, nil
-}
-
-// imageSlot holds one image, built once.
-type imageSlot struct {
-	mu  sync.Mutex
-	img *image.Image
-}
 
 // OnDelete registers fn to run after a VM is gone, however it went (a
 // delete request, a delete-after policy, a failed create or fork), for the

@@ -1,0 +1,67 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/agentvm/agentvm/internal/image"
+)
+
+// images are the guest images VMs boot and restore from, each built on
+// first use, once (Config.EnsureImage; image.Ensure by default). The
+// Service embeds it: Image and ImageNamed are its API.
+type images struct {
+	cfg Config
+
+	mu    sync.Mutex
+	slots map[string]*imageSlot // by canonical name
+}
+
+// imageSlot holds one image, built once.
+type imageSlot struct {
+	mu  sync.Mutex
+	img *image.Image
+}
+
+// Image returns the default image, building it on first use.
+func (is *images) Image(ctx context.Context) (*image.Image, error) {
+	return is.ImageNamed(ctx, image.Default)
+}
+
+// ImageNamed returns an image by name or alias ("" is the default), building
+// it on first use.
+func (is *images) ImageNamed(ctx context.Context, name string) (*image.Image, error) {
+	canon, err := image.Resolve(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	is.mu.Lock()
+	if is.slots == nil {
+		is.slots = map[string]*imageSlot{}
+	}
+	slot := is.slots[canon]
+	if slot == nil {
+		slot = &imageSlot{}
+		is.slots[canon] = slot
+	}
+	is.mu.Unlock()
+	// One build per image at a time; other images (and callers of a built
+	// one) do not wait for it. The build does not stop when the caller that
+	// started it gives up: a retry finds it done.
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.img != nil {
+		return slot.img, nil
+	}
+	ensure := is.cfg.EnsureImage
+	if ensure == nil {
+		ensure = image.Ensure
+	}
+	img, err := ensure(context.WithoutCancel(ctx), image.Options{CacheDir: is.cfg.CacheDir, AgentPath: is.cfg.AgentPath, Name: canon, Progress: is.cfg.ImageProgress})
+	if err != nil {
+		return nil, fmt.Errorf("%s image: %w", canon, err)
+	}
+	slot.img = img
+	return img, nil
+}
