@@ -216,7 +216,10 @@ func New(cfg Config) (*Proxy, error) {
 		FlushInterval: 0, // streaming (no Content-Length, SSE) is flushed at once anyway
 		BufferPool:    bufPool{},
 		ErrorHandler:  p.proxyError,
-		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
+		// What it logs is an upstream that broke off a response it had
+		// begun (a guest server that died or reset mid-stream): the client
+		// sees its stream cut, and this line says where.
+		ErrorLog: slog.NewLogLogger(cfg.Log.With("component", "proxy").Handler(), slog.LevelInfo),
 	}
 	prot := new(http.Protocols)
 	prot.SetHTTP1(true)
