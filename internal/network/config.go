@@ -87,14 +87,28 @@ func (c Config) validate() error {
 	return nil
 }
 
-// SubnetBase is the range SubnetForIndex allocates from: 256 /24 networks.
-var SubnetBase = netip.MustParsePrefix("10.200.0.0/16")
+// VMRanges are the ranges SubnetForIndex allocates from: 10.200.0.0 to
+// 10.223.255.255, 6,144 /24 networks. The first 256 (10.200.0.0/16) are
+// the whole of the plan before it grew, so VMs made then keep their
+// addresses.
+var VMRanges = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/13"), netip.MustParsePrefix("10.208.0.0/12")}
 
 // MaxSubnetIndex is the largest index SubnetForIndex accepts.
-const MaxSubnetIndex = 255
+const MaxSubnetIndex = 24*256 - 1
 
-// SubnetForIndex returns the i-th /24 of SubnetBase (10.200.0.0/16):
-// i=0 -> 10.200.0.0/24, i=1 -> 10.200.1.0/24, ..., i=255 -> 10.200.255.0/24.
+// InVMRanges reports whether a is in a VM's subnet (of any VM).
+func InVMRanges(a netip.Addr) bool {
+	for _, r := range VMRanges {
+		if r.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// SubnetForIndex returns the i-th /24 of VMRanges:
+// i=0 -> 10.200.0.0/24, i=1 -> 10.200.1.0/24, ..., i=255 -> 10.200.255.0/24,
+// i=256 -> 10.201.0.0/24, ..., i=6143 -> 10.223.255.0/24.
 // It returns the zero (invalid) Prefix when i is outside [0, MaxSubnetIndex];
 // New rejects an invalid prefix.
 //
@@ -105,7 +119,5 @@ func SubnetForIndex(i int) netip.Prefix {
 	if i < 0 || i > MaxSubnetIndex {
 		return netip.Prefix{}
 	}
-	b := SubnetBase.Addr().As4()
-	b[2] = byte(i)
-	return netip.PrefixFrom(netip.AddrFrom4(b), 24)
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + i/256), byte(i % 256), 0}), 24)
 }

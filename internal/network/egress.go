@@ -164,7 +164,7 @@ func (n *Network) decide(dst netip.AddrPort, proto string) (route, bool) {
 	}
 	// Only VM subnets can hold a peer: the lookup (a database read) stays
 	// off the path of ordinary internet connections.
-	if n.cfg.Peer != nil && SubnetBase.Contains(a) {
+	if n.cfg.Peer != nil && InVMRanges(a) {
 		if peer := n.cfg.Peer(a); peer != nil {
 			if a == peer.GuestIP() {
 				return route{peer: peer}, true

@@ -123,13 +123,16 @@ func TestSubnetForIndex(t *testing.T) {
 		{1, "10.200.1.0/24"},
 		{7, "10.200.7.0/24"},
 		{255, "10.200.255.0/24"},
+		{256, "10.201.0.0/24"},
+		{1000, "10.203.232.0/24"},
+		{MaxSubnetIndex, "10.223.255.0/24"},
 	}
 	for _, tt := range tests {
 		if got := SubnetForIndex(tt.i); got.String() != tt.want {
 			t.Errorf("SubnetForIndex(%d) = %v, want %s", tt.i, got, tt.want)
 		}
 	}
-	for _, i := range []int{-1, 256, 1000} {
+	for _, i := range []int{-1, MaxSubnetIndex + 1, 100000} {
 		if got := SubnetForIndex(i); got.IsValid() {
 			t.Errorf("SubnetForIndex(%d) = %v, want invalid", i, got)
 		}
@@ -137,8 +140,8 @@ func TestSubnetForIndex(t *testing.T) {
 	seen := map[netip.Prefix]bool{}
 	for i := 0; i <= MaxSubnetIndex; i++ {
 		p := SubnetForIndex(i)
-		if seen[p] || !SubnetBase.Contains(p.Addr()) {
-			t.Fatalf("SubnetForIndex(%d) = %v: duplicate or outside %v", i, p, SubnetBase)
+		if seen[p] || !InVMRanges(p.Addr()) || !InVMRanges(p.Masked().Addr().Next().Next()) {
+			t.Fatalf("SubnetForIndex(%d) = %v: duplicate or outside %v", i, p, VMRanges)
 		}
 		seen[p] = true
 	}

@@ -78,7 +78,7 @@ func (s *Service) insertRow(ctx context.Context, o CreateOptions) (v, prev *stor
 			return nil, nil, err
 		}
 		if v.NetIndex > network.MaxSubnetIndex {
-			return nil, nil, fmt.Errorf("%w: all %d VM networks of this host are in use", ErrInsufficient, network.MaxSubnetIndex)
+			return nil, nil, fmt.Errorf("%w: all %d VM networks are in use (one per VM, made or suspended or stopped; the nodes of a cluster share them): delete VMs to make room", ErrInsufficient, network.MaxSubnetIndex)
 		}
 		err = s.store.CreateVM(ctx, v)
 		if err == nil {
