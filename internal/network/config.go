@@ -87,18 +87,18 @@ func (c Config) validate() error {
 	return nil
 }
 
-// VMRanges are the ranges SubnetForIndex allocates from: 10.200.0.0 to
+// vmRanges are the ranges SubnetForIndex allocates from: 10.200.0.0 to
 // 10.223.255.255, 6,144 /24 networks. The first 256 (10.200.0.0/16) are
 // the whole of the plan before it grew, so VMs made then keep their
 // addresses.
-var VMRanges = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/13"), netip.MustParsePrefix("10.208.0.0/12")}
+var vmRanges = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/13"), netip.MustParsePrefix("10.208.0.0/12")}
 
 // MaxSubnetIndex is the largest index SubnetForIndex accepts.
 const MaxSubnetIndex = 24*256 - 1
 
 // InVMRanges reports whether a is in a VM's subnet (of any VM).
 func InVMRanges(a netip.Addr) bool {
-	for _, r := range VMRanges {
+	for _, r := range vmRanges {
 		if r.Contains(a) {
 			return true
 		}
@@ -106,7 +106,7 @@ func InVMRanges(a netip.Addr) bool {
 	return false
 }
 
-// SubnetForIndex returns the i-th /24 of VMRanges:
+// SubnetForIndex returns the i-th /24 of vmRanges:
 // i=0 -> 10.200.0.0/24, i=1 -> 10.200.1.0/24, ..., i=255 -> 10.200.255.0/24,
 // i=256 -> 10.201.0.0/24, ..., i=6143 -> 10.223.255.0/24.
 // It returns the zero (invalid) Prefix when i is outside [0, MaxSubnetIndex];

@@ -6,6 +6,44 @@ import (
 	"time"
 )
 
+// A connection to another VM's address goes to that VM when it is a peer
+// (a member of the same private network: Config.Peer says so), for VMs of
+// every part of the address plan, and is refused otherwise.
+func TestDecidePeers(t *testing.T) {
+	peerSub := SubnetForIndex(300) // past the first 256: 10.201.44.0/24
+	peer, err := New(Config{Subnet: peerSub}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	asked := 0
+	n, err := New(Config{Subnet: SubnetForIndex(9), Peer: func(a netip.Addr) *Network {
+		asked++
+		if peerSub.Contains(a) {
+			return peer
+		}
+		return nil
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ap := netip.MustParseAddrPort
+	if r, ok := n.decide(ap("10.201.44.2:5432"), "tcp"); !ok || r.peer != peer {
+		t.Fatalf("the peer's guest: allowed %v peer %v (%s)", ok, r.peer, r.why)
+	}
+	if r, ok := n.decide(ap("10.201.44.1:53"), "udp"); ok || r.peer != nil {
+		t.Fatalf("the peer's gateway: allowed %v (%s)", ok, r.why)
+	}
+	if _, ok := n.decide(ap("10.222.1.2:80"), "tcp"); ok {
+		t.Fatal("a VM that is no peer: allowed")
+	}
+	before := asked
+	if _, ok := n.decide(ap("10.224.0.2:80"), "tcp"); ok || asked != before {
+		t.Fatalf("an address outside the plan: allowed %v, peer lookup asked %d times", ok, asked-before)
+	}
+}
+
 func TestDecide(t *testing.T) {
 	n, err := New(Config{Subnet: netip.MustParsePrefix("10.200.9.0/24"), Policy: Policy{DeniedPorts: []int{7070}}}, nil)
 	if err != nil {

@@ -141,9 +141,15 @@ func TestSubnetForIndex(t *testing.T) {
 	for i := 0; i <= MaxSubnetIndex; i++ {
 		p := SubnetForIndex(i)
 		if seen[p] || !InVMRanges(p.Addr()) || !InVMRanges(p.Masked().Addr().Next().Next()) {
-			t.Fatalf("SubnetForIndex(%d) = %v: duplicate or outside %v", i, p, VMRanges)
+			t.Fatalf("SubnetForIndex(%d) = %v: duplicate or outside %v", i, p, vmRanges)
 		}
 		seen[p] = true
+	}
+	for a, want := range map[string]bool{"10.199.255.255": false, "10.200.0.2": true, "10.207.255.254": true,
+		"10.208.0.1": true, "10.223.255.255": true, "10.224.0.0": false, "192.168.1.1": false} {
+		if InVMRanges(netip.MustParseAddr(a)) != want {
+			t.Errorf("InVMRanges(%s) = %v", a, !want)
+		}
 	}
 	c := Config{Subnet: SubnetForIndex(7)}
 	if c.Gateway().String() != "10.200.7.1" || c.GuestIP().String() != "10.200.7.2" {

@@ -12,7 +12,10 @@ import (
 // first use, once (Config.EnsureImage; image.Ensure by default). The
 // Service embeds it: Image and ImageNamed are its API.
 type images struct {
-	cfg Config
+	ensure    func(context.Context, image.Options) (*image.Image, error)
+	cacheDir  string
+	agentPath string
+	progress  func(string)
 
 	mu    sync.Mutex
 	slots map[string]*imageSlot // by canonical name
@@ -54,11 +57,7 @@ func (is *images) ImageNamed(ctx context.Context, name string) (*image.Image, er
 	if slot.img != nil {
 		return slot.img, nil
 	}
-	ensure := is.cfg.EnsureImage
-	if ensure == nil {
-		ensure = image.Ensure
-	}
-	img, err := ensure(context.WithoutCancel(ctx), image.Options{CacheDir: is.cfg.CacheDir, AgentPath: is.cfg.AgentPath, Name: canon, Progress: is.cfg.ImageProgress})
+	img, err := is.ensure(context.WithoutCancel(ctx), image.Options{CacheDir: is.cacheDir, AgentPath: is.agentPath, Name: canon, Progress: is.progress})
 	if err != nil {
 		return nil, fmt.Errorf("%s image: %w", canon, err)
 	}

@@ -30,10 +30,13 @@ func (o *opLocks) mutex(id string) *sync.Mutex {
 	return l
 }
 
-// held marks id as held by op and returns the unlock.
-func (o *opLocks) held(id, op string, l *sync.Mutex) func() {
+// mark marks id as held by op and returns the unlock, which does its
+// work once however often it is called (a held VM's release and a
+// deferred unlock of the same lock may both run).
+func (o *opLocks) mark(id, op string, l *sync.Mutex) func() {
 	o.setBusy(id, op)
-	return func() { o.setBusy(id, ""); l.Unlock() }
+	var once sync.Once
+	return func() { once.Do(func() { o.setBusy(id, ""); l.Unlock() }) }
 }
 
 // lock waits its turn: internal steps and wake-on-request use it, so
@@ -41,7 +44,7 @@ func (o *opLocks) held(id, op string, l *sync.Mutex) func() {
 func (o *opLocks) lock(id, op string) func() {
 	l := o.mutex(id)
 	l.Lock()
-	return o.held(id, op, l)
+	return o.mark(id, op, l)
 }
 
 // wait is lock that gives up when ctx ends. Delete uses it: it must win
@@ -58,7 +61,7 @@ func (o *opLocks) wait(ctx context.Context, id, op string) (func(), error) {
 		case <-t.C:
 		}
 	}
-	return o.held(id, op, l), nil
+	return o.mark(id, op, l), nil
 }
 
 // try takes the VM for a user-requested operation; if another one is in
@@ -68,7 +71,7 @@ func (o *opLocks) try(id, name, op string) (func(), error) {
 	if !l.TryLock() {
 		return nil, fmt.Errorf("%w: cannot %s VM %s: %s is in progress; retry when it is done", ErrConflict, op, name, o.busyWith(id))
 	}
-	return o.held(id, op, l), nil
+	return o.mark(id, op, l), nil
 }
 
 // busyWith names the operation holding id's lock.

@@ -208,9 +208,14 @@ func (s *Service) destroyPooled(ids []string) {
 }
 
 // destroyIfPooled destroys VM id, under its lock, if it is still a pool VM
-// (a claim may have taken it meanwhile).
+// (a claim may have taken it meanwhile). It waits for the lock until ctx
+// ends, then leaves the VM (to the next start's Reconcile).
 func (s *Service) destroyIfPooled(ctx context.Context, id string) {
-	unlock := s.ops.lock(id, "drain pool")
+	unlock, err := s.ops.wait(ctx, id, "drain pool")
+	if err != nil {
+		s.log.Warn("pool VM busy: left for the next start", "vm", id, "err", err)
+		return
+	}
 	defer unlock()
 	if v, err := s.store.GetVMFresh(ctx, id); err == nil && v.State == statePool {
 		s.hold(v, unlock).destroy(ctx)

@@ -188,7 +188,10 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, activity: activity{started: time.Now()},
 		pool: newWarmPool(cfg.PoolSize)}
-	s.images = &images{cfg: cfg}
+	s.images = &images{ensure: cfg.EnsureImage, cacheDir: cfg.CacheDir, agentPath: cfg.AgentPath, progress: cfg.ImageProgress}
+	if s.images.ensure == nil {
+		s.images.ensure = image.Ensure
+	}
 	s.journal = &journal{store: s.store, log: cfg.Log, logPath: func(id string) string { return s.paths(id).Log }}
 	s.stash = newStash(cfg.Objects, cfg.DataDir, cfg.Log)
 	s.nets = &Networks{store: s.store, log: cfg.Log, policy: cfg.Policy,
