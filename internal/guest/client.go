@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -53,7 +55,12 @@ func NewClient(ctx context.Context, conn net.Conn, o HandshakeOptions) (*Client,
 	if err != nil {
 		return nil, err
 	}
-	sess, err := yamux.Client(hc, YamuxConfig(true))
+	cfg := YamuxConfig(true)
+	// What yamux says of a session it ends (a keepalive the guest did not
+	// answer in time, a bad frame) is the one trace of why every stream of
+	// the VM's agent broke at once.
+	cfg.LogOutput = sessionLog{}
+	sess, err := yamux.Client(hc, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("guest: yamux: %w", err)
 	}
@@ -414,4 +421,12 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, stdin io.Reader, stdo
 		return nil, ctx.Err()
 	}
 	return st, err
+}
+
+// sessionLog passes yamux's log lines to the daemon's log, at warn level.
+type sessionLog struct{}
+
+func (sessionLog) Write(p []byte) (int, error) {
+	slog.Warn("guest agent session", "yamux", strings.TrimSpace(string(p)))
+	return len(p), nil
 }

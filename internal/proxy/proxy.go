@@ -581,6 +581,9 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		if errors.Is(err, vm.ErrNoListener) {
 			p.cfg.Compat.PortClosed(w, name, t.port)
 		} else {
+			// The layer's answer names no cause (E2B's "sandbox not
+			// found"): the log does.
+			p.log.Info("preview proxy error", "vm", name, "port", t.port, "compat", true, "err", err)
 			p.cfg.Compat.NotFound(w, name)
 		}
 		return
