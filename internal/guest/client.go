@@ -423,10 +423,15 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, stdin io.Reader, stdo
 	return st, err
 }
 
-// sessionLog passes yamux's log lines to the daemon's log, at warn level.
+// sessionLog passes yamux's log lines to the daemon's log, at warn level,
+// but for a write to a QEMU that is gone (broken pipe, reset): its exit is
+// logged where it is handled, and every delete would say it again here.
 type sessionLog struct{}
 
 func (sessionLog) Write(p []byte) (int, error) {
-	slog.Warn("guest agent session", "yamux", strings.TrimSpace(string(p)))
+	line := strings.TrimSpace(string(p))
+	if !strings.Contains(line, "broken pipe") && !strings.Contains(line, "connection reset") {
+		slog.Warn("guest agent session", "yamux", line)
+	}
 	return len(p), nil
 }
