@@ -453,7 +453,7 @@ func (p *Proxy) serveCompat(w http.ResponseWriter, r *http.Request, c Compat, v 
 	if !c.Allow(w, r, v, port, pr != nil) {
 		return true
 	}
-	p.forward(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port), loopback: pr != nil, asleep: asleep}))
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, compat: true, cdp: isCDP(v, port), loopback: pr != nil, asleep: asleep}))
 	return true
 }
 
@@ -546,22 +546,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, authorized, loopba
 		return
 	}
 	defer p.cfg.VMs.Hold(v.ID)() // preview traffic keeps the VM awake
-	p.forward(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port), loopback: loopback, asleep: v.State != store.StateRunning}))
-}
-
-// forward relays r to its target in full duplex: the request's body goes
-// on reaching the guest's server while its answer streams back. By
-// default Go's server reads what is left of a request's body, and closes
-// it, the moment the answer begins; the relay still copying that body to
-// the guest then fails ("invalid Read on closed Body") and takes the
-// upstream connection, and so the answer, down with it: under load the
-// code interpreter's streamed results were cut so (the client saw its
-// stream end without its end event).
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
-	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
-		p.log.Debug("preview: no full duplex", "err", err)
-	}
-	p.rp.ServeHTTP(w, r)
+	p.rp.ServeHTTP(w, withTarget(r, target{vm: v, port: port, cdp: isCDP(v, port), loopback: loopback, asleep: v.State != store.StateRunning}))
 }
 
 // sameHostTarget is where a URL that carried a token redirects to: its path

@@ -277,7 +277,6 @@ func (s *Server) forwardToProxy(w http.ResponseWriter, r *http.Request, v *store
 	if n == nil || forwarded(r) {
 		return false
 	}
-	http.NewResponseController(w).EnableFullDuplex() // see proxy.Proxy.forward
 	s.peers.proxy(n).ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewKey{}, mode)))
 	return true
 }
@@ -296,7 +295,6 @@ func (s *Server) forwardAs(w http.ResponseWriter, r *http.Request, p *auth.Princ
 		return false
 	}
 	r.Header.Set(principalHeader, p.Claim())
-	http.NewResponseController(w).EnableFullDuplex() // a streamed answer may begin before the body is relayed (see proxy.Proxy.forward)
 	s.peers.proxy(n).ServeHTTP(w, r)
 	return true
 }
