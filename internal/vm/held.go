@@ -79,9 +79,7 @@ func (h *held) attached() (*instance, error) { return h.s.attached(h.v) }
 // quit ends the VM's machine, which saved what it needed (a suspend): an
 // exit the monitor does not report.
 func (h *held) quit(in *instance) {
-	in.mu.Lock()
-	in.expectExit = true
-	in.mu.Unlock()
+	in.expect()
 	in.machine.Quit()
 	in.detach()
 	h.s.setInstance(h.v.ID, nil)
@@ -94,9 +92,7 @@ func (h *held) shutdown(ctx context.Context, timeout time.Duration) {
 	if in == nil {
 		return
 	}
-	in.mu.Lock()
-	in.expectExit = true
-	in.mu.Unlock()
+	in.expect()
 	in.machine.Shutdown(ctx, timeout)
 	in.detach()
 	h.s.setInstance(h.v.ID, nil)

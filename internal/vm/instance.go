@@ -88,11 +88,17 @@ func (in *instance) detach() {
 	in.machine.Close()
 }
 
-// kill ends QEMU at once and releases everything.
-func (in *instance) kill() {
+// expect marks the coming exit as one the service causes: the monitor
+// does not report it as a crash.
+func (in *instance) expect() {
 	in.mu.Lock()
 	in.expectExit = true
 	in.mu.Unlock()
+}
+
+// kill ends QEMU at once and releases everything.
+func (in *instance) kill() {
+	in.expect()
 	if in.net != nil {
 		in.net.Close() // first, so it does not try to re-dial the dying QEMU
 	}

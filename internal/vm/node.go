@@ -149,9 +149,7 @@ func (s *Service) Fence(reason string) {
 	ins := s.takeInstances()
 	ids := make([]string, 0, len(ins))
 	for _, in := range ins {
-		in.mu.Lock()
-		in.expectExit = true // not a crash for the monitor to record
-		in.mu.Unlock()
+		in.expect()
 		in.machine.Kill()
 		ids = append(ids, in.id)
 	}
