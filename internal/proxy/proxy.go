@@ -198,6 +198,7 @@ func New(cfg Config) (*Proxy, error) {
 				pr.Out.Host = cdpHost
 			}
 			pr.SetXForwarded()
+			BoundBody(pr.Out)
 			stripToken(pr.Out)
 			if t.compat {
 				// The sandbox's own credentials, checked here (Compat.Principal).

@@ -340,6 +340,7 @@ func (pp *peers) get(n *store.Node) peerProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", addr
 			pr.SetXForwarded()
+			proxy.BoundBody(pr.Out)
 			if mode, ok := pr.In.Context().Value(previewKey{}).(string); ok {
 				// A preview this node's proxy let through, or an E2B
 				// request: the owner's proxy serves it by its host, which
