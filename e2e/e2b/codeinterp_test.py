@@ -61,6 +61,8 @@ class CodeInterpreterSync(unittest.TestCase):
         self.assertEqual(self.sbx.run_code("import os; os.getcwd()").text, "/home/user")
         ex = self.sbx.run_code("echo $HOME; pwd", language="bash")
         self.assertEqual("".join(ex.logs.stdout), "/home/user\n/home/user\n")
+        # IPython's shell escape: one log entry, not "/home/user" and "\n"
+        self.assertEqual(self.sbx.run_code("!pwd").logs.stdout, ["/home/user\n"])
 
     def test_r_java_typescript(self):
         ex = self.sbx.run_code('Sys.getenv("SANDBOX_WIDE")', language="r")
@@ -70,6 +72,9 @@ class CodeInterpreterSync(unittest.TestCase):
         ex = self.sbx.run_code('System.getProperty("ONE")', language="java", envs={"ONE": "1"})
         self.assertEqual(ex.text, "1")
         self.assertEqual(self.sbx.run_code('System.getProperty("user.dir")', language="java").text, "/home/user")
+        # println's text and its line end are two entries, as in E2B's Java kernel
+        ex = self.sbx.run_code('System.out.println("Hello, World!")', language="java")
+        self.assertEqual(ex.logs.stdout, ["Hello, World!", "\n"])
         ex = self.sbx.run_code("const n: number = 21; n * 2", language="typescript")
         self.assertEqual(ex.text, "42")
 

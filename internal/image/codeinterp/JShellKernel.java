@@ -62,8 +62,11 @@ class JShellKernel {
         }
         java.io.InputStream commands = new java.io.FileInputStream("/proc/self/fd/" + Integer.parseInt(fds[0]));
         events = new FileOutputStream("/proc/self/fd/" + Integer.parseInt(fds[1]));
-        System.setOut(new PrintStream(new EventStream("stdout"), true, StandardCharsets.UTF_8));
-        System.setErr(new PrintStream(new EventStream("stderr"), true, StandardCharsets.UTF_8));
+        // Subclasses (the {}): println then writes its text and its line
+        // end apart, two output entries as in E2B's Java kernel
+        // (PrintStream itself writes them at once).
+        System.setOut(new PrintStream(new EventStream("stdout"), true, StandardCharsets.UTF_8) {});
+        System.setErr(new PrintStream(new EventStream("stderr"), true, StandardCharsets.UTF_8) {});
         shell = JShell.builder().executionEngine("local").build();
         sun.misc.Signal.handle(new sun.misc.Signal("INT"), sig -> {
             interrupted = true; // the snippets after the stopped one do not run

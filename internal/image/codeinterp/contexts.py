@@ -336,6 +336,7 @@ class Context:
                 break
             if not self.alive():
                 self.needs_restart = True
+                self._flush_partial(stream)
                 if self.closed:
                     stream.emit(error_event("ContextDeleted", "The context was deleted during execution"))
                 elif self.restarting:
@@ -359,6 +360,7 @@ class Context:
                 if now - t_abort > common.INTERRUPT_GRACE:
                     log.warning("context %s ignored interrupts; killing it", self.id)
                     self.needs_restart = True
+                    self._flush_partial(stream)
                     self._kill_process()
                     msg = (f"the {self.language} context did not respond to interrupts within "
                            f"{common.INTERRUPT_GRACE:.0f} s and was restarted; its state is lost")
@@ -401,6 +403,9 @@ class Context:
 
     def _pump(self, stream, timeout):
         raise NotImplementedError
+
+    def _flush_partial(self, stream, now=True):
+        """Emits output a context holds back (jupyter.py: a line's start)."""
 
     def _interrupt(self, attempt):
         if self.proc is not None:

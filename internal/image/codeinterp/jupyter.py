@@ -28,6 +28,7 @@ class JupyterContext(Context):
         self.sockets = None
         self.files = []
         self.msg_id = None
+        self.partial = None  # a stream's unfinished line, held (_pump)
 
     # -- to implement ---------------------------------------------------------
     def _kernel_command(self, conn_file):
@@ -175,6 +176,7 @@ class JupyterContext(Context):
         self.msg_id = msg["header"]["msg_id"]
         self.idle_at = None
         self.replied = False
+        self.partial = None
 
     def _finish(self, env, stream):
         if env and self.alive():
@@ -189,8 +191,11 @@ class JupyterContext(Context):
         events = dict(poller.poll(int(timeout * 1000)))
         if iopub in events:
             # Adjacent stream messages that are already queued are merged
-            # (a kernel may split one print() into several messages).
-            pending = None
+            # (a kernel may split one print() into several messages), and
+            # a line's start waits a moment for its end (IPython's `!pwd`
+            # sends "/home/user" and its newline apart: two log entries
+            # under load).
+            pending, self.partial = self.partial, None
             while True:
                 _, msg = self.session.recv(iopub, mode=zmq.NOBLOCK)
                 if msg is None:
@@ -215,18 +220,31 @@ class JupyterContext(Context):
                     pending = None
                 self._on_iopub(msg, stream)
             if pending is not None and pending["text"]:
-                stream.emit(pending)
+                if pending["text"].endswith("\n") or len(pending["text"]) >= common.MERGE_TEXT_LIMIT:
+                    stream.emit(pending)
+                else:
+                    self.partial = pending
+                    self.partial_until = time.monotonic() + common.LINE_WAIT
         if shell in events:
             while True:
                 _, msg = self.session.recv(shell, mode=zmq.NOBLOCK)
                 if msg is None:
                     break
                 if msg["parent_header"].get("msg_id") == self.msg_id:
+                    self._flush_partial(stream)
                     self._on_reply(msg["content"], stream)
+        done = False
         if self.idle_at is not None:
             # The reply normally precedes idle; don't wait long for it.
-            return self.replied or time.monotonic() - self.idle_at > 1.0
-        return False
+            done = self.replied or time.monotonic() - self.idle_at > 1.0
+        self._flush_partial(stream, done or not self.alive())
+        return done
+
+    def _flush_partial(self, stream, now=True):
+        """Emits a held line start once its wait is over (or now)."""
+        if self.partial is not None and (now or time.monotonic() >= self.partial_until):
+            stream.emit(self.partial)
+            self.partial = None
 
     def _on_iopub(self, msg, stream):
         t = msg["msg_type"]

@@ -159,6 +159,8 @@ class TestJava(unittest.TestCase):
         ex = self.run_java('int x = 41;\nSystem.out.println("h\u00e9llo");\nx + 1')
         self.assertIsNone(ex.error, ex.events)
         self.assertEqual(ex.stdout, "h\u00e9llo\n")
+        # println's text and line end are two entries, as in E2B's Java kernel
+        self.assertEqual([e["text"] for e in ex.events if e["type"] == "stdout"], ["h\u00e9llo", "\n"])
         self.assertEqual(ex.text, "42")
         self.assertEqual(self.run_java('"a\\tb" + x').text, "a\tb41")  # a String, unquoted
         self.assertIsNone(self.run_java('void hi() { System.out.println("hi"); }\nhi()').text)

@@ -473,6 +473,29 @@ class TestPython(unittest.TestCase):
         got = [(e["type"], e["text"]) for e in ex.events if e["type"] in ("stdout", "stderr")]
         self.assertEqual(got, [("stdout", "a\n"), ("stderr", "b\n"), ("stdout", "c\n")])
 
+    def test_a_line_is_sent_whole(self):
+        # IPython's `!pwd` sends "/home/user" and its newline as two stream
+        # messages; a client joining the log entries saw "/home/user,".
+        ex = execute("import sys, time\nsys.stdout.write('/home/user'); sys.stdout.flush()\n"
+                     "time.sleep(0.02)\nsys.stdout.write('\\n'); sys.stdout.flush()")
+        got = [e["text"] for e in ex.events if e["type"] == "stdout"]
+        self.assertEqual(got, ["/home/user\n"])
+
+    def test_an_unfinished_line_is_not_held_for_long(self):
+        # A line's start is sent on its own when its end does not follow
+        # (a prompt, a progress dot): the code goes on only once the test
+        # has received it.
+        flag = tempfile.mktemp(dir=_tmp)
+
+        def on_event(ev):
+            if ev["type"] == "stdout" and ev["text"] == "Continue? ":
+                touch(flag)
+
+        code = ("import sys\nsys.stdout.write('Continue? '); sys.stdout.flush()\n" + py_wait_for(flag) +
+                f"print('yes' if _os.path.exists({flag!r}) else 'no flag')")
+        ex = execute(code, on_event=on_event)
+        self.assertEqual([e["text"] for e in ex.events if e["type"] == "stdout"], ["Continue? ", "yes\n"])
+
     def test_output_is_streamed(self):
         # The code goes on only once the test has received "first": without
         # streaming it would wait in vain and print "no flag".
