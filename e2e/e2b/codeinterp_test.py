@@ -61,8 +61,9 @@ class CodeInterpreterSync(unittest.TestCase):
         self.assertEqual(self.sbx.run_code("import os; os.getcwd()").text, "/home/user")
         ex = self.sbx.run_code("echo $HOME; pwd", language="bash")
         self.assertEqual("".join(ex.logs.stdout), "/home/user\n/home/user\n")
-        # IPython's shell escape: one log entry, not "/home/user" and "\n"
-        self.assertEqual(self.sbx.run_code("!pwd").logs.stdout, ["/home/user\n"])
+        # IPython's shell escape (through a terminal: CRLF): one log entry,
+        # not "/home/user" and its line end
+        self.assertEqual(self.sbx.run_code("!pwd").logs.stdout, ["/home/user\r\n"])
 
     def test_r_java_typescript(self):
         ex = self.sbx.run_code('Sys.getenv("SANDBOX_WIDE")', language="r")
