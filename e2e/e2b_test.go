@@ -76,8 +76,19 @@ func (e *e2bEnv) run(t *testing.T, dir string, timeout time.Duration, name strin
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 	if err != nil {
-		t.Fatalf("%s: %v\nserver log:\n%s", name, err, tail(e.s.Logs()))
+		// The command's last lines again, after the server's: a report
+		// that keeps only the end of a failure still shows what failed.
+		t.Fatalf("%s: %v\nserver log:\n%s\nthe end of %s's output, again:\n%s", name, err, tail(e.s.Logs()), name, lastLines(out, 40))
 	}
+}
+
+// lastLines is the last n lines of out.
+func lastLines(out []byte, n int) string {
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // install runs an installer (npm, pip) with a generous deadline.
