@@ -58,23 +58,31 @@ func TestPythonSDK(t *testing.T) {
 	t.Logf("pytest took %s", time.Since(start).Round(time.Second))
 	e.run(t, dir, 5*time.Minute, py, "examples/quickstart.py")
 
-	// The tests delete what they create; only startE2B's own VM may be left.
+	// The tests delete what they create; only startE2B's own VM may be left
+	// (a deletion a test began as it ended gets a minute to finish).
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	vms, err := e.s.Client.ListVMs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var left []string
-	for _, v := range vms {
-		if v.Name != "not-a-sandbox" {
-			left = append(left, v.Name+" ("+string(v.State)+")")
+	for {
+		vms, err := e.s.Client.ListVMs(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
+		left = left[:0]
+		for _, v := range vms {
+			if v.Name != "not-a-sandbox" {
+				left = append(left, v.Name+" ("+string(v.State)+")")
+			}
+		}
+		if len(left) == 0 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Second)
 	}
 	if len(left) != 0 {
 		t.Errorf("VMs left after the Python tests: %s", strings.Join(left, ", "))
 	}
-	if snaps, err := e.s.Client.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
+	if snaps, err := e.s.Client.ListSnapshots(context.Background()); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots left after the Python tests: %v %d", err, len(snaps))
 	}
 }
