@@ -60,8 +60,8 @@ func TestPythonSDK(t *testing.T) {
 
 	// The tests delete what they create; only startE2B's own VM may be left
 	// (a deletion a test began as it ended gets a minute to finish).
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute)
 	var left []string
 	for {
 		vms, err := e.s.Client.ListVMs(ctx)
@@ -74,7 +74,7 @@ func TestPythonSDK(t *testing.T) {
 				left = append(left, v.Name+" ("+string(v.State)+")")
 			}
 		}
-		if len(left) == 0 || ctx.Err() != nil {
+		if len(left) == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Second)
@@ -82,7 +82,7 @@ func TestPythonSDK(t *testing.T) {
 	if len(left) != 0 {
 		t.Errorf("VMs left after the Python tests: %s", strings.Join(left, ", "))
 	}
-	if snaps, err := e.s.Client.ListSnapshots(context.Background()); err != nil || len(snaps) != 0 {
+	if snaps, err := e.s.Client.ListSnapshots(ctx); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots left after the Python tests: %v %d", err, len(snaps))
 	}
 }
