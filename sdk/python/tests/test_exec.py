@@ -176,12 +176,16 @@ def test_a_failing_stdin_source_ends_the_command_with_its_error(av, vm) -> None:
             async with agentvm.AsyncAgentVM(av.url, tok.token) as scoped:
 
                 async def revoke_soon() -> None:
-                    await asyncio.sleep(1)
+                    # once the command runs (revoked before the request
+                    # arrives, it would be refused, not lost)
+                    await asyncio.to_thread(
+                        until, "the command to run", lambda: "sleep 613" in vm.exec("ps -eo args").stdout
+                    )
                     await asyncio.to_thread(av.tokens.revoke, tok.id)
 
                 task = asyncio.create_task(revoke_soon())
                 with pytest.raises(agentvm.StreamLost):
-                    await scoped.vm(vm.id).run("echo up; exec sleep 600", stdin=b"")
+                    await scoped.vm(vm.id).run("echo up; exec sleep 613", stdin=b"")
                 await task
 
     asyncio.run(go())
