@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -148,18 +150,27 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 	t.Run("ctrl-c reaches the remote command", func(t *testing.T) {
-		cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), "exec", "valid", "--", "sh", "-c", `trap "echo interrupted; exit 7" INT; sleep 60 & wait`)
+		cmd := exec.Command(filepath.Join(s.Bin, "agentvm"), "exec", "valid", "--", "sh", "-c", `trap "echo interrupted; exit 7" INT; echo ready; sleep 60 & wait`)
 		cmd.Env = append(os.Environ(), "AGENTVM_URL="+s.URL, "AGENTVM_DATA_DIR="+s.DataDir, "AGENTVM_TOKEN=")
-		var out bytes.Buffer
-		cmd.Stdout = &out
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Second)
+		// Ctrl-C once the remote shell has its trap (it says so)
+		br := bufio.NewReader(stdout)
+		if line, err := br.ReadString('\n'); err != nil || line != "ready\n" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("before Ctrl-C: %q %v", line, err)
+		}
 		cmd.Process.Signal(os.Interrupt)
-		err := cmd.Wait()
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 || !strings.Contains(out.String(), "interrupted") {
-			t.Fatalf("exec after Ctrl-C: %v %q", err, out.String())
+		rest, _ := io.ReadAll(br)
+		err = cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 || !strings.Contains(string(rest), "interrupted") {
+			t.Fatalf("exec after Ctrl-C: %v %q", err, rest)
 		}
 	})
 	t.Run("duplicate name", func(t *testing.T) {

@@ -42,13 +42,18 @@ def test_buffered_timeout_signals_missing_command_bad_requests(vm) -> None:
 
 
 def test_events_arrive_as_they_are_produced(vm) -> None:
+    # The command goes on only once the test has received "one" (and made
+    # the file it waits for): without streaming it would wait in vain.
+    vm.exec("rm -f /tmp/py-stream-go")
     seen = []
-    t0 = time.monotonic()
-    for ev in vm.exec_stream("echo one; sleep 1.5; echo two >&2; exit 4"):
-        seen.append((ev, time.monotonic() - t0))
-    assert [e.type for e, _ in seen] == ["stdout", "stderr", "exit"]
-    assert seen[0][0].data == "one\n" and seen[1][0].data == "two\n" and seen[2][0].exit_code == 4
-    assert seen[1][1] - seen[0][1] >= 1.0, seen
+    cmd = "echo one; i=0; until [ -e /tmp/py-stream-go ] || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done; " \
+        "[ -e /tmp/py-stream-go ] && echo two >&2; exit 4"
+    for ev in vm.exec_stream(cmd):
+        seen.append(ev)
+        if ev.type == "stdout":
+            vm.exec("touch /tmp/py-stream-go")
+    assert [e.type for e in seen] == ["stdout", "stderr", "exit"], seen
+    assert seen[0].data == "one\n" and seen[1].data == "two\n" and seen[2].exit_code == 4
     binary = list(vm.exec_stream(["printf", "\\377\\000\\376"]))
     assert binary[0].type == "stdout_base64"
     assert [e.data for e in vm.exec_stream(["cat"], stdin="piped") if e.type == "stdout"] == ["piped"]

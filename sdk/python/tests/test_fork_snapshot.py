@@ -18,7 +18,7 @@ EXTRA: list[agentvm.VM] = []
 def vm(av):
     v = create_vm(av, uniq("pyfork"))
     v.exec("echo on-disk > /root/marker; echo in-memory > /dev/shm/marker")
-    v.exec("nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.2; done' >/dev/null 2>&1 &")
+    v.exec("nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /dev/shm/count.new; mv /dev/shm/count.new /dev/shm/count; sleep 0.2; done' >/dev/null 2>&1 &")
     until("the counter to run", lambda: counter(v) > 0)
     yield v
     cleanup(v, *EXTRA)

@@ -53,7 +53,9 @@ def test_the_e2b_client_of_openai_agents_runs_on_agentvm() -> None:
         outs = tool_outputs(r1)
         assert "from the manifest\n/home/user/workspace" in outs[0], outs[0]
         assert "a.txt" in outs[1], outs[1]
-        assert "patched" in outs[2] and "session ID" in outs[2], outs[2]
+        # a command that outlives its yield leaves a session (what it printed
+        # by then depends on the machine's speed: r2 reads the patched file)
+        assert "session ID" in outs[2], outs[2]
         m2 = Scripted([[shell("cat state.txt a.txt", "c1")], [say("done")]])
         r2 = await Runner.run(agent(m2), "again", run_config=RunConfig(tracing_disabled=True, sandbox=SandboxRunConfig(client=client, session_state=client.deserialize_session_state(saved))))
         assert "kept\npatched" in tool_outputs(r2)[0], tool_outputs(r2)

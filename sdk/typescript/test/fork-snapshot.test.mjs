@@ -13,7 +13,7 @@ before(async () => {
   vm = await createVM({ name: uniq('tsfork') })
   // State on disk, in memory (tmpfs) and a running process.
   await vm.exec('echo on-disk > /root/marker; echo in-memory > /dev/shm/marker')
-  await vm.exec("nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.2; done' >/dev/null 2>&1 &")
+  await vm.exec("nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /dev/shm/count.new; mv /dev/shm/count.new /dev/shm/count; sleep 0.2; done' >/dev/null 2>&1 &")
   await until('the counter to run', async () => Number((await vm.exec('cat /dev/shm/count 2>/dev/null || echo 0')).stdout) > 0)
 })
 after(async () => {
