@@ -107,10 +107,19 @@ func TestFilesAPI(t *testing.T) {
 		if _, err := c.WriteFile(bctx, v.ID, "/root/keep.txt", pr, 10<<20, client.WriteOptions{}); err == nil {
 			t.Fatal("a broken upload succeeded")
 		}
-		time.Sleep(time.Second)
-		r := s.Exec(ctx, v.ID, "cat /root/keep.txt; ls -a /root | grep -c agentvm || true")
-		if r.Stdout != "old\n0\n" {
+		// the old file is intact at once; the partial upload's temp file is
+		// removed once the guest hears the client went away
+		if r := s.Exec(ctx, v.ID, "cat /root/keep.txt"); r.Stdout != "old\n" {
 			t.Fatalf("after a broken upload: %q", r.Stdout)
+		}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			r := s.Exec(ctx, v.ID, "ls -a /root | grep -c agentvm || true")
+			if r.Stdout == "0\n" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the partial upload's file stays: %q", s.Exec(ctx, v.ID, "ls -a /root").Stdout)
+			}
 		}
 	})
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -51,10 +52,10 @@ func TestServicesProcessesJobs(t *testing.T) {
 		t.Fatalf("service create: %d %q %q", code, out, errOut)
 	}
 	waitService(t, s, v.ID, "ticker", "active/running")
-	time.Sleep(2500 * time.Millisecond)
-	if l := serviceLogs(t, s, v.ID, "ticker"); strings.Count(l, "tick-") < 2 {
-		t.Fatalf("journal: %q", l)
-	}
+	waitLogs(t, "two ticks in the journal", func() (bool, string) {
+		l := serviceLogs(t, s, v.ID, "ticker")
+		return strings.Count(l, "tick-") >= 2, l
+	})
 
 	t.Run("crash restarts it", func(t *testing.T) {
 		si, _ := s.Client.GetService(ctx, v.ID, "ticker")
@@ -208,13 +209,13 @@ func TestServicesProcessesJobs(t *testing.T) {
 		}
 		before := time.Now().Unix()
 		waitService(t, s, v.ID, "ticker", "active/running") // the request wakes the VM
-		time.Sleep(2500 * time.Millisecond)
 		// Some tick is stamped after the suspend: the service runs on. (Not
 		// a given second: the guest's clock is set at the wake, which may
 		// take seconds on a busy host, and it skips the seconds between.)
-		if l := serviceLogs(t, s, v.ID, "ticker"); lastTick(l) <= before {
-			t.Fatalf("no ticks after the wake (from %d): %q", before, lastN(l, 400))
-		}
+		waitLogs(t, fmt.Sprintf("a tick after the wake (from %d)", before), func() (bool, string) {
+			l := serviceLogs(t, s, v.ID, "ticker")
+			return lastTick(l) > before, lastN(l, 400)
+		})
 		if _, err := s.Client.StopVM(ctx, v.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -274,6 +275,21 @@ func ticksAfter(log string, since int64) int {
 
 // lastTick is the largest N of the "tick-N" lines in a service's log (0
 // when there are none).
+// waitLogs polls ok for up to two minutes; it fails the test with what
+// ok last saw.
+func waitLogs(t *testing.T, what string, ok func() (bool, string)) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		done, seen := ok()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited in vain for %s: %q", what, seen)
+		}
+	}
+}
+
 func lastTick(log string) int64 {
 	var last int64
 	for _, f := range strings.Fields(log) {

@@ -139,7 +139,11 @@ test('files: watch', async () => {
   const events = []
   const handle = await sbx.files.watchDir('/home/user/w', (e) => events.push(e), { recursive: true })
   await sbx.files.write('/home/user/w/a.txt', 'x')
-  await sbx.commands.run('mkdir -p /home/user/w/d && sleep 0.5 && echo y > /home/user/w/d/b.txt && rm /home/user/w/a.txt')
+  // d/b.txt once the new directory is watched (its CREATE seen): a file
+  // made before the watch is added is not reported
+  await sbx.commands.run('mkdir -p /home/user/w/d')
+  await waitFor('the new directory', () => events.some((e) => e.name === 'd' && e.type === FilesystemEventType.CREATE), 60_000)
+  await sbx.commands.run('echo y > /home/user/w/d/b.txt && rm /home/user/w/a.txt')
   await waitFor('watch events', () =>
     events.some((e) => e.name === 'a.txt' && e.type === FilesystemEventType.WRITE) &&
     events.some((e) => e.name === 'd/b.txt' && e.type === FilesystemEventType.CREATE) &&

@@ -12,6 +12,7 @@ import (
 	"log"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -42,15 +43,46 @@ func main() {
 		}
 		fmt.Fprintf(w, "%d %s\n", n, hex.EncodeToString(h.Sum(nil)))
 	})
+	// /events?id=X sends its first event, then the rest once /events/go?id=X
+	// was asked (a client that gets the first event before it asks shows
+	// that the stream was not held back), or "timeout" after two minutes.
+	var mu sync.Mutex
+	release := map[string]chan struct{}{}
+	gate := func(id string) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		if release[id] == nil {
+			release[id] = make(chan struct{})
+		}
+		return release[id]
+	}
 	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
 		fl := w.(http.Flusher)
-		for i := 1; i <= 5; i++ {
+		fmt.Fprint(w, "data: event-1\n\n")
+		fl.Flush()
+		select {
+		case <-gate(r.URL.Query().Get("id")):
+		case <-time.After(2 * time.Minute):
+			fmt.Fprint(w, "data: timeout\n\n")
+			return
+		}
+		for i := 2; i <= 5; i++ {
 			fmt.Fprintf(w, "data: event-%d\n\n", i)
 			fl.Flush()
-			time.Sleep(400 * time.Millisecond)
 		}
+	})
+	mux.HandleFunc("/events/go", func(w http.ResponseWriter, r *http.Request) {
+		ch := gate(r.URL.Query().Get("id"))
+		mu.Lock()
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
+		mu.Unlock()
+		fmt.Fprintln(w, "released")
 	})
 	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
