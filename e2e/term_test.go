@@ -95,7 +95,7 @@ func TestTerminals(t *testing.T) {
 
 	t.Run("output while detached is kept for the next client", func(t *testing.T) {
 		a.t = t
-		a.send("for i in 1 2 3 4 5; do echo tick-$i; sleep 0.5; done; echo loop-done\n")
+		a.send("for i in 1 2 3 4 5; do echo tick-$i; sleep 0.5; done; echo loop-$((2*3))-done\n")
 		a.close() // every client gone: the loop keeps running
 		// (the guest drops the client once the close reaches it)
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
@@ -108,7 +108,7 @@ func TestTerminals(t *testing.T) {
 			}
 		}
 		a = attach(t, c, v.ID, "work", client.AttachOptions{})
-		out := a.waitFor("loop-done", 30*time.Second)
+		out := a.waitFor("loop-6-done", time.Minute) // (not the echo of the typed line)
 		if !strings.Contains(out, "marker-42") || !strings.Contains(out, "tick-5") {
 			t.Fatalf("scrollback lost earlier output:\n%s", out)
 		}
