@@ -159,6 +159,8 @@ func TestBadInput(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		stuck := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() }) // a stalled CLI fails, not hangs
+		defer stuck.Stop()
 		// Ctrl-C once the remote shell has its trap (it says so)
 		br := bufio.NewReader(stdout)
 		if line, err := br.ReadString('\n'); err != nil || line != "ready\n" {

@@ -134,10 +134,10 @@ func TestCodeInterpreter(t *testing.T) {
 		if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" || !strings.Contains(ex.Error.Traceback, "return 1 / 0") {
 			t.Fatalf("exception: %+v", ex.Error)
 		}
-		start := time.Now()
 		// survivor is set by an earlier run: the interrupted one may not have
 		// reached its first line within its timeout on a loaded machine
 		wantText(t, c, ctx, "ci", api.RunCodeRequest{Code: "survivor = 7; survivor"}, "7")
+		start := time.Now()
 		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Code: "import time\nsurvivor = 8\ntime.sleep(3600)", Timeout: api.Duration(5 * time.Second)})
 		if ex.Error == nil || ex.Error.Name != "TimeoutError" {
 			t.Fatalf("a run past its timeout did not end in a TimeoutError: %+v", ex.Error)

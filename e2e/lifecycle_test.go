@@ -77,6 +77,9 @@ func TestDaemonKill9Reattach(t *testing.T) {
 	c1 := s.Exec(ctx, "survivor", "kill -0 "+pid+" && cat /tmp/counter").Stdout
 	var n1, n2 int
 	fmtSscan(c1, &n1)
+	if n1 <= n0 {
+		t.Fatalf("background counter not alive across the daemon restart: %d before the kill, %d after", n0, n1)
+	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		fmtSscan(s.Exec(ctx, "survivor", "cat /tmp/counter").Stdout, &n2)
 		if n1 > n0 && n2 > n1 || time.Now().After(deadline) {

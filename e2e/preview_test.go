@@ -176,6 +176,7 @@ func TestPreviewURLs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer sresp.Body.Close()
 		first := make(chan string, 1)
 		all := make(chan string, 1)
 		go func() {
@@ -203,8 +204,12 @@ func TestPreviewURLs(t *testing.T) {
 		if resp, body := p.do("GET", host, "/events/go?id=sse1", nil, nil); resp.StatusCode != 200 {
 			t.Fatalf("release: %d %q", resp.StatusCode, body)
 		}
-		got := <-all
-		sresp.Body.Close()
+		var got string
+		select {
+		case got = <-all:
+		case <-time.After(3 * time.Minute):
+			t.Fatal("the SSE stream did not end")
+		}
 		if strings.Count(got, "data: event-") != 5 || strings.Contains(got, "timeout") {
 			t.Fatalf("SSE: %q", got)
 		}

@@ -273,8 +273,6 @@ func ticksAfter(log string, since int64) int {
 	return n
 }
 
-// lastTick is the largest N of the "tick-N" lines in a service's log (0
-// when there are none).
 // waitLogs polls ok for up to two minutes; it fails the test with what
 // ok last saw.
 func waitLogs(t *testing.T, what string, ok func() (bool, string)) {
@@ -290,6 +288,8 @@ func waitLogs(t *testing.T, what string, ok func() (bool, string)) {
 	}
 }
 
+// lastTick is the largest N of the "tick-N" lines in a service's log (0
+// when there are none).
 func lastTick(log string) int64 {
 	var last int64
 	for _, f := range strings.Fields(log) {

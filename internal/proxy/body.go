@@ -21,27 +21,9 @@ func BoundBody(r *http.Request) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength <= 0 {
 		return
 	}
-	r.Body = &boundBody{rc: r.Body, left: r.ContentLength}
+	// A LimitReader at its limit answers EOF without reading what it wraps.
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(r.Body, r.ContentLength), r.Body}
 }
-
-type boundBody struct {
-	rc   io.ReadCloser
-	left int64
-}
-
-func (b *boundBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.rc.Read(p)
-	b.left -= int64(n)
-	if b.left <= 0 && err == nil {
-		err = io.EOF
-	}
-	return n, err
-}
-
-func (b *boundBody) Close() error { return b.rc.Close() }
