@@ -23,7 +23,7 @@ IDLE_CONN_TIMEOUT = 600.0    # keep-alive connections idle for this long close
 START_TIMEOUT = 180.0        # seconds for a kernel to become ready (slow under emulation)
 MAX_TEXT_EVENT = 1 << 20     # longer stdout/stderr texts are split into several events
 MERGE_TEXT_LIMIT = 256 << 10  # adjacent Python stream messages are merged up to this
-LINE_WAIT = 0.2  # s a stream's unfinished line waits for its end before it is sent
+LINE_WAIT = 0.5  # s a stream's unfinished line waits (from its first byte) for its end
 
 LANG_ALIASES = {
     "": "python", "python": "python", "python3": "python", "py": "python",

@@ -290,6 +290,7 @@ class Context:
             self._execute_locked(code, env, stream)
         except Exception as e:  # noqa: BLE001 - never let a request kill the server
             log.exception("execution failed in context %s", self.id)
+            self._flush_partial(stream)
             stream.emit(error_event("InternalError", f"{e.__class__.__name__}: {e}"))
         finally:
             self.active_stream = None

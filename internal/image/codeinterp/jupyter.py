@@ -28,7 +28,9 @@ class JupyterContext(Context):
         self.sockets = None
         self.files = []
         self.msg_id = None
-        self.partial = None  # a stream's unfinished line, held (_pump)
+        self.partial = None  # a stream's unfinished line, held (_hold_tail)
+        self.partial_was = None
+        self.partial_until = 0.0
 
     # -- to implement ---------------------------------------------------------
     def _kernel_command(self, conn_file):
@@ -165,6 +167,7 @@ class JupyterContext(Context):
 
     # -- execution ----------------------------------------------------------------
     def _begin(self, code, env, stream):
+        self.partial = self.partial_was = None
         if env:
             why = self._setup(self._set_env_code(env), "setting the run's env")
             if why:
@@ -176,7 +179,6 @@ class JupyterContext(Context):
         self.msg_id = msg["header"]["msg_id"]
         self.idle_at = None
         self.replied = False
-        self.partial = None
 
     def _finish(self, env, stream):
         if env and self.alive():
@@ -196,6 +198,7 @@ class JupyterContext(Context):
             # sends "/home/user" and its newline apart: two log entries
             # under load).
             pending, self.partial = self.partial, None
+            self.partial_was = pending  # the held line, continued or not
             while True:
                 _, msg = self.session.recv(iopub, mode=zmq.NOBLOCK)
                 if msg is None:
@@ -220,11 +223,7 @@ class JupyterContext(Context):
                     pending = None
                 self._on_iopub(msg, stream)
             if pending is not None and pending["text"]:
-                if pending["text"].endswith("\n") or len(pending["text"]) >= common.MERGE_TEXT_LIMIT:
-                    stream.emit(pending)
-                else:
-                    self.partial = pending
-                    self.partial_until = time.monotonic() + common.LINE_WAIT
+                self._hold_tail(pending, stream)
         if shell in events:
             while True:
                 _, msg = self.session.recv(shell, mode=zmq.NOBLOCK)
@@ -239,6 +238,24 @@ class JupyterContext(Context):
             done = self.replied or time.monotonic() - self.idle_at > 1.0
         self._flush_partial(stream, done or not self.alive())
         return done
+
+    def _hold_tail(self, pending, stream):
+        """Sends pending up to its last line end and holds the rest, an
+        unfinished line, for its end: at most LINE_WAIT from when the line
+        was first held (output that never ends a line, progress dots, still
+        goes out every LINE_WAIT)."""
+        text = pending["text"]
+        cut = text.rfind("\n") + 1
+        if cut == len(text) or len(text) >= common.MERGE_TEXT_LIMIT:
+            stream.emit(pending)
+            return
+        held_since = self.partial_until if pending is self.partial_was else None
+        if cut > 0:
+            stream.emit(dict(pending, text=text[:cut]))
+            pending = dict(pending, text=text[cut:])
+            held_since = None  # a new line starts here
+        self.partial, self.partial_was = pending, pending
+        self.partial_until = held_since or time.monotonic() + common.LINE_WAIT
 
     def _flush_partial(self, stream, now=True):
         """Emits a held line start once its wait is over (or now)."""

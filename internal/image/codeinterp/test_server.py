@@ -496,6 +496,26 @@ class TestPython(unittest.TestCase):
         ex = execute(code, on_event=on_event)
         self.assertEqual([e["text"] for e in ex.events if e["type"] == "stdout"], ["Continue? ", "yes\n"])
 
+    def test_output_without_line_ends_is_not_held_back(self):
+        # Progress dots never end a line: they still go out while the code
+        # runs (it goes on only once the test has received some).
+        flag = tempfile.mktemp(dir=_tmp)
+
+        def on_event(ev):
+            if ev["type"] == "stdout" and "." in ev["text"]:
+                touch(flag)
+
+        code = ("import os as _os, sys, time\n_d = time.monotonic() + 60\n"
+                f"while not _os.path.exists({flag!r}) and time.monotonic() < _d:\n"
+                "    sys.stdout.write('.'); sys.stdout.flush(); time.sleep(0.05)\n"
+                f"print('yes' if _os.path.exists({flag!r}) else 'no flag')")
+        ex = execute(code, on_event=on_event)
+        self.assertTrue(ex.stdout.endswith(".yes\n"), ex.stdout[-200:])
+        # whole lines before an unfinished one are not held with it
+        ex = execute("import sys\nsys.stdout.write('a\\nb'); sys.stdout.flush()\n" + py_wait_for(flag + "-2", 1) +
+                     "print()")
+        self.assertEqual([e["text"] for e in ex.events if e["type"] == "stdout"][0], "a\n")
+
     def test_output_is_streamed(self):
         # The code goes on only once the test has received "first": without
         # streaming it would wait in vain and print "no flag".
