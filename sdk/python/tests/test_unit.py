@@ -305,6 +305,18 @@ def test_terminal_close_returns_while_a_writer_is_stuck() -> None:
     peer.close()
 
 
+def test_terminal_read_after_close_is_none_with_output_buffered() -> None:
+    import wsproto.events as wse
+
+    term, peer, server = _terminal_pair()
+    # two frames in one read: the second waits in the buffer
+    peer.sendall(server.send(wse.BytesMessage(data=b"one")) + server.send(wse.BytesMessage(data=b"two")))
+    assert term.read(timeout=5) == b"one"
+    term.close()
+    assert term.read() is None  # not the buffered b"two"
+    peer.close()
+
+
 def _write_forever(term) -> None:
     try:
         while True:

@@ -95,8 +95,11 @@ class Terminal:
 
     def read(self, timeout: float | None = None) -> bytes | None:
         """The next chunk of output; None once it ended (or was closed, from
-        any thread). With a timeout (0 polls), raises TimeoutError when
+        any thread: output still buffered is dropped with it). With a
+        timeout (0 polls), raises TimeoutError when
         nothing came in that time; a broken connection is StreamLost."""
+        if self._closed:
+            return None  # what was still buffered went with the close
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._st.out:
             if self._st.ended(self._closed):
@@ -181,9 +184,12 @@ class AsyncTerminal:
 
     async def read(self, timeout: float | None = None) -> bytes | None:
         """The next chunk of output; None once it ended (or was closed, from
-        any task). With a timeout, raises TimeoutError when nothing came in
+        any task: output still buffered is dropped with it). With a timeout,
+        raises TimeoutError when nothing came in
         that time; a broken connection is StreamLost. Readers take turns."""
         async with self._rlock:
+            if self._closed:
+                return None  # what was still buffered went with the close
             with anyio.fail_after(timeout):
                 while not self._st.out:
                     if self._st.ended(self._closed):
