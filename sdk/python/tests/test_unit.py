@@ -305,6 +305,29 @@ def test_terminal_close_returns_while_a_writer_is_stuck() -> None:
     peer.close()
 
 
+def test_terminal_reads_what_came_with_the_upgrade() -> None:
+    # The scrollback can arrive in the same segment as the 101 answer:
+    # httpcore's upgraded stream then holds it, and the socket has nothing
+    # more to read (a poll on it waited for ever).
+    import socket
+
+    import wsproto.events as wse
+    from httpcore._backends.sync import SyncStream
+    from httpcore._sync.http11 import HTTP11UpgradeStream
+    from wsproto.connection import Connection, ConnectionType
+
+    from agentvm.terminals import Terminal
+
+    a, b = socket.socketpair()
+    server = Connection(ConnectionType.SERVER)
+    resp = _Resp(a)
+    resp.extensions["network_stream"] = HTTP11UpgradeStream(SyncStream(a), server.send(wse.BytesMessage(data=b"scrollback")))
+    term = Terminal(resp)
+    assert term.read(timeout=5) == b"scrollback"
+    term.close()
+    b.close()
+
+
 def test_terminal_read_after_close_is_none_with_output_buffered() -> None:
     import wsproto.events as wse
 

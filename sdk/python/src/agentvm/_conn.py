@@ -29,6 +29,12 @@ def wait_readable(ns: Any, timeout: float | None) -> bool:
     """Waits until a sync network stream has bytes to read (or EOF), at most
     timeout seconds (None: no limit; 0: a poll), without touching the
     socket's own timeout, which a writer in another thread sets too."""
+    if getattr(ns, "_leading_data", b""):
+        # Bytes that came with the upgrade's answer (the terminal's
+        # scrollback, often in the same segment as the 101): httpcore's
+        # upgraded stream holds them and returns them first, so the socket
+        # has nothing to poll for; waiting on it lost them until more came.
+        return True
     sock = ns.get_extra_info("socket")
     ssl_obj = ns.get_extra_info("ssl_object")
     if sock is None or (ssl_obj is not None and ssl_obj.pending()):
