@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"math/rand"
 	"os"
@@ -112,15 +113,10 @@ func TestFilesAPI(t *testing.T) {
 		if r := s.Exec(ctx, v.ID, "cat /root/keep.txt"); r.Stdout != "old\n" {
 			t.Fatalf("after a broken upload: %q", r.Stdout)
 		}
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-			r := s.Exec(ctx, v.ID, "ls -a /root | grep -c agentvm || true")
-			if r.Stdout == "0\n" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the partial upload's file stays: %q", s.Exec(ctx, v.ID, "ls -a /root").Stdout)
-			}
-		}
+		waitUntil(t, "the partial upload's file to go", time.Minute, func() (bool, string) {
+			ls := s.Exec(ctx, v.ID, "ls -a /root").Stdout
+			return !strings.Contains(ls, "agentvm"), fmt.Sprintf("%q", ls)
+		})
 	})
 
 	t.Run("stat list mkdir rename remove", func(t *testing.T) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -80,15 +81,10 @@ func TestDaemonKill9Reattach(t *testing.T) {
 	if n1 <= n0 {
 		t.Fatalf("background counter not alive across the daemon restart: %d before the kill, %d after", n0, n1)
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+	waitUntil(t, "the background counter to run on after the daemon restart", time.Minute, func() (bool, string) {
 		fmtSscan(s.Exec(ctx, "survivor", "cat /tmp/counter").Stdout, &n2)
-		if n1 > n0 && n2 > n1 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if n1 <= n0 || n2 <= n1 {
-		t.Fatalf("background counter not alive across the daemon restart: %d before the kill, then %d and (up to a minute later) %d", n0, n1, n2)
-	}
+		return n2 > n1, fmt.Sprintf("%d before the kill, then %d and %d", n0, n1, n2)
+	})
 	// the network came back with the daemon
 	if r := s.Exec(ctx, "survivor", "getent hosts deb.debian.org"); r.ExitCode != 0 {
 		t.Fatalf("DNS after reattach: %+v", r)

@@ -52,9 +52,9 @@ func TestServicesProcessesJobs(t *testing.T) {
 		t.Fatalf("service create: %d %q %q", code, out, errOut)
 	}
 	waitService(t, s, v.ID, "ticker", "active/running")
-	waitLogs(t, "two ticks in the journal", func() (bool, string) {
+	waitUntil(t, "two ticks in the journal", 2*time.Minute, func() (bool, string) {
 		l := serviceLogs(t, s, v.ID, "ticker")
-		return strings.Count(l, "tick-") >= 2, l
+		return strings.Count(l, "tick-") >= 2, fmt.Sprintf("%q", l)
 	})
 
 	t.Run("crash restarts it", func(t *testing.T) {
@@ -212,9 +212,9 @@ func TestServicesProcessesJobs(t *testing.T) {
 		// Some tick is stamped after the suspend: the service runs on. (Not
 		// a given second: the guest's clock is set at the wake, which may
 		// take seconds on a busy host, and it skips the seconds between.)
-		waitLogs(t, fmt.Sprintf("a tick after the wake (from %d)", before), func() (bool, string) {
+		waitUntil(t, fmt.Sprintf("a tick after the wake (from %d)", before), 2*time.Minute, func() (bool, string) {
 			l := serviceLogs(t, s, v.ID, "ticker")
-			return lastTick(l) > before, lastN(l, 400)
+			return lastTick(l) > before, fmt.Sprintf("%q", lastN(l, 400))
 		})
 		if _, err := s.Client.StopVM(ctx, v.ID); err != nil {
 			t.Fatal(err)
@@ -271,21 +271,6 @@ func ticksAfter(log string, since int64) int {
 		}
 	}
 	return n
-}
-
-// waitLogs polls ok for up to two minutes; it fails the test with what
-// ok last saw.
-func waitLogs(t *testing.T, what string, ok func() (bool, string)) {
-	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		done, seen := ok()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited in vain for %s: %q", what, seen)
-		}
-	}
 }
 
 // lastTick is the largest N of the "tick-N" lines in a service's log (0

@@ -46,14 +46,10 @@ func verifyState(t *testing.T, s *testenv.Server, ctx context.Context, vm string
 		t.Fatalf("%s: counter went back: was >= %d, now %d", vm, min, c1)
 	}
 	var c2 int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if c2 = counter(t, s, ctx, vm); c2 > c1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: counter not running on: %d, a minute later %d", vm, c1, c2)
-		}
-	}
+	waitUntil(t, vm+"'s counter to run on", time.Minute, func() (bool, string) {
+		c2 = counter(t, s, ctx, vm)
+		return c2 > c1, fmt.Sprintf("%d, then %d", c1, c2)
+	})
 	var body string
 	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(body, "200 OK") && time.Now().Before(deadline); {
 		if conn, err := s.Client.DialTCP(ctx, vm, 8000); err == nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -98,15 +99,11 @@ func TestTerminals(t *testing.T) {
 		a.send("for i in 1 2 3 4 5; do echo tick-$i; sleep 0.5; done; echo loop-$((2*3))-done\n")
 		a.close() // every client gone: the loop keeps running
 		// (the guest drops the client once the close reaches it)
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		waitUntil(t, "the detach to be seen", time.Minute, func() (bool, string) {
 			ts, err := c.ListTerminals(ctx, v.ID)
-			if err == nil && len(ts) == 1 && ts[0].Name == "work" && ts[0].Clients == 0 && !ts[0].Exited {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("list: %v %+v", err, ts)
-			}
-		}
+			ok := err == nil && len(ts) == 1 && ts[0].Name == "work" && ts[0].Clients == 0 && !ts[0].Exited
+			return ok, fmt.Sprintf("list: %v %+v", err, ts)
+		})
 		a = attach(t, c, v.ID, "work", client.AttachOptions{})
 		out := a.waitFor("loop-6-done", time.Minute) // (not the echo of the typed line)
 		if !strings.Contains(out, "marker-42") || !strings.Contains(out, "tick-5") {
@@ -137,11 +134,9 @@ func TestTerminals(t *testing.T) {
 		a.send("sleep 300\n")
 		// signalled once it runs (before, the interrupt would reach the
 		// idle shell and the sleep would start after it)
-		for deadline := time.Now().Add(time.Minute); strings.TrimSpace(s.Exec(ctx, v.ID, "pgrep -fx 'sleep 300' || true").Stdout) == ""; time.Sleep(200 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the sleep never started")
-			}
-		}
+		waitUntil(t, "the sleep to start", time.Minute, func() (bool, string) {
+			return strings.TrimSpace(s.Exec(ctx, v.ID, "pgrep -fx 'sleep 300' || true").Stdout) != "", "no sleep 300"
+		})
 		if err := c.SignalTerminal(ctx, v.ID, "work", "INT"); err != nil {
 			t.Fatal(err)
 		}
