@@ -29,7 +29,6 @@ class JupyterContext(Context):
         self.files = []
         self.msg_id = None
         self.partial = None  # a stream's unfinished line, held (_hold_tail)
-        self.partial_was = None
         self.partial_until = 0.0
 
     # -- to implement ---------------------------------------------------------
@@ -167,7 +166,7 @@ class JupyterContext(Context):
 
     # -- execution ----------------------------------------------------------------
     def _begin(self, code, env, stream):
-        self.partial = self.partial_was = None
+        self.partial = None
         if env:
             why = self._setup(self._set_env_code(env), "setting the run's env")
             if why:
@@ -197,8 +196,8 @@ class JupyterContext(Context):
             # a line's start waits a moment for its end (IPython's `!pwd`
             # sends "/home/user" and its newline apart: two log entries
             # under load).
-            pending, self.partial = self.partial, None
-            self.partial_was = pending  # the held line, continued or not
+            held = pending = self.partial
+            self.partial = None
             while True:
                 _, msg = self.session.recv(iopub, mode=zmq.NOBLOCK)
                 if msg is None:
@@ -223,7 +222,7 @@ class JupyterContext(Context):
                     pending = None
                 self._on_iopub(msg, stream)
             if pending is not None and pending["text"]:
-                self._hold_tail(pending, stream)
+                self._hold_tail(pending, pending is held, stream)
         if shell in events:
             while True:
                 _, msg = self.session.recv(shell, mode=zmq.NOBLOCK)
@@ -239,22 +238,23 @@ class JupyterContext(Context):
         self._flush_partial(stream, done or not self.alive())
         return done
 
-    def _hold_tail(self, pending, stream):
+    def _hold_tail(self, pending, continued, stream):
         """Sends pending up to its last line end and holds the rest, an
         unfinished line, for its end: at most LINE_WAIT from when the line
         was first held (output that never ends a line, progress dots, still
-        goes out every LINE_WAIT)."""
+        goes out every LINE_WAIT); continued: pending is the line held
+        before, with what came since."""
         text = pending["text"]
         cut = text.rfind("\n") + 1
         if cut == len(text) or len(text) >= common.MERGE_TEXT_LIMIT:
             stream.emit(pending)
             return
-        held_since = self.partial_until if pending is self.partial_was else None
+        held_since = self.partial_until if continued else None
         if cut > 0:
             stream.emit(dict(pending, text=text[:cut]))
             pending = dict(pending, text=text[cut:])
             held_since = None  # a new line starts here
-        self.partial, self.partial_was = pending, pending
+        self.partial = pending
         self.partial_until = held_since or time.monotonic() + common.LINE_WAIT
 
     def _flush_partial(self, stream, now=True):
