@@ -76,19 +76,10 @@ func (e *e2bEnv) run(t *testing.T, dir string, timeout time.Duration, name strin
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 	if err != nil {
-		// The command's last lines again, after the server's: a report
+		// The end of the command's output again, after the server's: a report
 		// that keeps only the end of a failure still shows what failed.
-		t.Fatalf("%s: %v\nserver log:\n%s\nthe end of %s's output, again:\n%s", name, err, tail(e.s.Logs()), name, lastLines(out, 40))
+		t.Fatalf("%s: %v\nserver log:\n%s\nthe end of %s's output, again:\n%s", name, err, tail(e.s.Logs()), name, testenv.Tail(string(out), 6000))
 	}
-}
-
-// lastLines is the last n lines of out.
-func lastLines(out []byte, n int) string {
-	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // install runs an installer (npm, pip) with a generous deadline.

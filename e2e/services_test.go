@@ -214,7 +214,7 @@ func TestServicesProcessesJobs(t *testing.T) {
 		// take seconds on a busy host, and it skips the seconds between.)
 		waitUntil(t, fmt.Sprintf("a tick after the wake (from %d)", before), 2*time.Minute, func() (bool, string) {
 			l := serviceLogs(t, s, v.ID, "ticker")
-			return lastTick(l) > before, fmt.Sprintf("%q", lastN(l, 400))
+			return lastTick(l) > before, fmt.Sprintf("%q", testenv.Tail(l, 400))
 		})
 		if _, err := s.Client.StopVM(ctx, v.ID); err != nil {
 			t.Fatal(err)
@@ -251,13 +251,6 @@ func TestServicesProcessesJobs(t *testing.T) {
 			t.Fatalf("event log lacks %q:\n%s", want, log)
 		}
 	}
-}
-
-func lastN(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // ticksAfter counts "tick-UNIXTIME" lines in a log with a time after since.
