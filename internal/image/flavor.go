@@ -49,11 +49,14 @@ After=agentvm-guest.service
 [Service]
 # The server runs as root so that a context may ask to run as root (E2B's
 # kernels do); every other context runs as user, as before, and only root
-# (the guest agent) and user may connect.
+# (the guest agent) and user may connect.  --warm r: the default R context
+# starts with it and is in the template (an idle R kernel sleeps in poll:
+# guest memory, no CPU); Java is not (an idle JVM wakes ~5 times a second),
+# nor TypeScript.
 User=root
 WorkingDirectory=/home/user
 Environment=HOME=/home/user PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --user user --env-file /etc/agentvm/env
+ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --user user --env-file /etc/agentvm/env --warm r
 Restart=always
 RestartSec=200ms
 

@@ -382,10 +382,24 @@ class Context:
         # the machine changes (read before starting, so that a snapshot taken
         # while it starts counts as a change).
         self.seen_machine_id = None if self.reseed_on_first_execution else self.server.machine_id()
+        spare = self.server.take_spare(self)
+        if spare is not None:
+            try:
+                self._adopt(spare)
+                return
+            except Exception as e:  # noqa: BLE001 - a new process instead
+                log.warning("context %s: the spare kernel could not be used (%s); starting one",
+                            self.id, e)
+                self._kill_process()
         self._start_process()
 
     # -- to implement ------------------------------------------------------------
     def _start_process(self):
+        raise NotImplementedError
+
+    def _adopt(self, spare):
+        """Takes over the started process of spare (State.take_spare), in
+        this context's cwd."""
         raise NotImplementedError
 
     def _apply_global_env(self, env, unset):

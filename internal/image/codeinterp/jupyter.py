@@ -87,6 +87,21 @@ class JupyterContext(Context):
         self._handshake(time.monotonic() + common.START_TIMEOUT)
         self._after_start()
 
+    def _adopt(self, spare):
+        with spare.exec_lock:
+            self.proc, self.sockets, self.files = spare.proc, spare.sockets, spare.files
+            self.session = spare.session
+            spare.proc, spare.sockets, spare.files = None, None, []
+        self.seen_machine_id = spare.seen_machine_id
+        self.msg_id, self.partial = None, None
+        if self.cwd != spare.cwd:
+            reply = self._silent("__import__('os').chdir(%r)" % (self.cwd,), common.START_TIMEOUT)
+            if reply is None or reply.get("status") != "ok":
+                raise KernelStartError(f"could not enter {self.cwd}: "
+                                       + str((reply or {}).get("evalue", "no reply")))
+        log.info("context %s: took the spare %s kernel (pid %d)", self.id, self.language,
+                 self.proc.pid)
+
     def _kill_process(self):
         self._terminate_proc(grace=0)
         if self.sockets:

@@ -49,7 +49,8 @@ Languages (a context is one long-lived child process, started in its cwd)
 Endpoints (errors are text/plain bodies)
   GET    /health                   200 "OK" once the default Python context
                                    (plus the default JavaScript one, if node
-                                   works) is ready; 503 + reason before.
+                                   works, those of --warm, and the spare) is
+                                   ready; 503 + reason before.
   POST   /execute                  {code, context_id?, language?, env_vars?,
                                    timeout_ms?} -> 200 application/x-ndjson,
                                    chunked, one JSON event per line; 400 bad
@@ -91,6 +92,14 @@ are restarted.  A JavaScript context with state keeps the copied
 Math.random and OpenSSL state (V8 and node cannot reseed them; see
 jscontext.py).  Python and bash contexts also reseed before their first
 execution.
+
+The spare: one Python kernel is kept started (in the default cwd, as the
+default user, without --preload) for the next Python context that is
+created, restarted or respawned after a crash as the default user; it
+moves into the context's cwd, and the next spare starts behind it (state.py,
+take_spare; --no-spare turns it off).  A new Python context then answers
+about as soon as a running one instead of after a kernel start, which under
+emulation takes seconds.
 
 env_vars apply to one execution and are restored afterwards.  --env-file
 names a JSON object of sandbox-wide variables, re-read when it changes and
@@ -424,8 +433,14 @@ def main(argv=None):
     p.add_argument("--machine-id-file", default="/etc/machine-id",
                    help="file whose change means this VM was restored or forked: contexts then "
                         "reseed their pseudo-random state")
+    p.add_argument("--no-spare", action="store_true",
+                   help="do not keep a Python kernel started ahead for the next new (or "
+                        "restarted) Python context")
     p.add_argument("--no-default-js", action="store_true",
                    help="do not start the default JavaScript context at startup")
+    p.add_argument("--warm", default="",
+                   help="more languages whose default contexts start at startup, before "
+                        "/health answers 200 (comma-separated: typescript, r, java, bash)")
     p.add_argument("--kernel-logs", action="store_true", help="pass kernels' stderr through")
     p.add_argument("--log-level", default=os.environ.get("CODEINTERP_LOG_LEVEL", "INFO"))
     p.add_argument("--keepalive-seconds", type=float, default=common.KEEPALIVE_INTERVAL,
@@ -462,6 +477,11 @@ def main(argv=None):
         args.cwd = home if os.path.isdir(home) else os.getcwd()
     args.cwd = os.path.abspath(args.cwd)
     args.preload = [m.strip() for m in args.preload.split(",") if m.strip()]
+    warm = [w.strip() for w in args.warm.split(",") if w.strip()]
+    bad = [w for w in warm if w not in ("typescript", "r", "java", "bash")]
+    if bad:
+        p.error(f"--warm: unknown language {bad[0]!r} (typescript, r, java or bash)")
+    args.warm = ([] if args.no_default_js else ["javascript"]) + warm
     if args.node and os.sep not in args.node:
         args.node = shutil.which(args.node) or args.node
     if args.r and os.sep not in args.r:
@@ -488,7 +508,7 @@ def main(argv=None):
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
-    threading.Thread(target=state.startup, args=(not args.no_default_js,), daemon=True).start()
+    threading.Thread(target=state.startup, args=(args.warm,), daemon=True).start()
     try:
         httpd.serve_forever(poll_interval=0.5)
     except (KeyboardInterrupt, SystemExit):

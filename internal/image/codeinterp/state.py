@@ -66,6 +66,8 @@ class State:
         self.genv_lock = threading.Lock()
         self.genv_key = None
         self.genv = (0, {})
+        self.spare = None             # a Python kernel started ahead (take_spare)
+        self.closing = False
 
     def user_runtime_dir(self, pw):
         """A private 0700 directory of the user's (pw None: the server's)
@@ -219,20 +221,76 @@ class State:
             ctx.close()
         return ctx
 
+    # -- the spare: a Python kernel started ahead of need ----------------------
+    def take_spare(self, ctx):
+        """A started Python kernel for ctx to adopt (Context._spawn), or
+        None.  Only a plain Python context of the default user takes it (a
+        new one, a restart, a respawn after a crash): the spare is that,
+        started in the default cwd without --preload.  A spare still
+        starting is waited for, since it is further along than a new start;
+        the next spare starts once this one is taken."""
+        if ctx.language != "python" or getattr(ctx, "preload", None) or ctx.closed:
+            return None
+        with self.lock:
+            spare = self.spare
+            if spare is None or spare is ctx or spare.user != ctx.user:
+                return None
+            self.spare = None
+        spare.ready.wait(common.START_TIMEOUT)
+        self._refill_spare()
+        if spare.start_error or not spare.alive():
+            spare.close()
+            return None
+        return spare
+
+    def _refill_spare(self):
+        if self.args.no_spare:
+            return
+        with self.lock:
+            if self.spare is not None or self.closing:
+                return
+            spare = self.spare = PythonContext(self, "spare", self.default_cwd)
+            spare.user = self.run_as
+        threading.Thread(target=self._start_spare, args=(spare,), daemon=True,
+                         name="spare-kernel").start()
+
+    def _start_spare(self, spare):
+        try:
+            spare.start()
+        except KernelStartError as e:
+            log.warning("spare Python kernel not started: %s", e)
+            with self.lock:
+                if self.spare is spare:
+                    self.spare = None
+            return
+        proc = spare.proc
+        if proc is not None:
+            log.info("spare python kernel ready (pid %d)", proc.pid)
+
     def list(self):
         with self.lock:
             return [c.info() for c in self.contexts.values() if not c.start_error]
 
-    def startup(self, with_js):
-        def start_js():
-            try:
-                self.default("javascript")
-            except Exception as e:  # noqa: BLE001
-                log.warning("default JavaScript context not started: %s", e)
+    def startup(self, languages):
+        """Starts the default Python context (retrying until it starts),
+        the default contexts of languages and the spare; then /health
+        answers 200.  JavaScript starts beside Python, the others after it
+        (one vCPU starts them in turn either way)."""
+        threads = []
 
-        js = threading.Thread(target=start_js, daemon=True) if with_js else None
-        if js:
-            js.start()
+        def start_default(language):
+            try:
+                self.default(language)
+            except Exception as e:  # noqa: BLE001
+                log.warning("default %s context not started: %s", language, e)
+
+        def begin(language):
+            t = threading.Thread(target=start_default, args=(language,), daemon=True)
+            t.start()
+            threads.append(t)
+
+        if "javascript" in languages:
+            begin("javascript")
         t0 = time.monotonic()
         delay = 1.0
         while True:
@@ -245,15 +303,28 @@ class State:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
         self.startup_error = None
-        if js:
-            js.join(common.START_TIMEOUT)
+        for language in languages:
+            if language not in ("python", "javascript"):
+                begin(language)
+        # Ready only with these and the spare started, so that a template
+        # snapshot taken after /health holds them ready too.
+        self._refill_spare()
+        for t in threads:
+            t.join(common.START_TIMEOUT)
+        spare = self.spare
+        if spare is not None:
+            spare.ready.wait(common.START_TIMEOUT)
         self.ready.set()
         log.info("ready in %.2fs", time.monotonic() - t0)
 
     def shutdown(self):
         with self.lock:
+            self.closing = True
             ctxs = list(self.contexts.values())
             self.contexts.clear()
+            if self.spare is not None:
+                ctxs.append(self.spare)
+                self.spare = None
         for c in ctxs:
             try:
                 c.close()

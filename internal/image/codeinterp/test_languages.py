@@ -72,6 +72,8 @@ def setUpModule():
            "--env-file", _env_file, "--machine-id-file", os.path.join(_tmp, "machine-id")]
     if AS_ROOT:
         cmd += ["--user", "nobody"]
+    if _irkernel():
+        cmd += ["--warm", "r"]
     node = os.environ.get("CODEINTERP_TEST_NODE") or shutil.which("node")
     if node:
         cmd += ["--node", node]
@@ -102,6 +104,16 @@ class TestR(unittest.TestCase):
 
     def run_r(self, code, **kw):
         return execute(code, context_id=self.ctx["id"], **kw)
+
+    def test_default_context_started_with_the_server(self):
+        # --warm r: the default R context was started before /health said OK.
+        status, contexts = request_json("GET", "/contexts")
+        self.assertEqual(status, 200)
+        self.assertIn("r", [c["language"] for c in contexts])
+        ex = execute("1 + 1", language="r")
+        self.assertEqual(results_text(ex), ["[1] 2"])
+        # ... and ran it: no new context was made for it.
+        self.assertEqual(len(request_json("GET", "/contexts")[1]), len(contexts))
 
     def test_values_state_and_output(self):
         ex = self.run_r("x <- 41\ncat('hi\\n')\nmessage('to stderr')\nx + 1")

@@ -885,6 +885,56 @@ class TestContexts(unittest.TestCase):
         self.assertEqual(execute("echo ok", context_id=ctx["id"]).stdout, "ok\n")
 
 
+def server_log_has(text, deadline=DEADLINE):
+    """Whether the server's log shows text within deadline seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        with open(_server_log.name) as f:
+            if text in f.read():
+                return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+
+
+class TestSpare(unittest.TestCase):
+    """The spare Python kernel (state.py take_spare): a new or restarted
+    Python context takes a kernel started ahead, in its own cwd, with no
+    state of anyone's."""
+
+    def pid_and_cwd(self, ctx_id):
+        ex = execute("import os, json; print(json.dumps([os.getpid(), os.getcwd()]))",
+                     context_id=ctx_id)
+        self.assertIsNone(ex.error)
+        return json.loads(ex.stdout)
+
+    def test_new_and_restarted_contexts_take_the_spare(self):
+        sub = tempfile.mkdtemp(dir=_tmp)
+        ctx = create_context(self, language="python", cwd=sub)
+        pid, cwd = self.pid_and_cwd(ctx["id"])
+        self.assertEqual(cwd, sub)
+        self.assertTrue(server_log_has(f"context {ctx['id']}: took the spare python kernel (pid {pid})"))
+        execute("x = 1", context_id=ctx["id"])
+        self.assertEqual(request("POST", f"/contexts/{ctx['id']}/restart")[0], 200)
+        pid2, cwd2 = self.pid_and_cwd(ctx["id"])
+        self.assertNotEqual(pid2, pid)
+        self.assertEqual(cwd2, sub)
+        self.assertTrue(server_log_has(f"context {ctx['id']}: took the spare python kernel (pid {pid2})"))
+        self.assertEqual(execute("x", context_id=ctx["id"]).error["name"], "NameError")
+        # Two contexts never share a kernel.
+        other = create_context(self, language="python")
+        pid3, cwd3 = self.pid_and_cwd(other["id"])
+        self.assertNotIn(pid3, (pid, pid2))
+        self.assertEqual(cwd3, os.path.join(_tmp, "home"))
+        execute("y = 2", context_id=other["id"])
+        self.assertEqual(execute("y", context_id=ctx["id"]).error["name"], "NameError")
+
+    def test_default_context_keeps_its_own_kernel(self):
+        # The default context (with --preload) is not the spare.
+        pid, _ = self.pid_and_cwd(None)
+        self.assertFalse(server_log_has(f"took the spare python kernel (pid {pid})", deadline=0))
+
+
 @needs_node
 class TestJavaScript(unittest.TestCase):
     def setUp(self):
