@@ -173,6 +173,16 @@ func TestCodeInterpreter(t *testing.T) {
 	})
 
 	t.Run("r java typescript", func(t *testing.T) {
+		// The default R context came with the template (--warm r): the
+		// VM lists it before any R has run in it.
+		list, err := c.ListCodeContexts(ctx, "ci")
+		warm := false
+		for _, l := range list {
+			warm = warm || l.Language == "r"
+		}
+		if err != nil || !warm {
+			t.Fatalf("no R context from the template: %v %+v", err, list)
+		}
 		// R answers with display results (IRkernel's), as in E2B.
 		ex := runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "r", Code: "r_x <- 41\nr_x + 1"})
 		if texts := resultTexts(ex); len(texts) != 1 || texts[0] != "[1] 42" {
@@ -188,6 +198,9 @@ func TestCodeInterpreter(t *testing.T) {
 			t.Fatalf("R data frame: %+v", ex.Results)
 		}
 		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: "int j = 20;\nj * 2 + 2"}, "42")
+		// The JVM maps the image's class-data archive (flavor.go): a JVM
+		// whose flags differ from the archive's would silently not.
+		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: `java.nio.file.Files.readString(java.nio.file.Path.of("/proc/self/maps")).contains("kernel.jsa")`}, "true")
 		wantText(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: `System.getProperty("J_RUN")`, Env: map[string]string{"J_RUN": "yes"}}, "yes")
 		ex = runCode(t, c, ctx, "ci", api.RunCodeRequest{Language: "java", Code: `Integer.parseInt("x")`})
 		if ex.Error == nil || ex.Error.Name != "java.lang.NumberFormatException" {

@@ -82,10 +82,20 @@ python3 -m compileall -q ` + codeInterpDir + ` >/dev/null 2>&1 || true
 # javac's loader finds its libraries through /proc/self/exe.
 mount -t proc proc /proc
 javac -nowarn -XDignore.symbol.file -d ` + codeInterpDir + `/java ` + codeInterpDir + `/JShellKernel.java
+# A class-data archive of what the Java kernel loads to become ready (JShell
+# and javac's classes), which each Java context's JVM then maps instead of
+# parsing and verifying them again (javacontext.py).  The kernel starts with
+# no commands and exits at the end of its input.
+CODEINTERP_FDS=0,1 java ` + javaKernelFlags + ` -XX:ArchiveClassesAtExit=` + codeInterpDir + `/java/kernel.jsa \
+  -cp ` + codeInterpDir + `/java JShellKernel </dev/null >/dev/null
 umount /proc
 `,
 	ready: []string{"curl", "-sf", "-o", "/dev/null", "--max-time", "5", "http://127.0.0.1:49999/health"},
 }, browserFlavor}
+
+// javaKernelFlags are the JVM flags of javacontext.py's jvm_flags: a class
+// data archive is used only by a JVM of the same flags.
+const javaKernelFlags = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Xss1m -XX:MaxRAMPercentage=50"
 
 func codeInterpFiles() []recipeFile {
 	var out []recipeFile

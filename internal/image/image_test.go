@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentvm/agentvm/internal/image/codeinterp"
 )
 
 func TestRecipeHashStable(t *testing.T) {
@@ -263,5 +265,23 @@ func TestFlavors(t *testing.T) {
 	f.files = saved
 	if after == before || rootfsAfter != rootfs {
 		t.Fatalf("a flavor file change: image %s -> %s, rootfs %s -> %s", before, after, rootfs, rootfsAfter)
+	}
+}
+
+// The Java kernel's class-data archive is made at image build with
+// javaKernelFlags; a JVM with other flags ignores it, so the two copies of
+// the flags (here and javacontext.py's jvm_flags) must agree.
+func TestJavaKernelFlagsMatchTheContexts(t *testing.T) {
+	src := codeinterp.Files()["javacontext.py"]
+	m := regexp.MustCompile(`(?s)jvm_flags = \[(.*?)\]`).FindStringSubmatch(src)
+	if m == nil {
+		t.Fatal("javacontext.py has no jvm_flags list")
+	}
+	var flags []string
+	for _, q := range regexp.MustCompile(`"([^"]*)"`).FindAllStringSubmatch(m[1], -1) {
+		flags = append(flags, q[1])
+	}
+	if got := strings.Join(flags, " "); got != javaKernelFlags {
+		t.Fatalf("javacontext.py's jvm_flags %q, flavor.go's javaKernelFlags %q", got, javaKernelFlags)
 	}
 }

@@ -21,7 +21,9 @@ class JavaContext(JSContext):
     instances cannot be reached from outside); an unused context restarts
     on a new machine."""
 
-    # Fast start and small heap: this is an interactive shell.
+    # Fast start and small heap: this is an interactive shell.  (The image's
+    # class-data archive was made with the same flags: flavor.go's
+    # javaKernelFlags.)
     jvm_flags = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
                  "-Xss1m", "-XX:MaxRAMPercentage=50"]
 
@@ -32,6 +34,9 @@ class JavaContext(JSContext):
         classes = os.path.join(HERE, "java")
         if os.path.exists(os.path.join(classes, "JShellKernel.class")):
             main = ["-cp", classes, "JShellKernel"]
+            archive = os.path.join(classes, "kernel.jsa")  # made by the image (flavor.go)
+            if os.path.exists(archive):
+                main.insert(0, "-XX:SharedArchiveFile=" + archive)
         else:  # not compiled (a host test): java runs the source file
             main = [os.path.join(HERE, "JShellKernel.java")]
         self._start_pipes([self.server.java, *self.jvm_flags, *main], {}, "java")
