@@ -33,7 +33,8 @@ func runCodeCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "run-code VM CODE|-",
 		Short: "Run code in a code-interpreter VM's live kernel (state persists between runs)",
-		Long: `Run Python (default), JavaScript or bash in a VM made with --image code-interpreter.
+		Long: `Run Python (default), JavaScript, TypeScript, R, Java or bash in a VM made with
+--image code-interpreter.
 Variables, imports and the working directory persist between runs of the same
 context. Output streams as it comes; the value of the last expression is printed;
 images and HTML results are saved into --out DIR. An exception exits 1.`,
