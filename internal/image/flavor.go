@@ -81,13 +81,18 @@ ln -sf /etc/systemd/system/agentvm-codeinterp.service /etc/systemd/system/multi-
 python3 -m compileall -q ` + codeInterpDir + ` >/dev/null 2>&1 || true
 # javac's loader finds its libraries through /proc/self/exe.
 mount -t proc proc /proc
-javac -nowarn -XDignore.symbol.file -d ` + codeInterpDir + `/java ` + codeInterpDir + `/JShellKernel.java
+classes=$(mktemp -d)
+javac -nowarn -XDignore.symbol.file -d "$classes" ` + codeInterpDir + `/JShellKernel.java
+mkdir -p ` + codeInterpDir + `/java
+jar --create --file ` + codeInterpDir + `/java/kernel.jar -C "$classes" .
+rm -rf "$classes"
 # A class-data archive of what the Java kernel loads to become ready (JShell
 # and javac's classes), which each Java context's JVM then maps instead of
-# parsing and verifying them again (javacontext.py).  The kernel starts with
-# no commands and exits at the end of its input.
+# parsing and verifying them again (javacontext.py; the class path must be
+# jars for it).  The kernel starts with no commands and exits at the end of
+# its input.
 CODEINTERP_FDS=0,1 java ` + javaKernelFlags + ` -XX:ArchiveClassesAtExit=` + codeInterpDir + `/java/kernel.jsa \
-  -cp ` + codeInterpDir + `/java JShellKernel </dev/null >/dev/null
+  -cp ` + codeInterpDir + `/java/kernel.jar JShellKernel </dev/null >/dev/null
 umount /proc
 `,
 	ready: []string{"curl", "-sf", "-o", "/dev/null", "--max-time", "5", "http://127.0.0.1:49999/health"},

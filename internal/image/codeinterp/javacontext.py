@@ -31,10 +31,10 @@ class JavaContext(JSContext):
         super().__init__(server, ctx_id, cwd, language="java")
 
     def _start_process(self):
-        classes = os.path.join(HERE, "java")
-        if os.path.exists(os.path.join(classes, "JShellKernel.class")):
-            main = ["-cp", classes, "JShellKernel"]
-            archive = os.path.join(classes, "kernel.jsa")  # made by the image (flavor.go)
+        jar = os.path.join(HERE, "java", "kernel.jar")  # made by the image (flavor.go)
+        if os.path.exists(jar):
+            main = ["-cp", jar, "JShellKernel"]
+            archive = os.path.join(HERE, "java", "kernel.jsa")
             if os.path.exists(archive):
                 main.insert(0, "-XX:SharedArchiveFile=" + archive)
         else:  # not compiled (a host test): java runs the source file
