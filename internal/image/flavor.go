@@ -52,11 +52,12 @@ After=agentvm-guest.service
 # (the guest agent) and user may connect.  --warm r: the default R context
 # starts with it and is in the template (an idle R kernel sleeps in poll:
 # guest memory, no CPU); Java is not (an idle JVM wakes ~5 times a second),
-# nor TypeScript.
+# nor TypeScript.  --spares 2: two Python kernels started ahead, so that a
+# new context and its restart both find one ready.
 User=root
 WorkingDirectory=/home/user
 Environment=HOME=/home/user PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --user user --env-file /etc/agentvm/env --warm r
+ExecStart=/usr/bin/python3 ` + codeInterpDir + `/server.py --host 127.0.0.1 --port 49999 --user user --env-file /etc/agentvm/env --warm r --spares 2
 Restart=always
 RestartSec=200ms
 
@@ -90,9 +91,10 @@ rm -rf "$classes"
 # and javac's classes), which each Java context's JVM then maps instead of
 # parsing and verifying them again (javacontext.py; the class path must be
 # jars for it).  The kernel starts with no commands and exits at the end of
-# its input.
+# its input.  Without it the kernel still works, only slower to start.
 CODEINTERP_FDS=0,1 java ` + javaKernelFlags + ` -XX:ArchiveClassesAtExit=` + codeInterpDir + `/java/kernel.jsa \
-  -cp ` + codeInterpDir + `/java/kernel.jar JShellKernel </dev/null >/dev/null
+  -cp ` + codeInterpDir + `/java/kernel.jar JShellKernel </dev/null >/dev/null ||
+  echo "agentvm: no class-data archive for the Java kernel" >&2
 umount /proc
 `,
 	ready: []string{"curl", "-sf", "-o", "/dev/null", "--max-time", "5", "http://127.0.0.1:49999/health"},

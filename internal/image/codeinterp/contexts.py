@@ -177,6 +177,7 @@ class Context:
         self.seen_machine_id = None  # None: reseed before the next execution
         self.ran_user_code = False
         self.user = None  # pwd entry of the user the process runs as; None: the server's
+        self.is_spare = False  # a kernel started ahead (State.take_spare), not a context
 
     def info(self):
         out = {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -211,6 +212,8 @@ class Context:
         try:
             with self.exec_lock:
                 self._spawn()
+                if self.closed:  # deleted while it started: close() may have given up
+                    self._kill_process()
         except Exception as e:  # noqa: BLE001 - reported to the client
             self.start_error = str(e) or e.__class__.__name__
             self._kill_process()

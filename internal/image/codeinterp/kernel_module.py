@@ -356,6 +356,22 @@ def reseed():
             pass
 
 
+def enter(cwd):
+    """Moves a kernel started elsewhere (a spare, started in the server's
+    default cwd) into cwd as if it had been started there: the directory,
+    sys.path[0] (python -m puts the start directory first, ahead of the
+    standard library) and IPython's directory history."""
+    import os
+    old = os.getcwd()
+    os.chdir(cwd)
+    if sys.path and sys.path[0] == old:
+        sys.path[0] = cwd
+    try:
+        get_ipython().user_ns["_dh"][:] = [cwd]  # noqa: F821 - IPython's builtin
+    except Exception:
+        pass
+
+
 def preload(names):
     import importlib
     for name in names:

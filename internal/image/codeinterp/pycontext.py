@@ -71,6 +71,9 @@ class PythonContext(JupyterContext):
             log.info("python context %s: preloaded %s in %.2fs", self.id, ",".join(self.preload),
                      time.monotonic() - t0)
 
+    def _enter_code(self, cwd):
+        return "__import__('_agentvm_codeinterp').enter(%r)" % (cwd,)
+
     def _reseed(self, first):
         self._silent("__import__('_agentvm_codeinterp').reseed()", 30)
 

@@ -49,8 +49,8 @@ Languages (a context is one long-lived child process, started in its cwd)
 Endpoints (errors are text/plain bodies)
   GET    /health                   200 "OK" once the default Python context
                                    (plus the default JavaScript one, if node
-                                   works, those of --warm, and the spare) is
-                                   ready; 503 + reason before.
+                                   works, those of --warm, and the spares)
+                                   are ready; 503 + reason before.
   POST   /execute                  {code, context_id?, language?, env_vars?,
                                    timeout_ms?} -> 200 application/x-ndjson,
                                    chunked, one JSON event per line; 400 bad
@@ -93,13 +93,13 @@ Math.random and OpenSSL state (V8 and node cannot reseed them; see
 jscontext.py).  Python and bash contexts also reseed before their first
 execution.
 
-The spare: one Python kernel is kept started (in the default cwd, as the
-default user, without --preload) for the next Python context that is
-created, restarted or respawned after a crash as the default user; it
-moves into the context's cwd, and the next spare starts behind it (state.py,
-take_spare; --no-spare turns it off).  A new Python context then answers
-about as soon as a running one instead of after a kernel start, which under
-emulation takes seconds.
+Spares: --spares Python kernels are kept started (in the default cwd, as
+the default user, without --preload) for the next Python contexts that are
+created, restarted or respawned after a crash as the default user; one
+moves into the context's cwd, and a new spare starts behind it (state.py,
+take_spare).  A new or restarted Python context then answers about as soon
+as a running one instead of after a kernel start, which under emulation
+takes seconds.
 
 env_vars apply to one execution and are restored afterwards.  --env-file
 names a JSON object of sandbox-wide variables, re-read when it changes and
@@ -433,9 +433,9 @@ def main(argv=None):
     p.add_argument("--machine-id-file", default="/etc/machine-id",
                    help="file whose change means this VM was restored or forked: contexts then "
                         "reseed their pseudo-random state")
-    p.add_argument("--no-spare", action="store_true",
-                   help="do not keep a Python kernel started ahead for the next new (or "
-                        "restarted) Python context")
+    p.add_argument("--spares", type=int, default=1,
+                   help="Python kernels kept started ahead for the next new (or restarted) "
+                        "Python contexts (0: none)")
     p.add_argument("--no-default-js", action="store_true",
                    help="do not start the default JavaScript context at startup")
     p.add_argument("--warm", default="",
@@ -450,6 +450,12 @@ def main(argv=None):
     p.add_argument("--start-timeout-seconds", type=float, default=common.START_TIMEOUT,
                    help="how long a kernel may take to start")
     args = p.parse_args(argv)
+    if not 0 <= args.spares <= 8:
+        p.error("--spares must be between 0 and 8")
+    if args.spares and os.path.realpath(args.python) != os.path.realpath(sys.executable):
+        # A spare is not taken after its site-packages changed, which this
+        # server knows for its own interpreter only (state.py, _site_dirs).
+        p.error("--spares needs --python to be the server's own interpreter (or --spares 0)")
 
     common.KEEPALIVE_INTERVAL = max(0.05, args.keepalive_seconds)
     common.INTERRUPT_GRACE = max(0.5, args.interrupt_grace_seconds)

@@ -8,6 +8,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +23,8 @@ from pycontext import PythonContext
 from rcontext import RContext
 
 log = logging.getLogger("codeinterp")
+
+SPARE_RETRY = 30.0  # seconds without new spares after one failed to start
 
 
 def _user_name(uid):
@@ -66,7 +69,9 @@ class State:
         self.genv_lock = threading.Lock()
         self.genv_key = None
         self.genv = (0, {})
-        self.spare = None             # a Python kernel started ahead (take_spare)
+        self.spares = []              # Python kernels started ahead (take_spare), oldest first
+        self.filling = False          # a thread is starting spares
+        self.spares_retry_at = 0.0
         self.closing = False
 
     def user_runtime_dir(self, pw):
@@ -221,51 +226,92 @@ class State:
             ctx.close()
         return ctx
 
-    # -- the spare: a Python kernel started ahead of need ----------------------
+    # -- spares: Python kernels started ahead of need ----------------------------
     def take_spare(self, ctx):
         """A started Python kernel for ctx to adopt (Context._spawn), or
-        None.  Only a plain Python context of the default user takes it (a
-        new one, a restart, a respawn after a crash): the spare is that,
-        started in the default cwd without --preload.  A spare still
-        starting is waited for, since it is further along than a new start;
-        the next spare starts once this one is taken."""
-        if ctx.language != "python" or getattr(ctx, "preload", None) or ctx.closed:
+        None.  Only a plain Python context of the default user takes one (a
+        new one, a restart, a respawn after a crash): a spare is that,
+        started in the default cwd without --preload.  A ready spare is
+        taken first, else the one furthest along in its start is waited
+        for; the pool (--spares) is then filled again, one start at a time.
+        A spare started before a change to a site-packages directory (pip
+        install, then restart) is not taken: a new start would see the
+        change."""
+        if (ctx.language != "python" or getattr(ctx, "preload", None) or ctx.closed
+                or ctx.is_spare):
             return None
         with self.lock:
-            spare = self.spare
-            if spare is None or spare is ctx or spare.user != ctx.user:
-                return None
-            self.spare = None
-        spare.ready.wait(common.START_TIMEOUT)
-        self._refill_spare()
-        if spare.start_error or not spare.alive():
-            spare.close()
+            fits = [sp for sp in self.spares if sp.user == ctx.user]
+            spare = next((sp for sp in fits if sp.ready.is_set()), fits[0] if fits else None)
+            if spare is not None:
+                self.spares.remove(spare)
+        if spare is None:
+            self._refill_spares()
             return None
+        spare.ready.wait(common.START_TIMEOUT)
+        stale = spare.ready.is_set() and spare.site != self._site_state(spare.user)
+        if stale:
+            log.info("a site-packages directory changed since the spare started; not using it")
+        if stale or ctx.closed or spare.start_error or not spare.ready.is_set() or not spare.alive():
+            spare.close()
+            spare = None
+        self._refill_spares()
         return spare
 
-    def _refill_spare(self):
-        if self.args.no_spare:
-            return
-        with self.lock:
-            if self.spare is not None or self.closing:
-                return
-            spare = self.spare = PythonContext(self, "spare", self.default_cwd)
-            spare.user = self.run_as
-        threading.Thread(target=self._start_spare, args=(spare,), daemon=True,
-                         name="spare-kernel").start()
+    def _site_dirs(self, pw):
+        """The site-packages directories a Python kernel of user pw looks
+        for when it starts (the kernel's interpreter is this server's)."""
+        import site
+        home = pw.pw_dir if pw is not None else os.path.expanduser("~")
+        ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        user_base = os.environ.get("PYTHONUSERBASE") or os.path.join(home, ".local")
+        return site.getsitepackages() + [os.path.join(user_base, "lib", ver, "site-packages")]
 
-    def _start_spare(self, spare):
-        try:
-            spare.start()
-        except KernelStartError as e:
-            log.warning("spare Python kernel not started: %s", e)
+    def _site_state(self, pw):
+        """Each site directory's mtime (None: missing): a package installed
+        or removed there, or the directory made, changes it."""
+        out = []
+        for d in self._site_dirs(pw):
+            try:
+                out.append(os.stat(d).st_mtime_ns)
+            except OSError:
+                out.append(None)
+        return out
+
+    def _refill_spares(self):
+        with self.lock:
+            if (self.filling or self.closing or len(self.spares) >= self.args.spares
+                    or time.monotonic() < self.spares_retry_at):
+                return
+            self.filling = True
+        threading.Thread(target=self._fill_spares, daemon=True, name="spares").start()
+
+    def _fill_spares(self):
+        """Starts spares, one after another, until there are --spares (the
+        caller set self.filling).  After a failed start, none is started for
+        SPARE_RETRY seconds."""
+        while True:
+            spare = PythonContext(self, "spare", self.default_cwd)
+            spare.user, spare.is_spare = self.run_as, True
+            spare.site = self._site_state(spare.user)
             with self.lock:
-                if self.spare is spare:
-                    self.spare = None
-            return
-        proc = spare.proc
-        if proc is not None:
-            log.info("spare python kernel ready (pid %d)", proc.pid)
+                if self.closing or len(self.spares) >= self.args.spares:
+                    self.filling = False
+                    return
+                self.spares.append(spare)
+            try:
+                spare.start()
+            except KernelStartError as e:
+                log.warning("spare Python kernel not started: %s", e)
+                with self.lock:
+                    if spare in self.spares:
+                        self.spares.remove(spare)
+                    self.filling = False
+                    self.spares_retry_at = time.monotonic() + SPARE_RETRY
+                return
+            proc = spare.proc
+            if proc is not None:
+                log.info("spare python kernel ready (pid %d)", proc.pid)
 
     def list(self):
         with self.lock:
@@ -306,14 +352,14 @@ class State:
         for language in languages:
             if language not in ("python", "javascript"):
                 begin(language)
-        # Ready only with these and the spare started, so that a template
+        # Ready only with these and the spares started, so that a template
         # snapshot taken after /health holds them ready too.
-        self._refill_spare()
+        with self.lock:
+            fill, self.filling = not self.filling, True
+        if fill:
+            self._fill_spares()
         for t in threads:
             t.join(common.START_TIMEOUT)
-        spare = self.spare
-        if spare is not None:
-            spare.ready.wait(common.START_TIMEOUT)
         self.ready.set()
         log.info("ready in %.2fs", time.monotonic() - t0)
 
@@ -322,9 +368,8 @@ class State:
             self.closing = True
             ctxs = list(self.contexts.values())
             self.contexts.clear()
-            if self.spare is not None:
-                ctxs.append(self.spare)
-                self.spare = None
+            ctxs += self.spares
+            self.spares = []
         for c in ctxs:
             try:
                 c.close()

@@ -94,7 +94,7 @@ def setUpModule():
            "--max-contexts", str(MAX_CONTEXTS), "--keepalive-seconds", "0.5",
            "--interrupt-grace-seconds", str(GRACE), "--runtime-dir", _tmp,
            "--env-file", os.path.join(_tmp, "sandbox-env.json"),
-           "--machine-id-file", _machine_id_file]
+           "--machine-id-file", _machine_id_file, "--spares", "2"]
     if _node:
         cmd += ["--node", _node]
     t0 = time.monotonic()
@@ -929,10 +929,49 @@ class TestSpare(unittest.TestCase):
         execute("y = 2", context_id=other["id"])
         self.assertEqual(execute("y", context_id=ctx["id"]).error["name"], "NameError")
 
-    def test_default_context_keeps_its_own_kernel(self):
-        # The default context (with --preload) is not the spare.
-        pid, _ = self.pid_and_cwd(None)
-        self.assertFalse(server_log_has(f"took the spare python kernel (pid {pid})", deadline=0))
+    def test_default_context_restarts_with_its_preload(self):
+        # The default context (with --preload) never takes a spare (none has it).
+        ids = [c["id"] for c in request_json("GET", "/contexts")[1] if c["language"] == "python"]
+        self.assertEqual(request("POST", f"/contexts/{ids[0]}/restart")[0], 200)
+        ex = execute("import sys; 'pandas' in sys.modules")
+        self.assertEqual(ex.text, "True")
+
+    def test_a_moved_spare_imports_from_its_own_cwd(self):
+        home, sub = os.path.join(_tmp, "home"), tempfile.mkdtemp(dir=_tmp)
+        for where in (home, sub):
+            with open(os.path.join(where, "spare_probe.py"), "w") as f:
+                f.write(f"WHERE = {where!r}\n")
+        self.addCleanup(os.unlink, os.path.join(home, "spare_probe.py"))
+        ctx = create_context(self, language="python", cwd=sub)
+        ex = execute("import os, spare_probe; print(os.getpid()); spare_probe.WHERE",
+                     context_id=ctx["id"])
+        self.assertEqual(ex.text, sub)
+        pid = int(ex.stdout)
+        self.assertTrue(server_log_has(f"context {ctx['id']}: took the spare python kernel (pid {pid})"))
+        self.assertEqual(execute("_dh", context_id=ctx["id"]).text, repr([sub]))
+
+    def test_a_crashed_context_comes_back_on_a_spare(self):
+        ctx = create_context(self, language="python")
+        ex = execute("import os; os._exit(1)", context_id=ctx["id"])
+        self.assertEqual(ex.error["name"], "KernelDied")
+        pid, _ = self.pid_and_cwd(ctx["id"])
+        self.assertTrue(server_log_has(f"context {ctx['id']}: took the spare python kernel (pid {pid})"))
+
+    def test_no_spare_from_before_a_site_packages_change(self):
+        # pip install --user, then a new context (or a restart): a kernel
+        # started before the user's site-packages existed would not see it.
+        ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        site_dir = os.path.join(_tmp, "home", ".local", "lib", ver, "site-packages")
+        self.assertTrue(server_log_has("spare python kernel ready"))
+        os.makedirs(site_dir)
+        self.addCleanup(shutil.rmtree, os.path.join(_tmp, "home", ".local"))
+        with open(os.path.join(site_dir, "spare_site_probe.py"), "w") as f:
+            f.write("OK = 1\n")
+        for _ in range(3):  # more than --spares: each is new or was dropped
+            ctx = create_context(self, language="python")
+            ex = execute("import spare_site_probe; spare_site_probe.OK", context_id=ctx["id"])
+            self.assertIsNone(ex.error, ex.error)
+            self.assertEqual(ex.text, "1")
 
 
 @needs_node
