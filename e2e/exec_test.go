@@ -248,6 +248,24 @@ func TestWarmPool(t *testing.T) {
 	if vms, _ := s.Client.ListVMs(ctx); len(vms) != 1 {
 		t.Fatalf("pool VMs are listed: %+v", vms)
 	}
+	// The OOM order (docs/operations.md): the pool's VM first, then users'
+	// VMs, never the daemon (-900, or 0 without CAP_SYS_RESOURCE).
+	qemus := testenv.QEMUsOf(s.DataDir)
+	var poolID string
+	for id := range qemus {
+		if id != a.ID {
+			poolID = id
+		}
+	}
+	daemonScore := "-900"
+	if strings.Contains(s.Logs(), "the daemon keeps its OOM score") {
+		daemonScore = "0"
+	}
+	if len(qemus) != 2 || testenv.OOMScore(qemus[a.ID]) != "500" || testenv.OOMScore(qemus[poolID]) != "800" ||
+		testenv.OOMScore(s.PID()) != daemonScore {
+		t.Fatalf("OOM scores: daemon %s, VM %s, pool VM %s (%v)", testenv.OOMScore(s.PID()),
+			testenv.OOMScore(qemus[a.ID]), testenv.OOMScore(qemus[poolID]), qemus)
+	}
 	b, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "pooled", Memory: 512 << 20, Disk: 10 << 30,
 		Env: map[string]string{"ROLE": "worker"}, Labels: map[string]string{"tier": "hot"}, IdempotencyKey: "pool-1"})
 	if err != nil {
@@ -257,6 +275,9 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("not served from the pool: %+v", b)
 	}
 	t.Logf("create from the warm pool: %d ms (restore path: %d ms)", b.CreateMs, a.CreateMs)
+	if b.ID != poolID || testenv.OOMScore(qemus[b.ID]) != "500" {
+		t.Fatalf("the claimed pool VM %s (pool VM was %s) keeps OOM score %s", b.ID, poolID, testenv.OOMScore(qemus[b.ID]))
+	}
 	r := s.Exec(ctx, "pooled", `hostname; grep -c pooled /etc/hosts; echo $ROLE; cat /etc/machine-id; df -B1M --output=size / | tail -1; ip -4 -o addr show eth0`)
 	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
 	if len(lines) != 6 || lines[0] != "pooled" || lines[1] != "1" || lines[2] != "worker" || !strings.Contains(lines[5], b.IP+"/24") {

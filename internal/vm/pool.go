@@ -92,6 +92,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	if err := h.finishCreate(ctx, start); err != nil {
 		return nil, false, err
 	}
+	s.setMachineOOMScore(in.machine.PID(), v.State) // no longer first to go
 	return v, true, nil
 }
 
