@@ -86,6 +86,17 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+	t.Run("refusals are counted", func(t *testing.T) {
+		code, body := rawRequest(t, s, "GET", "/metrics", s.Token, "")
+		for _, want := range []string{`agentvm_admission_refusals_total{resource="memory"} 1`, `agentvm_admission_refusals_total{resource="disk"} 1`} {
+			if code != 200 || !strings.Contains(body, want) {
+				t.Fatalf("metrics: %d, no %q in\n%s", code, want, body)
+			}
+		}
+		if !strings.Contains(s.Logs(), "refused: the host is short of memory") {
+			t.Fatal("no log line for the refused create")
+		}
+	})
 	t.Run("cli sizes", func(t *testing.T) {
 		_, errOut, code := s.CLI("", "create", "--memory", "lots")
 		if code == 0 || !strings.Contains(errOut, "--memory: invalid size") {

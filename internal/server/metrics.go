@@ -106,6 +106,11 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(bw, "# TYPE agentvm_host_memory_available_bytes gauge")
 		fmt.Fprintf(bw, "agentvm_host_memory_available_bytes %d\n", avail)
 	}
+	fmt.Fprintln(bw, "# HELP agentvm_admission_refusals_total Operations refused because the host was short of memory or disk (HTTP 507).")
+	fmt.Fprintln(bw, "# TYPE agentvm_admission_refusals_total counter")
+	mem, disk := s.svc.AdmissionRefusals()
+	fmt.Fprintf(bw, "agentvm_admission_refusals_total{resource=\"memory\"} %d\n", mem)
+	fmt.Fprintf(bw, "agentvm_admission_refusals_total{resource=\"disk\"} %d\n", disk)
 	fmt.Fprintln(bw, "# HELP agentvm_warm_pool_ready Ready warm-pool VMs.")
 	fmt.Fprintln(bw, "# TYPE agentvm_warm_pool_ready gauge")
 	ready := 0

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/disk"
@@ -130,11 +131,13 @@ type Service struct {
 	activity // when each VM was last used (policy.go)
 	*images  // the guest images, each built once (images.go)
 
-	cfg   Config
-	store Store
-	log   *slog.Logger
-	hv    Hypervisor
-	tpl   *templates
+	cfg Config
+	// refusals counts admit's refusals: [0] memory, [1] disk.
+	refusals [2]atomic.Int64
+	store    Store
+	log      *slog.Logger
+	hv       Hypervisor
+	tpl      *templates
 
 	mu        sync.Mutex
 	instances map[string]*instance // running VMs by id

@@ -23,19 +23,31 @@ import (
 
 // admit refuses a create the host cannot hold: guest RAM must fit in available
 // memory (with headroom for QEMU itself) and disk growth in free disk space.
+// Running VMs count by what they use (they are part of MemAvailable already).
+// Each refusal is logged and counted (AdmissionRefusals, /metrics).
 func (s *Service) admit(memMiB, diskGrowth int64) error {
 	avail, err := memAvailableMiB()
 	if err == nil && memMiB+128 > avail {
+		s.refusals[0].Add(1)
+		s.log.Warn("refused: the host is short of memory", "requested_mib", memMiB, "available_mib", avail)
 		return fmt.Errorf("%w: %d MiB of memory requested but the host has only %d MiB available", ErrInsufficient, memMiB, avail)
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(s.cfg.DataDir, &st); err == nil {
 		free := int64(st.Bavail) * st.Bsize
 		if diskGrowth+(512<<20) > free {
+			s.refusals[1].Add(1)
+			s.log.Warn("refused: the data dir is short of disk", "needed_mib", diskGrowth>>20, "free_mib", free>>20)
 			return fmt.Errorf("%w: disk needs %d MiB more than the image but %s has only %d MiB free", ErrInsufficient, diskGrowth>>20, s.cfg.DataDir, free>>20)
 		}
 	}
 	return nil
+}
+
+// AdmissionRefusals counts the operations admit refused since the start,
+// for want of memory and of disk.
+func (s *Service) AdmissionRefusals() (memory, disk int64) {
+	return s.refusals[0].Load(), s.refusals[1].Load()
 }
 
 func memAvailableMiB() (int64, error) {
