@@ -116,6 +116,7 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&cfg.KeepRunning, "keep-running", false, "leave VMs running when the server stops (default: suspend them and wake them at the next start)")
 	f.IntVar(&cfg.WarmPool, "warm-pool", 1, "ready VMs kept per recently created shape, so creates skip the restore (0 disables)")
 	f.StringVar(&cfg.SSHListen, "ssh-listen", envOr("AGENTVM_SSH_LISTEN", "127.0.0.1:2222"), `SSH gateway address ("" disables it)`)
+	f.BoolVar(&cfg.KSM, "ksm", os.Getenv("AGENTVM_KSM") == "1", "merge equal pages of the VMs' memory (turns the host's KSM on; costs CPU, and lets tenants probe each other's pages by timing; env AGENTVM_KSM=1)")
 	f.StringVar(&cfg.ProxyListen, "proxy-listen", envOr("AGENTVM_PROXY_LISTEN", "127.0.0.1:7080"), `preview proxy address ("" disables it)`)
 	f.StringVar(&cfg.Domain, "domain", envOr("AGENTVM_DOMAIN", "localhost"), "preview host suffix: http://<port>-<vm>.<domain>/")
 	f.StringVar(&cfg.E2BDomain, "e2b-domain", envOr("AGENTVM_E2B_DOMAIN", ""), "the domain E2B sandboxes report (default: the preview domain and the proxy's port, e.g. localhost:7080)")

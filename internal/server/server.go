@@ -77,6 +77,9 @@ type Config struct {
 	Objects string
 	// StateFormat is vm.Config.StateFormat (serve --state-format).
 	StateFormat string
+	// KSM turns the host's page merging on and offers it the VMs' RAM
+	// (serve --ksm, ksm.go).
+	KSM bool
 	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
 	// mode reads saved states into QEMU ("": plain cat).
 	StateCat string
@@ -165,6 +168,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	accel, why, err := qemu.ResolveAccel(cfg.Accel)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.KSM {
+		if err := enableKSM(); err != nil {
+			return nil, err
+		}
 	}
 	qv, err := qemu.Version(cfg.QEMU)
 	if err != nil {
@@ -280,6 +288,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		PoolSize:      cfg.WarmPool,
 		StateFormat:   cfg.StateFormat,
 		StateCat:      cfg.StateCat,
+		KSM:           cfg.KSM,
 		Node:          nodeID,
 		NodeLost:      s.nodeLost,
 		Objects:       objs,

@@ -48,7 +48,10 @@ type Config struct {
 	QEMU        string // qemu-system-x86_64 binary
 	QEMUVersion string
 	Accel       string // kvm or tcg (already resolved)
-	AgentPath   string // agentvm-guest binary baked into the image
+	// KSM offers the VMs' RAM to the host's page merging (serve --ksm;
+	// the server turns KSM itself on, ksm.go).
+	KSM       bool
+	AgentPath string // agentvm-guest binary baked into the image
 	// BootTimeout bounds a cold boot until the agent answers.
 	BootTimeout time.Duration
 	Policy      network.Policy
@@ -302,6 +305,7 @@ func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Con
 		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB - v.HotMemoryMiB, PluggedMiB: v.HotMemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
 		Disk: s.diskPath(v), QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
 		MAC: GuestMAC, VMGenID: newUUID(), Layout: layoutOf(v), StateCat: s.cfg.StateCat,
+		MemMerge: s.cfg.KSM,
 	}
 }
 

@@ -86,6 +86,10 @@ type Config struct {
 	// PluggedMiB is the memory plugged through the virtio-mem device on top
 	// of MemoryMiB (a restore of a VM that grew; 0 for a boot).
 	PluggedMiB int64
+	// MemMerge offers the guest's RAM to the host's KSM (QEMU's mem-merge,
+	// on by default in QEMU; off here unless serve --ksm: merging equal
+	// pages across tenants opens a timing side channel between them).
+	MemMerge bool
 }
 
 // Args returns the QEMU command line (without the binary).
@@ -109,7 +113,7 @@ func (c Config) Args() []string {
 	}
 	a := []string{
 		"-name", "guest=" + c.ID + ",debug-threads=off",
-		"-machine", MachineType + ",memory-backend=mem",
+		"-machine", MachineType + ",memory-backend=mem,mem-merge=" + onOff(c.MemMerge),
 		"-accel", accel,
 		"-cpu", c.CPUModel,
 		"-smp", smp,
@@ -136,6 +140,13 @@ func (c Config) Args() []string {
 		a = append(a, "-incoming", "defer")
 	}
 	return a
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 // Machine is a running QEMU process and its QMP connection.

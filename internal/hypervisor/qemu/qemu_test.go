@@ -15,7 +15,7 @@ func TestArgs(t *testing.T) {
 	c := Config{ID: "vm-1", Accel: "tcg", CPUModel: "max", CPUs: 2, MemoryMiB: 512, Kernel: "k", Initrd: "i", Append: "a",
 		Disk: "/d.qcow2", RAMPath: "/ram", QMPSock: "/q", AgentSock: "/a", NetSock: "/n", LogPath: "/l", MAC: "m", VMGenID: "g", Incoming: "/state"}
 	got := strings.Join(c.Args(), " ")
-	for _, want := range []string{"-name guest=vm-1,", "pc-q35-7.2,memory-backend=mem", "mem-path=/ram,share=off", "-incoming defer",
+	for _, want := range []string{"-name guest=vm-1,", "pc-q35-7.2,memory-backend=mem,mem-merge=off", "mem-path=/ram,share=off", "-incoming defer",
 		"-smp 2", "-accel tcg", "server=on,addr.type=unix,addr.path=/n", "name=agentvm.0", "vmgenid,guid=g"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("args lack %q:\n%s", want, got)
@@ -25,6 +25,10 @@ func TestArgs(t *testing.T) {
 	got = strings.Join(c.Args(), " ")
 	if !strings.Contains(got, "memory-backend-ram,id=mem,size=512M") || strings.Contains(got, "-incoming") {
 		t.Errorf("cold boot args: %s", got)
+	}
+	c.MemMerge = true // serve --ksm
+	if got = strings.Join(c.Args(), " "); !strings.Contains(got, "memory-backend=mem,mem-merge=on") {
+		t.Errorf("mem-merge args: %s", got)
 	}
 }
 

@@ -1,0 +1,73 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/e2e/testenv"
+)
+
+// TestKSM drives page merging on and off (serve --ksm, docs/operations.md):
+// the VMs of a server with --ksm get pages merged by the host's KSM, and a
+// VM of a server without it never does, even with KSM running host-wide.
+// KSM is host-wide: the test puts back the run mode it found.
+func TestKSM(t *testing.T) {
+	t.Parallel()
+	const run = "/sys/kernel/mm/ksm/run"
+	before, err := os.ReadFile(run)
+	if err != nil {
+		t.Skip("this kernel has no KSM:", err)
+	}
+	t.Cleanup(func() { os.WriteFile(run, before, 0) })
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	off := testenv.Start(t, "")
+	o := off.CreateVM(ctx, api.CreateVMRequest{Name: "unmerged"})
+	on := testenv.Start(t, "", "--ksm")
+	if b, _ := os.ReadFile(run); strings.TrimSpace(string(b)) != "1" {
+		t.Fatalf("serve --ksm left KSM at %q", b)
+	}
+	a := on.CreateVM(ctx, api.CreateVMRequest{Name: "merged-a"})
+	b := on.CreateVM(ctx, api.CreateVMRequest{Name: "merged-b"})
+
+	onQEMU, offQEMU := testenv.QEMUsOf(on.DataDir), testenv.QEMUsOf(off.DataDir)
+	cmdline := func(pid int) string {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		return string(b)
+	}
+	if !strings.Contains(cmdline(onQEMU[a.ID]), "mem-merge=on") || !strings.Contains(cmdline(offQEMU[o.ID]), "mem-merge=off") {
+		t.Fatalf("mem-merge: with --ksm %q, without %q", cmdline(onQEMU[a.ID]), cmdline(offQEMU[o.ID]))
+	}
+	merging := func(pid int) int {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/ksm_merging_pages")
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	scans := func() int {
+		b, _ := os.ReadFile("/sys/kernel/mm/ksm/full_scans")
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	start := scans()
+	waitUntil(t, "KSM merges the --ksm server's VMs and scans everything twice", 10*time.Minute, func() (bool, string) {
+		n := merging(onQEMU[a.ID]) + merging(onQEMU[b.ID])
+		return n > 0 && scans() >= start+2, "merging pages " + strconv.Itoa(n) + ", full scans " + strconv.Itoa(scans()-start)
+	})
+	if n := merging(offQEMU[o.ID]); n != 0 {
+		t.Fatalf("the VM of the server without --ksm has %d merged pages", n)
+	}
+	code, body := rawRequest(t, on, "GET", "/metrics", on.Token, "")
+	if code != 200 || !strings.Contains(body, "agentvm_ksm_saved_bytes ") {
+		t.Fatalf("metrics: %d %s", code, body)
+	}
+	code, body = rawRequest(t, off, "GET", "/metrics", off.Token, "")
+	if code != 200 || strings.Contains(body, "agentvm_ksm_saved_bytes") {
+		t.Fatalf("metrics without --ksm: %d", code)
+	}
+}
