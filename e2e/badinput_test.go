@@ -88,7 +88,7 @@ func TestBadInput(t *testing.T) {
 	}
 	t.Run("refusals are counted", func(t *testing.T) {
 		code, body := rawRequest(t, s, "GET", "/metrics", s.Token, "")
-		for _, want := range []string{`agentvm_admission_refusals_total{resource="memory"} 1`, `agentvm_admission_refusals_total{resource="disk"} 1`} {
+		for _, want := range []string{"agentvm_admission_refusals_total{resource=\"memory\"} 1\n", "agentvm_admission_refusals_total{resource=\"disk\"} 1\n"} {
 			if code != 200 || !strings.Contains(body, want) {
 				t.Fatalf("metrics: %d, no %q in\n%s", code, want, body)
 			}

@@ -71,11 +71,6 @@ func serveCmd() *cobra.Command {
 				cfg.Log.Warn("--tls auto with a one-label --domain: clients refuse its wildcard certificate *."+cfg.Domain+
 					" for preview hosts (the proxy's own address still works); use a domain of two labels or more, e.g. agentvm."+cfg.Domain, "domain", cfg.Domain)
 			}
-			// The OOM killer takes VMs before the daemon (docs/operations.md);
-			// QEMUs it starts get their own score at once (vm/oom.go).
-			if err := vm.SetOOMScore(os.Getpid(), vm.OOMScoreDaemon); err != nil {
-				cfg.Log.Info("the daemon keeps its OOM score (lowering it needs CAP_SYS_RESOURCE); VMs still go first", "err", err)
-			}
 			s, err := server.New(cmd.Context(), cfg)
 			if err != nil {
 				return err

@@ -111,10 +111,12 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	mem, disk := s.svc.AdmissionRefusals()
 	fmt.Fprintf(bw, "agentvm_admission_refusals_total{resource=\"memory\"} %d\n", mem)
 	fmt.Fprintf(bw, "agentvm_admission_refusals_total{resource=\"disk\"} %d\n", disk)
-	if saved, ok := ksmSavedBytes(); ok && s.cfg.KSM {
-		fmt.Fprintln(bw, "# HELP agentvm_ksm_saved_bytes Memory the host's page merging (serve --ksm) saves, host-wide.")
-		fmt.Fprintln(bw, "# TYPE agentvm_ksm_saved_bytes gauge")
-		fmt.Fprintf(bw, "agentvm_ksm_saved_bytes %d\n", saved)
+	if s.cfg.KSM {
+		if saved, ok := ksmSavedBytes(); ok {
+			fmt.Fprintln(bw, "# HELP agentvm_ksm_saved_bytes Memory the host's page merging (serve --ksm) saves, host-wide.")
+			fmt.Fprintln(bw, "# TYPE agentvm_ksm_saved_bytes gauge")
+			fmt.Fprintf(bw, "agentvm_ksm_saved_bytes %d\n", saved)
+		}
 	}
 	fmt.Fprintln(bw, "# HELP agentvm_warm_pool_ready Ready warm-pool VMs.")
 	fmt.Fprintln(bw, "# TYPE agentvm_warm_pool_ready gauge")

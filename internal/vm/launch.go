@@ -216,7 +216,6 @@ func (l *launching) start(ctx context.Context) error {
 // (and, for an unfinished create, removes) this QEMU at its next start.
 func (l *launching) recordPID(ctx context.Context) error {
 	l.v.PID = l.m.PID()
-	l.s.setMachineOOMScore(l.v.PID, l.v.State)
 	l.s.store.UpdateVM(ctx, l.v)
 	l.in = &instance{id: l.v.ID, paths: l.s.paths(l.v.ID), machine: l.m, net: l.net}
 	return nil

@@ -11,8 +11,8 @@ import (
 )
 
 func TestOOMOrder(t *testing.T) {
-	if !(oomScore(statePool) > oomScore(store.StateRunning) && oomScore(store.StateRunning) > 0 && OOMScoreDaemon < 0) {
-		t.Fatalf("OOM order: pool %d, VM %d, daemon %d", oomScore(statePool), oomScore(store.StateRunning), OOMScoreDaemon)
+	if !(oomScore(statePool) == 1000 && oomScore(store.StateRunning) > 0 && oomScore(store.StateRunning) < 1000) {
+		t.Fatalf("OOM order: pool %d, VM %d", oomScore(statePool), oomScore(store.StateRunning))
 	}
 	for _, st := range []store.State{store.StateCreating, store.StateRunning, store.StateStopped} {
 		if oomScore(st) != oomScoreVM {
@@ -21,20 +21,20 @@ func TestOOMOrder(t *testing.T) {
 	}
 }
 
-func TestSetOOMScore(t *testing.T) {
+func TestSetOOMScoreOfAProcess(t *testing.T) {
 	cmd := exec.Command("sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Skip("no sleep:", err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	if err := SetOOMScore(cmd.Process.Pid, oomScorePool); err != nil {
+	if err := setOOMScore(cmd.Process.Pid, oomScorePool); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/oom_score_adj")
 	if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(oomScorePool) {
 		t.Fatalf("oom_score_adj %q %v", b, err)
 	}
-	if err := SetOOMScore(1<<30, 0); err == nil {
+	if err := setOOMScore(1<<30, 0); err == nil {
 		t.Fatal("no error for a process that does not exist")
 	}
 }

@@ -71,6 +71,7 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 		h.destroy(context.Background())
 		return nil, false, err
 	}
+	s.setMachineOOMScore(in.machine.PID(), v.State) // someone's now: no longer first to go
 	s.nets.apply(v)
 	resize := o.DiskBytes > imgSize
 	if resize {
@@ -92,7 +93,6 @@ func (s *Service) claim(ctx context.Context, id string, o CreateOptions, imgSize
 	if err := h.finishCreate(ctx, start); err != nil {
 		return nil, false, err
 	}
-	s.setMachineOOMScore(in.machine.PID(), v.State) // no longer first to go
 	return v, true, nil
 }
 
@@ -124,7 +124,7 @@ func (s *Service) fillOne(key poolKey) error {
 	if err != nil {
 		return err
 	}
-	if err := s.admit(key.mem, 0); err != nil {
+	if err := s.room(key.mem, 0); err != nil { // not a refusal anyone sees
 		return err
 	}
 	v, _, err := s.insertRow(ctx, CreateOptions{Image: key.image, CPUs: key.cpus, MemoryMiB: key.mem, DiskBytes: img.SizeBytes, pool: true})

@@ -237,6 +237,7 @@ func (s *Service) reattach(ctx context.Context, v *store.VM) error {
 	if !s.setInstance(v.ID, in) {
 		return fmt.Errorf("this node was fenced (%s)", s.fence.why())
 	}
+	s.setMachineOOMScore(v.PID, v.State) // a QEMU started by an older daemon had none
 	go s.monitor(v.ID, in)
 	s.log.Info("reattached", "vm", v.ID, "pid", v.PID)
 	s.logEvent(v.ID, "daemon restarted: reattached to qemu pid %d", v.PID)

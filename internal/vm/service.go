@@ -305,7 +305,7 @@ func (s *Service) machineConfig(v *store.VM, p paths, img *image.Image) qemu.Con
 		CPUs: v.CPUs, MemoryMiB: v.MemoryMiB - v.HotMemoryMiB, PluggedMiB: v.HotMemoryMiB, Kernel: img.Kernel, Initrd: img.Initrd, Append: kernelAppend(s.cfg.Accel),
 		Disk: s.diskPath(v), QMPSock: p.QMP, AgentSock: p.Agent, NetSock: p.Net, LogPath: p.Log,
 		MAC: GuestMAC, VMGenID: newUUID(), Layout: layoutOf(v), StateCat: s.cfg.StateCat,
-		MemMerge: s.cfg.KSM,
+		MemMerge: s.cfg.KSM, OOMScoreAdj: oomScore(v.State),
 	}
 }
 

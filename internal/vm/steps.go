@@ -21,27 +21,50 @@ import (
 // host's room checked (admit), and every trace removed (destroy). Create,
 // fork, snapshot, suspend and wake are short compositions of them.
 
-// admit refuses a create the host cannot hold: guest RAM must fit in available
-// memory (with headroom for QEMU itself) and disk growth in free disk space.
-// Running VMs count by what they use (they are part of MemAvailable already).
-// Each refusal is logged and counted (AdmissionRefusals, /metrics).
+// admit refuses an operation the host cannot hold (room), and logs and
+// counts each refusal (AdmissionRefusals, /metrics).
 func (s *Service) admit(memMiB, diskGrowth int64) error {
+	err := s.room(memMiB, diskGrowth)
+	var short *shortOf
+	if errors.As(err, &short) {
+		s.refusals[short.disk].Add(1)
+		s.log.Warn("refused: the host is short of "+short.what(), "err", err)
+	}
+	return err
+}
+
+// room checks that guest RAM fits in available memory (with headroom for
+// QEMU itself) and disk growth in free disk space. Running VMs count by what
+// they use (they are part of MemAvailable already); nothing is reserved, so
+// operations checked at the same moment may all pass.
+func (s *Service) room(memMiB, diskGrowth int64) error {
 	avail, err := memAvailableMiB()
 	if err == nil && memMiB+128 > avail {
-		s.refusals[0].Add(1)
-		s.log.Warn("refused: the host is short of memory", "requested_mib", memMiB, "available_mib", avail)
-		return fmt.Errorf("%w: %d MiB of memory requested but the host has only %d MiB available", ErrInsufficient, memMiB, avail)
+		return &shortOf{fmt.Errorf("%w: %d MiB of memory requested but the host has only %d MiB available", ErrInsufficient, memMiB, avail), 0}
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(s.cfg.DataDir, &st); err == nil {
 		free := int64(st.Bavail) * st.Bsize
 		if diskGrowth+(512<<20) > free {
-			s.refusals[1].Add(1)
-			s.log.Warn("refused: the data dir is short of disk", "needed_mib", diskGrowth>>20, "free_mib", free>>20)
-			return fmt.Errorf("%w: disk needs %d MiB more than the image but %s has only %d MiB free", ErrInsufficient, diskGrowth>>20, s.cfg.DataDir, free>>20)
+			return &shortOf{fmt.Errorf("%w: disk needs %d MiB more than the image but %s has only %d MiB free", ErrInsufficient, diskGrowth>>20, s.cfg.DataDir, free>>20), 1}
 		}
 	}
 	return nil
+}
+
+// shortOf is room's refusal: of memory (disk 0) or of disk (1).
+type shortOf struct {
+	error
+	disk int
+}
+
+func (e *shortOf) Unwrap() error { return e.error }
+
+func (e *shortOf) what() string {
+	if e.disk == 1 {
+		return "disk"
+	}
+	return "memory"
 }
 
 // AdmissionRefusals counts the operations admit refused since the start,

@@ -90,17 +90,21 @@ type Config struct {
 	// on by default in QEMU; off here unless serve --ksm: merging equal
 	// pages across tenants opens a timing side channel between them).
 	MemMerge bool
+	// OOMScoreAdj is QEMU's oom_score_adj, written as soon as it starts
+	// (before it loads a state, its hungriest moment); 0 leaves it the
+	// daemon's.
+	OOMScoreAdj int
 }
 
 // Args returns the QEMU command line (without the binary).
 func (c Config) Args() []string {
-	mem := fmt.Sprintf("memory-backend-ram,id=mem,size=%dM", c.MemoryMiB)
+	mem := fmt.Sprintf("memory-backend-ram,id=mem,size=%dM,merge=%s", c.MemoryMiB, onOff(c.MemMerge))
 	if c.RAMPath != "" {
 		share := "off"
 		if c.RAMShared {
 			share = "on"
 		}
-		mem = fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s", c.MemoryMiB, c.RAMPath, share)
+		mem = fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s,merge=%s", c.MemoryMiB, c.RAMPath, share, onOff(c.MemMerge))
 	}
 	smp := fmt.Sprintf("%d,maxcpus=%d", c.CPUs, MaxCPUs(c.CPUs))
 	blk := "virtio-blk-pci,drive=disk0,id=vda,num-queues=" + strconv.Itoa(blkQueues)
@@ -203,6 +207,12 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
 	m := &Machine{cfg: cfg, pid: cmd.Process.Pid, done: make(chan struct{})}
+	if cfg.OOMScoreAdj != 0 {
+		adj := fmt.Sprintf("/proc/%d/oom_score_adj", m.pid)
+		if err := os.WriteFile(adj, []byte(strconv.Itoa(cfg.OOMScoreAdj)), 0); err != nil {
+			fmt.Fprintf(logf, "[agentvm] %s not set: %v\n", adj, err)
+		}
+	}
 	go func() {
 		cmd.Wait()
 		if ps := cmd.ProcessState; ps != nil {
