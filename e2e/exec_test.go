@@ -251,17 +251,17 @@ func TestWarmPool(t *testing.T) {
 	}
 	// The OOM order (docs/operations.md): the pool's VM first, then users'
 	// VMs, then the rest (the daemon keeps its own score).
-	qemus := testenv.QEMUsOf(s.DataDir)
+	qemus := dataDirQEMUs(s.DataDir)
 	var poolID string
 	for id := range qemus {
 		if id != a.ID {
 			poolID = id
 		}
 	}
-	if len(qemus) != 2 || testenv.OOMScore(qemus[a.ID]) != "500" || testenv.OOMScore(qemus[poolID]) != "1000" ||
+	if len(qemus) != 2 || testenv.OOMScore(qemuPID(qemus, a.ID)) != "500" || testenv.OOMScore(qemuPID(qemus, poolID)) != "1000" ||
 		testenv.OOMScore(s.PID()) != testenv.OOMScore(os.Getpid()) {
 		t.Fatalf("OOM scores: daemon %s, VM %s, pool VM %s (%v)", testenv.OOMScore(s.PID()),
-			testenv.OOMScore(qemus[a.ID]), testenv.OOMScore(qemus[poolID]), qemus)
+			testenv.OOMScore(qemuPID(qemus, a.ID)), testenv.OOMScore(qemuPID(qemus, poolID)), qemus)
 	}
 	b, err := s.Client.CreateVM(ctx, api.CreateVMRequest{Name: "pooled", Memory: 512 << 20, Disk: 10 << 30,
 		Env: map[string]string{"ROLE": "worker"}, Labels: map[string]string{"tier": "hot"}, IdempotencyKey: "pool-1"})
@@ -272,8 +272,8 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("not served from the pool: %+v", b)
 	}
 	t.Logf("create from the warm pool: %d ms (restore path: %d ms)", b.CreateMs, a.CreateMs)
-	if b.ID != poolID || testenv.OOMScore(qemus[b.ID]) != "500" {
-		t.Fatalf("the claimed pool VM %s (pool VM was %s) keeps OOM score %s", b.ID, poolID, testenv.OOMScore(qemus[b.ID]))
+	if b.ID != poolID || testenv.OOMScore(qemuPID(qemus, b.ID)) != "500" {
+		t.Fatalf("the claimed pool VM %s (pool VM was %s) keeps OOM score %s", b.ID, poolID, testenv.OOMScore(qemuPID(qemus, b.ID)))
 	}
 	r := s.Exec(ctx, "pooled", `hostname; grep -c pooled /etc/hosts; echo $ROLE; cat /etc/machine-id; df -B1M --output=size / | tail -1; ip -4 -o addr show eth0`)
 	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")

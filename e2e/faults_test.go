@@ -522,6 +522,14 @@ func dataDirQEMUs(dataDir string) map[string][]int {
 	return out
 }
 
+// qemuPID is the pid of VM id's QEMU in qemus (dataDirQEMUs), 0 if none.
+func qemuPID(qemus map[string][]int, id string) int {
+	if pids := qemus[id]; len(pids) > 0 {
+		return pids[0]
+	}
+	return 0
+}
+
 func isQEMUOf(pid int, id string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return err == nil && bytes.Contains(b, []byte("qemu-system")) && bytes.Contains(b, []byte("\x00guest="+id+","))

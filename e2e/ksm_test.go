@@ -44,13 +44,14 @@ func TestKSM(t *testing.T) {
 	a := on.CreateVM(ctx, api.CreateVMRequest{Name: "merged-a"})
 	b := on.CreateVM(ctx, api.CreateVMRequest{Name: "merged-b"})
 
-	onQEMU, offQEMU := testenv.QEMUsOf(on.DataDir), testenv.QEMUsOf(off.DataDir)
+	onQEMUs, offQEMUs := dataDirQEMUs(on.DataDir), dataDirQEMUs(off.DataDir)
+	qa, qb, qo := qemuPID(onQEMUs, a.ID), qemuPID(onQEMUs, b.ID), qemuPID(offQEMUs, o.ID)
 	cmdline := func(pid int) string {
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 		return string(b)
 	}
-	if !strings.Contains(cmdline(onQEMU[a.ID]), "mem-merge=on") || !strings.Contains(cmdline(offQEMU[o.ID]), "mem-merge=off") {
-		t.Fatalf("mem-merge: with --ksm %q, without %q", cmdline(onQEMU[a.ID]), cmdline(offQEMU[o.ID]))
+	if !strings.Contains(cmdline(qa), "mem-merge=on") || !strings.Contains(cmdline(qo), "mem-merge=off") {
+		t.Fatalf("mem-merge: with --ksm %q, without %q", cmdline(qa), cmdline(qo))
 	}
 	merging := func(pid int) int {
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/ksm_merging_pages")
@@ -64,10 +65,10 @@ func TestKSM(t *testing.T) {
 	}
 	start := scans()
 	waitUntil(t, "KSM merges the --ksm server's VMs and scans everything twice", 10*time.Minute, func() (bool, string) {
-		n := merging(onQEMU[a.ID]) + merging(onQEMU[b.ID])
+		n := merging(qa) + merging(qb)
 		return n > 0 && scans() >= start+2, "merging pages " + strconv.Itoa(n) + ", full scans " + strconv.Itoa(scans()-start)
 	})
-	if n := merging(offQEMU[o.ID]); n != 0 {
+	if n := merging(qo); n != 0 {
 		t.Fatalf("the VM of the server without --ksm has %d merged pages", n)
 	}
 	code, body := rawRequest(t, on, "GET", "/metrics", on.Token, "")

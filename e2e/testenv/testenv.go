@@ -372,30 +372,6 @@ func AllQEMUProcesses() []string {
 	return out
 }
 
-// QEMUsOf maps the VM ids of the QEMU processes of the server on dataDir to
-// their pids (QEMU's -name is guest=<id>,...).
-func QEMUsOf(dataDir string) map[string]int {
-	out := map[string]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(b, []byte("qemu-system")) || !bytes.Contains(b, []byte(dataDir)) {
-			continue
-		}
-		for _, arg := range strings.Split(string(b), "\x00") {
-			if id, ok := strings.CutPrefix(arg, "guest="); ok {
-				id, _, _ = strings.Cut(id, ",")
-				out[id] = pid
-			}
-		}
-	}
-	return out
-}
-
 // OOMScore is process pid's oom_score_adj ("" when unreadable).
 func OOMScore(pid int) string {
 	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "oom_score_adj"))
