@@ -2,11 +2,9 @@ package vm
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
-	"os"
-	"strconv"
 
+	"github.com/agentvm/agentvm/internal/hypervisor/qemu"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
@@ -29,21 +27,11 @@ func oomScore(st store.State) int {
 	return oomScoreVM
 }
 
-// setOOMScore sets process pid's oom_score_adj (QEMU sets its own at start:
-// qemu.Config.OOMScoreAdj). Raising it needs no privilege, nor lowering it
-// down to 0 (a pool VM claimed).
-func setOOMScore(pid, score int) error {
-	err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(score)), 0)
-	if err != nil {
-		return fmt.Errorf("oom_score_adj of pid %d: %w", pid, err)
-	}
-	return nil
-}
-
-// setMachineOOMScore gives a VM's QEMU the score of its state. A machine
+// setMachineOOMScore gives a running VM's QEMU the score of its state (QEMU
+// gets its first one as it starts: qemu.Config.OOMScoreAdj). A machine
 // without a process of its own (the fake hypervisor's) is left alone.
 func (s *Service) setMachineOOMScore(pid int, st store.State) {
-	if err := setOOMScore(pid, oomScore(st)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := qemu.SetOOMScoreAdj(pid, oomScore(st)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.log.Warn("OOM order not set", "pid", pid, "err", err)
 	}
 }

@@ -146,6 +146,16 @@ func (c Config) Args() []string {
 	return a
 }
 
+// SetOOMScoreAdj sets process pid's oom_score_adj. Raising it needs no
+// privilege, nor lowering it down to 0; below 0 needs CAP_SYS_RESOURCE.
+func SetOOMScoreAdj(pid, score int) error {
+	err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(score)), 0)
+	if err != nil {
+		return fmt.Errorf("oom_score_adj of pid %d: %w", pid, err)
+	}
+	return nil
+}
+
 func onOff(b bool) string {
 	if b {
 		return "on"
@@ -208,9 +218,8 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}
 	m := &Machine{cfg: cfg, pid: cmd.Process.Pid, done: make(chan struct{})}
 	if cfg.OOMScoreAdj != 0 {
-		adj := fmt.Sprintf("/proc/%d/oom_score_adj", m.pid)
-		if err := os.WriteFile(adj, []byte(strconv.Itoa(cfg.OOMScoreAdj)), 0); err != nil {
-			fmt.Fprintf(logf, "[agentvm] %s not set: %v\n", adj, err)
+		if err := SetOOMScoreAdj(m.pid, cfg.OOMScoreAdj); err != nil {
+			fmt.Fprintf(logf, "[agentvm] %v\n", err)
 		}
 	}
 	go func() {

@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -155,5 +158,23 @@ func TestAtLeast(t *testing.T) {
 	}
 	if !precopyUnreliable("tcg", "7.2.22") || precopyUnreliable("tcg", "9.0.0") {
 		t.Error("TCG precopy judged wrongly by version")
+	}
+}
+
+func TestSetOOMScoreAdj(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sleep:", err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if err := SetOOMScoreAdj(cmd.Process.Pid, 1000); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/oom_score_adj")
+	if err != nil || strings.TrimSpace(string(b)) != "1000" {
+		t.Fatalf("oom_score_adj %q %v", b, err)
+	}
+	if err := SetOOMScoreAdj(1<<30, 0); err == nil {
+		t.Fatal("no error for a process that does not exist")
 	}
 }
