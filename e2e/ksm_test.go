@@ -53,16 +53,13 @@ func TestKSM(t *testing.T) {
 	if !strings.Contains(cmdline(qa), "mem-merge=on") || !strings.Contains(cmdline(qo), "mem-merge=off") {
 		t.Fatalf("mem-merge: with --ksm %q, without %q", cmdline(qa), cmdline(qo))
 	}
-	merging := func(pid int) int {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/ksm_merging_pages")
+	number := func(path string) int { // a kernel counter file; 0 if unreadable
+		b, _ := os.ReadFile(path)
 		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		return n
 	}
-	scans := func() int {
-		b, _ := os.ReadFile("/sys/kernel/mm/ksm/full_scans")
-		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		return n
-	}
+	merging := func(pid int) int { return number("/proc/" + strconv.Itoa(pid) + "/ksm_merging_pages") }
+	scans := func() int { return number("/sys/kernel/mm/ksm/full_scans") }
 	start := scans()
 	waitUntil(t, "KSM merges the --ksm server's VMs and scans everything twice", 10*time.Minute, func() (bool, string) {
 		n := merging(qa) + merging(qb)

@@ -1270,9 +1270,7 @@ class TestPeerUidLive(unittest.TestCase):
         r = self.bash_client(become_nobody)
         self.assertNotIn(b"HTTP/1.1", r.stdout, r.stderr)
         self.assertNotEqual(r.returncode, 9, r.stderr)  # it did connect
-        _server_log.flush()
-        with open(_server_log.name) as f:
-            self.assertIn(f"owned by uid {nobody.pw_uid}", f.read())
+        self.assertTrue(server_log_has(f"owned by uid {nobody.pw_uid}"))
         self.assertEqual(request("GET", "/health")[0], 200)
 
 
