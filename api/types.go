@@ -161,6 +161,10 @@ type CreateVMRequest struct {
 	// Image is the image to create the VM from: "default" (the default) or
 	// "code-interpreter" (alias "code-interpreter-v1"). Not with From.
 	Image string `json:"image,omitempty"`
+	// Template creates the VM from a template built from a Dockerfile: a
+	// restore of its machine with the start command running, and the
+	// template's ENV added to Env. Not with From or Image.
+	Template string `json:"template,omitempty"`
 	// IdleTimeout suspends the VM after that long without activity (API,
 	// exec, terminals, SSH, preview traffic); DeleteAfter deletes it that
 	// long after its creation. "15m", "24h"; default never.

@@ -94,6 +94,11 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("GET /v1/snapshots/{id}", admin(s.getSnapshot))
 	authed.HandleFunc("DELETE /v1/snapshots/{id}", admin(s.deleteSnapshot))
 	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.scoped(api.PermExec, s.tcpVM))
+	authed.HandleFunc("POST /v1/templates/{name}/build", admin(s.buildTemplate))
+	authed.HandleFunc("GET /v1/templates", admin(s.listTemplates))
+	authed.HandleFunc("GET /v1/templates/{name}", admin(s.getTemplate))
+	authed.HandleFunc("DELETE /v1/templates/{name}", admin(s.deleteTemplate))
+	authed.HandleFunc("POST /v1/templates/prune", admin(s.pruneTemplates))
 	authed.HandleFunc("GET /v1/nodes", admin(s.listNodes))
 	authed.HandleFunc("DELETE /v1/nodes/{node}", admin(s.removeNode))
 	authed.HandleFunc("POST /v1/nodes/{node}/drain", admin(s.drainNode))
@@ -190,6 +195,10 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		body, r.Body = b, io.NopCloser(bytes.NewReader(b))
 	}
 	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if err := s.fromTemplate(r.Context(), &req); err != nil {
+		writeErr(w, err)
 		return
 	}
 	key := req.IdempotencyKey

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -71,6 +72,12 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if sn, err := s.svc.GetSnapshot(r.Context(), r.PathValue("id")); err == nil {
+		if user := s.builds.Uses(r.Context(), sn.ID); user != "" {
+			writeError(w, http.StatusConflict, api.CodeConflict, fmt.Sprintf("snapshot %s belongs to %s; agentvm template rm removes it with its template", sn.Name, user))
+			return
+		}
+	}
 	if err := s.svc.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
 		writeErr(w, err)
 		return

@@ -24,6 +24,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/budget"
+	"github.com/agentvm/agentvm/internal/builder"
 	"github.com/agentvm/agentvm/internal/cluster"
 	"github.com/agentvm/agentvm/internal/console"
 	"github.com/agentvm/agentvm/internal/e2b"
@@ -124,6 +125,7 @@ type Server struct {
 	ssh     *sshgw.Gateway
 	proxy   *proxy.Proxy
 	e2b     *e2b.Server
+	builds  *builder.Builder // templates built from Dockerfiles
 	metrics metrics
 	// mem is the daemon-wide memory budget of what requests hold (nil:
 	// unlimited; serve --memory-budget).
@@ -366,6 +368,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, err
 	}
+	s.builds = builder.New(s.svc, s.store, filepath.Join(cfg.DataDir, "builds"), cfg.Log)
+	s.builds.Cleanup(ctx)
 	if s.proxy != nil {
 		s.restoreTCPExposures(ctx)
 	}

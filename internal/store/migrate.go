@@ -184,6 +184,33 @@ ALTER TABLE sandboxes ADD COLUMN timeout_ms INTEGER NOT NULL DEFAULT 0;`,
 	`SELECT 1;`,
 	// 11: an E2B sandbox whose ports answer only with its traffic token.
 	`ALTER TABLE sandboxes ADD COLUMN private_traffic INTEGER NOT NULL DEFAULT 0;`,
+	// 12: templates built from a Dockerfile, and the cache of their steps
+	// (each a snapshot keyed by its parent and its exact inputs).
+	`CREATE TABLE templates (
+	name TEXT PRIMARY KEY,
+	snapshot_id TEXT NOT NULL,
+	base TEXT NOT NULL,
+	dockerfile TEXT NOT NULL,
+	layers TEXT NOT NULL,
+	steps TEXT NOT NULL,
+	start_cmd TEXT NOT NULL,
+	ready TEXT NOT NULL,
+	env TEXT NOT NULL,
+	workdir TEXT NOT NULL,
+	user_name TEXT NOT NULL,
+	expose TEXT NOT NULL,
+	build_log TEXT NOT NULL,
+	build_ms INTEGER NOT NULL,
+	created_at INTEGER NOT NULL,
+	built_at INTEGER NOT NULL
+);
+CREATE TABLE template_layers (
+	key TEXT PRIMARY KEY,
+	snapshot_id TEXT NOT NULL,
+	parent TEXT NOT NULL,
+	step TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -195,6 +195,32 @@ CREATE TRIGGER ports_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON por
 	FOR EACH STATEMENT EXECUTE FUNCTION agentvm_store_changed();`,
 	// 11: an E2B sandbox whose ports answer only with its traffic token.
 	`ALTER TABLE sandboxes ADD COLUMN private_traffic BOOLEAN NOT NULL DEFAULT false;`,
+	// 12: templates built from a Dockerfile, and the cache of their steps.
+	`CREATE TABLE templates (
+	name TEXT PRIMARY KEY,
+	snapshot_id TEXT NOT NULL,
+	base TEXT NOT NULL,
+	dockerfile TEXT NOT NULL,
+	layers TEXT NOT NULL,
+	steps TEXT NOT NULL,
+	start_cmd TEXT NOT NULL,
+	ready TEXT NOT NULL,
+	env TEXT NOT NULL,
+	workdir TEXT NOT NULL,
+	user_name TEXT NOT NULL,
+	expose TEXT NOT NULL,
+	build_log TEXT NOT NULL,
+	build_ms BIGINT NOT NULL,
+	created_at BIGINT NOT NULL,
+	built_at BIGINT NOT NULL
+);
+CREATE TABLE template_layers (
+	key TEXT PRIMARY KEY,
+	snapshot_id TEXT NOT NULL,
+	parent TEXT NOT NULL,
+	step TEXT NOT NULL,
+	created_at BIGINT NOT NULL
+);`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

@@ -1,0 +1,313 @@
+package main
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/pkg/client"
+	"github.com/moby/patternmatcher"
+	"github.com/moby/patternmatcher/ignorefile"
+	"github.com/spf13/cobra"
+)
+
+func templateCmd() *cobra.Command {
+	c := &cobra.Command{Use: "template", Short: "Templates built from a Dockerfile: a create restores the built machine, its start command already running"}
+	c.AddCommand(templateBuildCmd(), templateLsCmd(), templateInspectCmd(), templateRmCmd(), templatePruneCmd())
+	return c
+}
+
+func templateBuildCmd() *cobra.Command {
+	var (
+		file, memory, disk string
+		args               []string
+		o                  client.BuildOptions
+		asJSON             bool
+	)
+	c := &cobra.Command{
+		Use:   "build NAME [CONTEXT]",
+		Short: "Build (or rebuild) a template from a Dockerfile; unchanged steps come from the cache",
+		Long: `Build a template from a Dockerfile (default CONTEXT/Dockerfile) and the files of CONTEXT
+(default ., less what its .dockerignore excludes). Each RUN and COPY runs in a real VM and its result
+is cached; a rebuild reuses the steps before the first one that changed. The build ends by starting
+CMD/ENTRYPOINT, waiting until it is ready (HEALTHCHECK, else the EXPOSEd ports) and snapshotting the
+running machine: agentvm create --template NAME restores it with the start command already serving.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			dir := "."
+			if len(a) == 2 {
+				dir = a[1]
+			}
+			var err error
+			if o.BuildArgs, err = parseKV(args, "build-arg"); err != nil {
+				return err
+			}
+			o.Memory, o.Disk = memory, disk
+			for _, p := range []struct{ flag, v string }{{"--memory", memory}, {"--disk", disk}} {
+				if p.v != "" {
+					if _, err := api.ParseSize(p.v); err != nil {
+						return fmt.Errorf("%s: %w", p.flag, err)
+					}
+				}
+			}
+			pr, pw := io.Pipe()
+			df, hidden, err := dockerfileIn(dir, file)
+			if err != nil {
+				return err
+			}
+			o.Dockerfile = df
+			go func() { pw.CloseWithError(tarContext(pw, dir, hidden)) }()
+			start := time.Now()
+			t, err := client.FromEnv().BuildTemplate(cmd.Context(), a[0], pr, o, func(ev api.BuildEvent) {
+				switch {
+				case ev.Instruction != "":
+					mark := ""
+					if ev.Cached {
+						mark = "  CACHED"
+					}
+					fmt.Fprintf(os.Stderr, "[%d/%d] %s%s\n", ev.Step, ev.Of, ev.Instruction, mark)
+				case ev.Log != "":
+					fmt.Fprint(os.Stderr, "  "+ev.Log)
+				}
+			})
+			pr.CloseWithError(errors.New("the build ended"))
+			if err != nil {
+				var be *client.BuildError
+				if errors.As(err, &be) && be.Step > 0 {
+					return fmt.Errorf("build failed: %s", be.Message)
+				}
+				return err
+			}
+			if asJSON {
+				return printJSON(t)
+			}
+			fmt.Printf("template %s built in %.1fs (snapshot %s)\n", t.Name, time.Since(start).Seconds(), t.Snapshot)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVarP(&file, "file", "f", "", "the Dockerfile (default CONTEXT/Dockerfile)")
+	f.StringArrayVar(&args, "build-arg", nil, "set an ARG: NAME=VALUE (repeatable)")
+	f.BoolVar(&o.NoCache, "no-cache", false, "run every step again")
+	f.IntVar(&o.CPUs, "cpus", 0, "the build machine's and the template's vCPUs (default 1; a template on a template keeps its base's)")
+	f.StringVar(&memory, "memory", "", "its memory (MiB, or with K/M/G suffix; default 1024)")
+	f.StringVar(&disk, "disk", "", "its disk (default 8G)")
+	f.DurationVar(&o.ReadyTimeout, "ready-timeout", 0, "how long the start command may take to be ready (default 5m)")
+	f.BoolVar(&asJSON, "json", false, "print the template as JSON")
+	return c
+}
+
+// dockerfileIn returns the Dockerfile's path in the context tar, and its
+// path on disk when it lies outside the context (sent under a hidden name).
+func dockerfileIn(dir, file string) (string, string, error) {
+	if file == "" {
+		file = filepath.Join(dir, "Dockerfile")
+	}
+	st, err := os.Stat(file)
+	if err != nil {
+		return "", "", fmt.Errorf("the Dockerfile: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", "", fmt.Errorf("the Dockerfile %s is not a file", file)
+	}
+	absDir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", "", err
+	}
+	absFile, err := filepath.Abs(file)
+	if err != nil {
+		return "", "", err
+	}
+	if rel, err := filepath.Rel(absDir, absFile); err == nil && !strings.HasPrefix(rel, "..") {
+		return filepath.ToSlash(rel), "", nil
+	}
+	return api.HiddenDockerfile, absFile, nil
+}
+
+// tarContext writes dir as a tar, less what its .dockerignore excludes
+// (the Dockerfile and .dockerignore are always sent); hidden, when set, is
+// a Dockerfile from outside dir, sent as api.HiddenDockerfile.
+func tarContext(w io.Writer, dir, hidden string) error {
+	var pm *patternmatcher.PatternMatcher
+	if f, err := os.Open(filepath.Join(dir, ".dockerignore")); err == nil {
+		patterns, err := ignorefile.ReadAll(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf(".dockerignore: %w", err)
+		}
+		if pm, err = patternmatcher.New(patterns); err != nil {
+			return fmt.Errorf(".dockerignore: %w", err)
+		}
+	}
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if pm != nil && rel != ".dockerignore" && rel != "Dockerfile" {
+			if skip, err := pm.MatchesOrParentMatches(rel); err != nil {
+				return err
+			} else if skip {
+				if d.IsDir() && !pm.Exclusions() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		} else if !info.Mode().IsRegular() && !info.IsDir() {
+			return nil // sockets, devices: not part of a context
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name, hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = rel, "", "", 0, 0
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		return writeEntry(tw, hdr, p)
+	})
+	if err != nil {
+		return err
+	}
+	if hidden != "" {
+		info, err := os.Stat(hidden)
+		if err != nil {
+			return err
+		}
+		hdr, err := tar.FileInfoHeader(info, "")
+		if err != nil {
+			return err
+		}
+		hdr.Name = api.HiddenDockerfile
+		if err := writeEntry(tw, hdr, hidden); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+func writeEntry(tw *tar.Writer, hdr *tar.Header, p string) error {
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if hdr.Typeflag != tar.TypeReg {
+		return nil
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.CopyN(tw, f, hdr.Size)
+	return err
+}
+
+func templateLsCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List templates",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ts, err := client.FromEnv().ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(ts)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tBASE\tSTEPS\tSTART\tCPUS\tMEMORY\tSTATE\tBUILT")
+			for _, t := range ts {
+				start := strings.Join(t.Start, " ")
+				if len(start) > 40 {
+					start = start[:37] + "..."
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%dM\t%dM\t%s ago\n", t.Name, t.Base, len(t.Steps), start, t.CPUs, t.MemoryMiB,
+					t.StateBytes>>20, time.Since(t.BuiltAt).Round(time.Second))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func templateInspectCmd() *cobra.Command {
+	var log bool
+	c := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "Show a template as JSON, with its Dockerfile and last build's log (--log: the log alone)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			t, err := client.FromEnv().GetTemplate(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if log {
+				fmt.Print(t.BuildLog)
+				return nil
+			}
+			return printJSON(t)
+		},
+	}
+	c.Flags().BoolVar(&log, "log", false, "print the last build's log")
+	return c
+}
+
+func templateRmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove templates and the cached steps no other template uses (VMs made from them keep running)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			var errs []error
+			for _, n := range a {
+				if err := client.FromEnv().DeleteTemplate(cmd.Context(), n); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", n, err))
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func templatePruneCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "prune",
+		Short: "Remove cached build steps no template uses (left by failed or superseded builds)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			n, err := client.FromEnv().PruneTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Printf("removed %d cached steps\n", n)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,462 @@
+// Package builder builds templates from Dockerfiles: each step runs in a
+// real VM, the machine after each RUN and COPY is kept as a snapshot keyed
+// by its parent and its exact inputs (the cache), and the build ends by
+// starting the start command, waiting until it is ready, and snapshotting
+// the running machine, so that a VM made from the template is a restore
+// whose service already answers.
+package builder
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// ErrInvalid, ErrConflict and ErrNotFound are the vm package's, so that
+// the server maps them as it maps every other.
+var (
+	ErrInvalid  = vm.ErrInvalid
+	ErrConflict = vm.ErrConflict
+	ErrNotFound = vm.ErrNotFound
+)
+
+// BuildLabel marks a build's VM.
+const BuildLabel = api.TemplateBuildLabel
+
+// StartService is the name of the service that runs a template's start
+// command in its VMs.
+const StartService = "template-start"
+
+// Machines is what a build needs of the VM service.
+type Machines interface {
+	Create(ctx context.Context, o vm.CreateOptions) (*store.VM, bool, error)
+	CreateFrom(ctx context.Context, snap string, o vm.CreateOptions) (*store.VM, bool, error)
+	Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error)
+	Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error)
+	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, idOrName string) error
+	Delete(ctx context.Context, idOrName string) error
+	List(ctx context.Context) ([]*store.VM, error)
+	IsLocal(v *store.VM) bool
+	EnsureTemplate(ctx context.Context, imageName string, cpus int, memMiB int64) (*vm.Template, error)
+}
+
+// Builder builds, lists and removes templates.
+type Builder struct {
+	m       Machines
+	store   *store.Store
+	workDir string // build contexts, unpacked
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	building map[string]bool // template names with a build under way
+	gc       sync.RWMutex    // builds share it; a prune holds it alone
+}
+
+// New returns a builder that keeps build contexts under workDir.
+func New(m Machines, st *store.Store, workDir string, log *slog.Logger) *Builder {
+	return &Builder{m: m, store: st, workDir: workDir, log: log, building: map[string]bool{}}
+}
+
+// Request is one build.
+type Request struct {
+	Name       string
+	Context    io.Reader // a tar of the build context
+	Dockerfile string    // its path in the context (default "Dockerfile")
+	BuildArgs  map[string]string
+	NoCache    bool
+	CPUs       int
+	MemoryMiB  int64
+	DiskBytes  int64
+	// ReadyTimeout bounds the wait for the start command to be ready.
+	ReadyTimeout time.Duration
+}
+
+// Event is one line of a build's progress.
+type Event struct {
+	Step        int    `json:"step,omitempty"` // 1-based; 0 for the build's own lines
+	Of          int    `json:"of,omitempty"`
+	Instruction string `json:"instruction,omitempty"`
+	Cached      bool   `json:"cached,omitempty"`
+	Log         string `json:"log,omitempty"`
+}
+
+// StepError is a failed step: which, its exit code and its last output.
+type StepError struct {
+	Step        int    `json:"step"`
+	Line        int    `json:"line"`
+	Instruction string `json:"instruction"`
+	ExitCode    int    `json:"exit_code"`
+	Output      string `json:"output"`
+	Reason      string `json:"reason"`
+}
+
+func (e *StepError) Error() string {
+	msg := fmt.Sprintf("step %d (Dockerfile line %d) %s: %s", e.Step, e.Line, e.Instruction, e.Reason)
+	if e.Line == 0 {
+		msg = fmt.Sprintf("step %d %s: %s", e.Step, e.Instruction, e.Reason)
+	}
+	if e.Output != "" {
+		msg += "; its last output:\n" + e.Output
+	}
+	return msg
+}
+
+var nameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+
+// ValidateName checks a template name.
+func ValidateName(n string) error {
+	if !nameRe.MatchString(n) {
+		return fmt.Errorf("%w: invalid template name %q: use 1-63 lowercase letters, digits, '.', '_' and '-', starting and ending with a letter or digit", ErrInvalid, n)
+	}
+	return nil
+}
+
+// Build runs a build to its end, sending progress to out; on success the
+// template is saved (a rebuild replaces it) and returned.
+func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*store.Template, error) {
+	started := time.Now()
+	if err := ValidateName(req.Name); err != nil {
+		return nil, err
+	}
+	if _, err := image.Resolve(req.Name); err == nil {
+		return nil, fmt.Errorf("%w: %q is an image's name; a template needs its own", ErrInvalid, req.Name)
+	}
+	if req.Dockerfile == "" {
+		req.Dockerfile = "Dockerfile"
+	}
+	if req.ReadyTimeout <= 0 {
+		req.ReadyTimeout = 5 * time.Minute
+	}
+	b.mu.Lock()
+	if b.building[req.Name] {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: template %s is being built; wait for that build to end", ErrConflict, req.Name)
+	}
+	b.building[req.Name] = true
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.building, req.Name)
+		b.mu.Unlock()
+	}()
+
+	dir := filepath.Join(b.workDir, "ctx-"+randHex(6))
+	defer os.RemoveAll(dir)
+	bctx, err := unpackContext(req.Context, dir)
+	if err != nil {
+		return nil, err
+	}
+	df := strings.TrimPrefix(filepath.ToSlash(filepath.Clean("/"+req.Dockerfile)), "/")
+	if bctx.kinds[df] != 0 || !bctx.has(df) {
+		return nil, fmt.Errorf("%w: the build context has no file %s (the Dockerfile)", ErrInvalid, req.Dockerfile)
+	}
+	text, err := os.ReadFile(filepath.Join(dir, df))
+	if err != nil {
+		return nil, err
+	}
+	if df == HiddenDockerfile {
+		bctx.hide(df)
+	}
+	var parent *store.Template
+	var parentSnap *store.Snapshot
+	p, err := parsePlan(text, bctx, req.BuildArgs, func(name string) (*base, error) {
+		if _, err := image.Resolve(name); err == nil { // an image's name or alias (built, if need be, by the create)
+			return &base{}, nil
+		}
+		t, err := b.store.GetTemplate(ctx, name)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("%s is neither an image (default, code-interpreter, browser) nor a template; OCI image bases are not supported", name)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if name == req.Name {
+			return nil, fmt.Errorf("a template cannot be built on itself")
+		}
+		if parentSnap, err = b.m.GetSnapshot(ctx, t.SnapshotID); err != nil {
+			return nil, fmt.Errorf("template %s: its snapshot is gone (%v); rebuild it", name, err)
+		}
+		parent = t
+		return &base{env: t.Env, workdir: t.Workdir, user: t.User, start: t.Start, ready: readyArgv(t.Ready), expose: t.Expose}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// The shape: a template on a template keeps its parent's.
+	cpus, mem, disk := req.CPUs, req.MemoryMiB, req.DiskBytes
+	var baseKey string
+	if parent != nil {
+		if (cpus != 0 && cpus != parentSnap.CPUs) || (mem != 0 && mem != parentSnap.MemoryMiB) {
+			return nil, fmt.Errorf("%w: template %s has %d vCPUs and %d MiB; a template built on it keeps that shape", ErrInvalid, parent.Name, parentSnap.CPUs, parentSnap.MemoryMiB)
+		}
+		cpus, mem = parentSnap.CPUs, parentSnap.MemoryMiB
+		if disk < parentSnap.DiskBytes {
+			disk = parentSnap.DiskBytes
+		}
+		baseKey = parent.Layers[len(parent.Layers)-1]
+	} else {
+		if cpus == 0 {
+			cpus = vm.DefaultCPUs
+		}
+		if mem == 0 {
+			mem = vm.DefaultMemoryMiB
+		}
+		if disk == 0 {
+			disk = vm.DefaultDiskBytes
+		}
+		probe := vm.CreateOptions{CPUs: cpus, MemoryMiB: mem, DiskBytes: disk}
+		if err := probe.Validate(); err != nil {
+			return nil, err
+		}
+		out(Event{Log: fmt.Sprintf("base image %s (%d vCPUs, %d MiB, %d MiB disk)\n", p.from, cpus, mem, disk>>20)})
+		tpl, err := b.m.EnsureTemplate(ctx, p.from, cpus, mem)
+		if err != nil {
+			return nil, err
+		}
+		baseKey = hashOf("image", tpl.Key, fmt.Sprint(disk))
+	}
+
+	// Every step's key, from its parent's and its inputs.
+	key := baseKey
+	layers := []string{baseKey}
+	for _, s := range p.steps {
+		in, err := s.inputs(bctx)
+		if err != nil {
+			return nil, err
+		}
+		key = hashOf(key, in)
+		s.key = key
+		layers = append(layers, key)
+	}
+	final := hashOf(key, "start", jsonOf(p.start), jsonOf(p.ready), fmt.Sprint(p.noReady), jsonOf(sortedEnv(p.env)), p.workdir, p.user, jsonOf(p.expose))
+	layers = append(layers, final)
+
+	r := &run{b: b, req: req, p: p, files: bctx, out: out, total: len(p.steps) + 2}
+	snap, err := r.execute(ctx, parentSnap, baseKey, final, cpus, mem, disk)
+	if err != nil {
+		return nil, err
+	}
+	t := &store.Template{Name: req.Name, SnapshotID: snap, Base: p.from, Dockerfile: string(text), Layers: layers, Steps: p.text,
+		Start: p.start, Ready: readyText(p.ready), Env: p.env, Workdir: p.workdir, User: p.user, Expose: p.expose,
+		BuildLog: r.logTail(), BuildMs: time.Since(started).Milliseconds(), CreatedAt: time.Now().UTC(), BuiltAt: time.Now().UTC()}
+	if p.noReady {
+		t.Ready = ""
+	}
+	if err := b.store.PutTemplate(context.WithoutCancel(ctx), t); err != nil {
+		return nil, err
+	}
+	b.log.Info("template built", "template", t.Name, "snapshot", snap, "steps", len(p.steps), "ms", t.BuildMs)
+	return t, nil
+}
+
+// HiddenDockerfile is where a client sends a Dockerfile from outside the
+// context.
+const HiddenDockerfile = api.HiddenDockerfile
+
+func (c *buildContext) has(p string) bool { _, ok := c.kinds[p]; return ok }
+
+func (c *buildContext) hide(p string) {
+	delete(c.kinds, p)
+	for i, x := range c.paths {
+		if x == p {
+			c.paths = append(c.paths[:i], c.paths[i+1:]...)
+			break
+		}
+	}
+}
+
+// inputs is what a step's cache key covers.
+func (s *step) inputs(c *buildContext) (string, error) {
+	if s.copy != nil {
+		d, err := s.copy.digest(c)
+		return "copy " + d, err
+	}
+	return "run " + jsonOf(s.argv) + " env " + jsonOf(sortedEnv(s.env)) + " user " + s.user + " cwd " + s.cwd, nil
+}
+
+func sortedEnv(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func hashOf(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		fmt.Fprintf(h, "%d:%s\n", len(p), p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// readyText is how a template keeps its ready check: a shell command as
+// written, an exec form as JSON.
+func readyText(argv []string) string {
+	if len(argv) == 3 && argv[0] == "/bin/sh" && argv[1] == "-c" {
+		return argv[2]
+	}
+	if len(argv) == 0 {
+		return ""
+	}
+	return jsonOf(argv)
+}
+
+// readyArgv turns a kept ready check back into an argv.
+func readyArgv(s string) []string {
+	var argv []string
+	if strings.HasPrefix(s, "[") && json.Unmarshal([]byte(s), &argv) == nil {
+		return argv
+	}
+	if s == "" {
+		return nil
+	}
+	return []string{"/bin/sh", "-c", s}
+}
+
+// Cleanup deletes the VMs of builds a previous daemon did not finish.
+func (b *Builder) Cleanup(ctx context.Context) {
+	os.RemoveAll(b.workDir)
+	vms, err := b.m.List(ctx)
+	if err != nil {
+		return
+	}
+	for _, v := range vms {
+		if _, ok := v.Labels[BuildLabel]; ok && b.m.IsLocal(v) {
+			b.log.Info("deleting the VM of an unfinished template build", "vm", v.ID, "template", v.Labels[BuildLabel])
+			b.m.Delete(ctx, v.ID)
+		}
+	}
+}
+
+// List returns every template.
+func (b *Builder) List(ctx context.Context) ([]*store.Template, error) {
+	return b.store.ListTemplates(ctx)
+}
+
+// Get returns a template by name.
+func (b *Builder) Get(ctx context.Context, name string) (*store.Template, error) {
+	t, err := b.store.GetTemplate(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: no template named %q", ErrNotFound, name)
+	}
+	return t, err
+}
+
+// Delete removes a template and every cached step no other template uses.
+func (b *Builder) Delete(ctx context.Context, name string) error {
+	b.mu.Lock()
+	busy := b.building[name]
+	b.mu.Unlock()
+	if busy {
+		return fmt.Errorf("%w: template %s is being built", ErrConflict, name)
+	}
+	ts, err := b.store.ListTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if t.Base == name {
+			return fmt.Errorf("%w: template %s is built on %s; remove it first", ErrConflict, t.Name, name)
+		}
+	}
+	if err := b.store.DeleteTemplate(ctx, name); errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: no template named %q", ErrNotFound, name)
+	} else if err != nil {
+		return err
+	}
+	// Its steps go now, unless a build holds the cache: then at the next prune.
+	if _, err := b.Prune(ctx); err != nil && !errors.Is(err, ErrConflict) {
+		return err
+	}
+	return nil
+}
+
+// Prune deletes every cached step (and its snapshot) that no template
+// uses, and returns how many.
+func (b *Builder) Prune(ctx context.Context) (int, error) {
+	if !b.gc.TryLock() {
+		return 0, fmt.Errorf("%w: a template build is under way; prune after it", ErrConflict)
+	}
+	defer b.gc.Unlock()
+	ts, err := b.store.ListTemplates(ctx)
+	if err != nil {
+		return 0, err
+	}
+	used := map[string]bool{}
+	for _, t := range ts {
+		for _, k := range t.Layers {
+			used[k] = true
+		}
+		used["snap:"+t.SnapshotID] = true
+	}
+	ls, err := b.store.ListLayers(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, l := range ls {
+		if used[l.Key] || used["snap:"+l.SnapshotID] {
+			continue
+		}
+		if err := b.m.DeleteSnapshot(ctx, l.SnapshotID); err != nil && !errors.Is(err, vm.ErrNotFound) {
+			return n, fmt.Errorf("cached step %s: %w", l.Key[:12], err)
+		}
+		if err := b.store.DeleteLayer(ctx, l.Key); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// Uses names the template or cached step that needs a snapshot ("" for
+// none): such a snapshot is removed with its template, not alone.
+func (b *Builder) Uses(ctx context.Context, snapID string) string {
+	ts, _ := b.store.ListTemplates(ctx)
+	for _, t := range ts {
+		if t.SnapshotID == snapID {
+			return "template " + t.Name
+		}
+	}
+	ls, _ := b.store.ListLayers(ctx)
+	for _, l := range ls {
+		if l.SnapshotID == snapID {
+			return "a cached template build step (agentvm template prune removes those no template uses)"
+		}
+	}
+	return ""
+}

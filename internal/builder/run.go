@@ -1,0 +1,399 @@
+package builder
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/store"
+	"github.com/agentvm/agentvm/internal/vm"
+)
+
+// run is one build's execution: the machine, its steps, its output.
+type run struct {
+	b     *Builder
+	req   Request
+	p     *plan
+	files *buildContext
+	out   func(Event)
+	total int // steps shown: FROM, each step, the start
+
+	step int    // the step under way (1-based)
+	log  []byte // the build's output, its last maxLog bytes
+	tail []string
+	part []byte // a line not ended yet
+	made map[string]bool
+}
+
+const (
+	maxLog    = 64 << 10
+	tailLines = 20
+)
+
+// emit sends a step's heading.
+func (r *run) heading(step int, text string, cached bool) {
+	r.step = step
+	r.tail = nil
+	r.out(Event{Step: step, Of: r.total, Instruction: text, Cached: cached})
+	mark := ""
+	if cached {
+		mark = " (cached)"
+	}
+	r.keep(fmt.Sprintf("[%d/%d] %s%s\n", step, r.total, text, mark))
+}
+
+// Write takes a step's output (stdout and stderr), sent a line at a time.
+func (r *run) Write(b []byte) (int, error) {
+	r.part = append(r.part, b...)
+	for {
+		i := bytes.IndexByte(r.part, '\n')
+		if i < 0 && len(r.part) < 4096 {
+			break
+		}
+		if i < 0 {
+			i = len(r.part) - 1
+		}
+		line := string(r.part[:i+1])
+		r.part = r.part[i+1:]
+		r.line(line)
+	}
+	return len(b), nil
+}
+
+func (r *run) flush() {
+	if len(r.part) > 0 {
+		r.line(string(r.part) + "\n")
+		r.part = nil
+	}
+}
+
+// line is a line of a step's own output: sent, kept, and in the tail a
+// failure shows.
+func (r *run) line(l string) {
+	r.note(l)
+	r.tail = append(r.tail, strings.TrimRight(l, "\n"))
+	if len(r.tail) > tailLines {
+		r.tail = r.tail[len(r.tail)-tailLines:]
+	}
+}
+
+// note is a line of the builder's own.
+func (r *run) note(l string) {
+	r.out(Event{Step: r.step, Log: l})
+	r.keep(l)
+}
+
+func (r *run) keep(s string) {
+	r.log = append(r.log, s...)
+	if len(r.log) > maxLog {
+		r.log = r.log[len(r.log)-maxLog:]
+	}
+}
+
+func (r *run) logTail() string { return string(r.log) }
+
+func (r *run) fail(s *step, exit int, reason string) error {
+	r.flush()
+	text, line := r.startText(), r.p.startLine // the start command's, unless a step's
+	if s != nil {
+		text, line = s.text, s.line
+	}
+	return &StepError{Step: r.step, Line: line, Instruction: text, ExitCode: exit, Output: strings.Join(r.tail, "\n"), Reason: reason}
+}
+
+// cached returns the snapshot a cached step left, "" if none; a step whose
+// snapshot was removed is forgotten.
+func (r *run) cached(ctx context.Context, key string) string {
+	if r.req.NoCache {
+		return ""
+	}
+	l, err := r.b.store.GetLayer(ctx, key)
+	if err != nil {
+		return ""
+	}
+	if _, err := r.b.m.GetSnapshot(ctx, l.SnapshotID); err != nil {
+		if errors.Is(err, vm.ErrNotFound) {
+			r.b.store.DeleteLayer(ctx, key)
+		}
+		return ""
+	}
+	return l.SnapshotID
+}
+
+// execute runs what is not cached and returns the final snapshot.
+func (r *run) execute(ctx context.Context, parentSnap *store.Snapshot, baseKey, final string, cpus int, mem, disk int64) (string, error) {
+	r.b.gc.RLock()
+	defer r.b.gc.RUnlock()
+	steps := r.p.steps
+	if snap := r.cached(ctx, final); snap != "" {
+		r.heading(1, r.p.text[0], true)
+		for i, s := range steps {
+			r.heading(i+2, s.text, true)
+		}
+		r.heading(r.total, r.startText(), true)
+		return snap, nil
+	}
+	from, fromSnap := -1, ""
+	for i := len(steps) - 1; i >= 0; i-- {
+		if snap := r.cached(ctx, steps[i].key); snap != "" {
+			from, fromSnap = i, snap
+			break
+		}
+	}
+	r.heading(1, r.p.text[0], from >= 0)
+	o := vm.CreateOptions{Name: "build-" + randHex(5), CPUs: cpus, MemoryMiB: mem, DiskBytes: disk,
+		Labels: map[string]string{BuildLabel: r.req.Name}, Env: map[string]string{}}
+	var v *store.VM
+	var err error
+	switch {
+	case fromSnap != "":
+		v, _, err = r.b.m.CreateFrom(ctx, fromSnap, o)
+	case parentSnap != nil:
+		v, _, err = r.b.m.CreateFrom(ctx, parentSnap.ID, o)
+	default:
+		o.Image = r.p.from
+		v, _, err = r.b.m.Create(ctx, o)
+	}
+	if v != nil {
+		defer func() {
+			if err := r.b.m.Delete(context.WithoutCancel(ctx), v.ID); err != nil {
+				r.b.log.Warn("deleting a build's VM", "vm", v.ID, "err", err)
+			}
+		}()
+	}
+	if err != nil {
+		return "", fmt.Errorf("starting the build's VM: %w", err)
+	}
+	_, g, err := r.b.m.Guest(ctx, v.ID)
+	if err != nil {
+		return "", fmt.Errorf("the build's VM: %w", err)
+	}
+	r.made = map[string]bool{"/": true}
+	parent := baseKey
+	for i, s := range steps {
+		r.heading(i+2, s.text, i <= from)
+		if i <= from {
+			parent = s.key
+			continue
+		}
+		if err := r.runStep(ctx, g, s); err != nil {
+			return "", err
+		}
+		if _, err := r.layer(ctx, v.ID, s.key, parent, s.text); err != nil {
+			return "", err
+		}
+		parent = s.key
+	}
+	r.heading(r.total, r.startText(), false)
+	if err := r.start(ctx, g); err != nil {
+		return "", err
+	}
+	return r.layer(ctx, v.ID, final, parent, r.startText())
+}
+
+func (r *run) startText() string {
+	switch {
+	case len(r.p.start) == 0:
+		return "snapshot (no start command)"
+	case r.p.startText == "":
+		return "start " + strings.Join(r.p.start, " ") + " (the base template's)"
+	}
+	return "start " + strings.Join(r.p.start, " ")
+}
+
+// layer snapshots the machine as the cached step key.
+func (r *run) layer(ctx context.Context, vmID, key, parent, text string) (string, error) {
+	sn, err := r.b.m.Snapshot(ctx, vmID, "layer-"+key[:16]+"-"+randHex(3))
+	if err != nil {
+		return "", fmt.Errorf("step %d: saving its result: %w", r.step, err)
+	}
+	r.note(fmt.Sprintf("saved as %s (%d MiB of memory state, guest paused %d ms)\n", sn.Name, sn.Bytes>>20, sn.PausedMs))
+	err = r.b.store.PutLayer(context.WithoutCancel(ctx), &store.Layer{Key: key, SnapshotID: sn.ID, Parent: parent, Step: text, CreatedAt: time.Now().UTC()})
+	if errors.Is(err, store.ErrConflict) { // another build cached the same step meanwhile
+		if l, gerr := r.b.store.GetLayer(ctx, key); gerr == nil {
+			r.b.m.DeleteSnapshot(context.WithoutCancel(ctx), sn.ID)
+			return l.SnapshotID, nil
+		}
+	}
+	if err != nil {
+		r.b.m.DeleteSnapshot(context.WithoutCancel(ctx), sn.ID)
+		return "", err
+	}
+	return sn.ID, nil
+}
+
+// ensureDir makes a directory (as root, as Docker's WORKDIR does).
+func (r *run) ensureDir(ctx context.Context, g *guest.Client, dir string) (string, error) {
+	var out bytes.Buffer
+	st, err := g.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `mkdir -p -- "$1" && readlink -f -- "$1"`, "sh", dir}, User: "root"}, nil, &out, r)
+	if err != nil {
+		return "", r.fail(nil, -1, fmt.Sprintf("making %s: %v", dir, err))
+	}
+	if st.ExitCode != 0 {
+		return "", r.fail(nil, st.ExitCode, "making directory "+dir)
+	}
+	r.made[dir] = true
+	return strings.TrimSpace(out.String()), nil
+}
+
+func (r *run) runStep(ctx context.Context, g *guest.Client, s *step) error {
+	if s.copy != nil {
+		return r.copyStep(ctx, g, s)
+	}
+	if !r.made[s.cwd] {
+		if _, err := r.ensureDir(ctx, g, s.cwd); err != nil {
+			return err
+		}
+	}
+	user := s.user
+	if user == "" {
+		user = "root"
+	}
+	st, err := g.Run(ctx, guest.ExecRequest{Argv: s.argv, Env: s.env, Cwd: s.cwd, User: user}, nil, r, r)
+	r.flush()
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("build cancelled during step %d: %w", r.step, ctx.Err())
+		}
+		return r.fail(s, -1, err.Error())
+	}
+	if st.ExitCode != 0 || st.Signal != "" {
+		reason := fmt.Sprintf("exited with code %d", st.ExitCode)
+		if st.Signal != "" {
+			reason = "killed by " + st.Signal
+		}
+		return r.fail(s, st.ExitCode, reason)
+	}
+	return nil
+}
+
+func (r *run) copyStep(ctx context.Context, g *guest.Client, s *step) error {
+	cs := s.copy
+	dir, err := r.ensureDir(ctx, g, cs.destDir)
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(cs.writeTar(pw, r.files)) }()
+	res, err := g.WriteTar(ctx, "root", dir, pr)
+	pr.Close()
+	if err != nil {
+		return r.fail(s, -1, err.Error())
+	}
+	r.note(fmt.Sprintf("copied %d entries to %s\n", res.Files, path.Clean(cs.destDir)))
+	return nil
+}
+
+// start runs the start command as the service StartService and waits for
+// it to be ready.
+func (r *run) start(ctx context.Context, g *guest.Client) error {
+	wd := orRoot(r.p.workdir)
+	if !r.made[wd] {
+		if _, err := r.ensureDir(ctx, g, wd); err != nil {
+			return err
+		}
+	}
+	if err := g.DeleteService(ctx, StartService); err != nil && !isNotFound(err) {
+		return r.fail(nil, -1, "replacing the base's start command: "+err.Error())
+	}
+	if len(r.p.start) == 0 {
+		return nil
+	}
+	user := r.p.user
+	if user == "" {
+		user = "root"
+	}
+	if _, err := g.CreateService(ctx, api.ServiceCreate{Name: StartService, Argv: r.p.start, Env: r.p.env, Cwd: wd, User: user}); err != nil {
+		return r.fail(nil, -1, "starting the start command: "+err.Error())
+	}
+	deadline := time.Now().Add(r.req.ReadyTimeout)
+	check, what := r.readyCheck(g, wd, user)
+	r.note(fmt.Sprintf("waiting until %s (up to %s)\n", what, r.req.ReadyTimeout))
+	for {
+		info, err := g.GetService(ctx, StartService)
+		if err != nil {
+			return r.fail(nil, -1, "the start command's service: "+err.Error())
+		}
+		if info.ActiveState == "failed" || info.ActiveState == "inactive" && info.SubState != "auto-restart" {
+			return r.fail(nil, -1, fmt.Sprintf("the start command exited (service %s/%s)%s", info.ActiveState, info.SubState, r.serviceLog(ctx, g)))
+		}
+		if info.ActiveState == "active" {
+			ok, err := check(ctx)
+			if err != nil {
+				return err
+			}
+			if ok {
+				r.note("ready\n")
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return r.fail(nil, -1, fmt.Sprintf("not ready after %s: %s%s", r.req.ReadyTimeout, what, r.serviceLog(ctx, g)))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("build cancelled while waiting for the start command: %w", ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// readyCheck is the start command's ready check: the HEALTHCHECK command
+// if any, else every EXPOSEd port accepting connections, else the service
+// staying up for two seconds.
+func (r *run) readyCheck(g *guest.Client, wd, user string) (func(context.Context) (bool, error), string) {
+	switch {
+	case len(r.p.ready) > 0:
+		return func(ctx context.Context) (bool, error) {
+			st, err := g.Run(ctx, guest.ExecRequest{Argv: r.p.ready, Env: r.p.env, Cwd: wd, User: user, TimeoutMS: 30_000}, nil, io.Discard, io.Discard)
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			return err == nil && st.ExitCode == 0, nil
+		}, "the HEALTHCHECK command succeeds"
+	case len(r.p.expose) > 0:
+		return func(ctx context.Context) (bool, error) {
+			for _, port := range r.p.expose {
+				c, err := g.DialTCP(ctx, "127.0.0.1", port)
+				if err != nil {
+					return false, nil
+				}
+				c.Close()
+			}
+			return true, nil
+		}, fmt.Sprintf("port(s) %s accept connections", strings.Trim(fmt.Sprint(r.p.expose), "[]"))
+	default:
+		var up time.Time
+		return func(ctx context.Context) (bool, error) {
+			if up.IsZero() {
+				up = time.Now()
+			}
+			return time.Since(up) >= 2*time.Second, nil
+		}, "the start command has run for 2 s"
+	}
+}
+
+func (r *run) serviceLog(ctx context.Context, g *guest.Client) string {
+	rc, err := g.ServiceLogs(ctx, StartService, tailLines, false)
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	b, _ := io.ReadAll(io.LimitReader(rc, 16<<10))
+	if len(bytes.TrimSpace(b)) == 0 {
+		return ""
+	}
+	return "; its log:\n" + strings.TrimRight(string(b), "\n")
+}
+
+func isNotFound(err error) bool {
+	var ae *guest.APIError
+	return errors.As(err, &ae) && ae.Status == 404
+}
