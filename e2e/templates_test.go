@@ -15,6 +15,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/e2e/testenv"
 	"github.com/agentvm/agentvm/pkg/client"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // writeFiles writes name → content under dir.
@@ -257,6 +258,40 @@ ls /etc/app-notes; ls /opt/app; echo "env $PORT $APP_HOME"; systemctl is-active 
 		}
 		if _, errOut, code := s.CLI("", "template", "rm", "app"); code == 0 || !strings.Contains(errOut, "child is built on app") {
 			t.Fatalf("removing a template another is built on: %d %q", code, errOut)
+		}
+	})
+
+	t.Run("MCP", func(t *testing.T) {
+		cmd := s.CLICmd("", "mcp")
+		cmd.Stdin = nil // the transport's pipe
+		cmd.Env = append(cmd.Env, "AGENTVM_TOKEN="+s.Token)
+		sess, err := sdk.NewClient(&sdk.Implementation{Name: "templates-test", Version: "1"}, nil).Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatalf("agentvm mcp: %v", err)
+		}
+		defer sess.Close()
+		call := func(name string, args map[string]any) string {
+			t.Helper()
+			r, err := sess.CallTool(ctx, &sdk.CallToolParams{Name: name, Arguments: args})
+			var b strings.Builder
+			if r != nil {
+				for _, c := range r.Content {
+					if tc, ok := c.(*sdk.TextContent); ok {
+						b.WriteString(tc.Text)
+					}
+				}
+			}
+			if err != nil || r.IsError {
+				t.Fatalf("%s %v: %v %s", name, args, err, b.String())
+			}
+			return b.String()
+		}
+		if got := call("list_templates", nil); !strings.Contains(got, "- app (from default") || !strings.Contains(got, "- child (from app") {
+			t.Fatalf("list_templates: %s", got)
+		}
+		call("create_vm", map[string]any{"name": "mbox", "template": "child"})
+		if got := call("exec", map[string]any{"vm": "mbox", "command": "curl -sS --max-time 10 http://127.0.0.1:8000/index.html; cat /tmp/child"}); !strings.Contains(got, "<h1>from a template</h1>") || !strings.Contains(got, "child") {
+			t.Fatalf("exec in a VM made by create_vm from a template: %s", got)
 		}
 	})
 

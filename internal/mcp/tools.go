@@ -35,6 +35,7 @@ type createIn struct {
 	CPUs         int    `json:"cpus,omitempty" jsonschema:"vCPUs (default 1)"`
 	Memory       string `json:"memory,omitempty" jsonschema:"memory, e.g. 512M or 2G (default 1G)"`
 	Image        string `json:"image,omitempty" jsonschema:"default (Debian with Python, Node.js, git), code-interpreter (also Jupyter kernels with numpy, pandas and matplotlib, for run_code), or browser (Chromium running on a display, for screenshot and the browser_ tools)"`
+	Template     string `json:"template,omitempty" jsonschema:"a template built from a Dockerfile (see list_templates): the VM starts with its environment installed and its start command already running"`
 }
 
 type execIn struct {
@@ -113,6 +114,7 @@ func (t *tools) register(s *sdk.Server) {
 	ro := &sdk.ToolAnnotations{ReadOnlyHint: true}
 	add(t, s, true, &sdk.Tool{Name: "create_vm", Description: "Create a new Linux VM (Debian 12 with python3, git, curl, Node.js; users root and agent with sudo) and return its name. It keeps running, with its files and processes, until you delete it. With from_snapshot it is a copy of a saved VM.",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: boolp(false)}}, t.create)
+	add(t, s, true, &sdk.Tool{Name: "list_templates", Description: "List the templates built from Dockerfiles (agentvm template build): name, base, start command and exposed ports. create_vm with template makes a VM from one, its service already running.", Annotations: ro}, t.listTemplates)
 	add(t, s, true, &sdk.Tool{Name: "list_vms", Description: "List the VMs: name, id, state (running, paused, suspended, stopped), CPUs, memory.", Annotations: ro}, t.list)
 	add(t, s, false, &sdk.Tool{Name: "get_vm", Description: "Show one VM: state, resources, address, exposed ports.", Annotations: ro}, t.get)
 	add(t, s, false, &sdk.Tool{Name: "exec", Description: "Run a shell command in a VM and return its exit code, stdout and stderr. A paused or suspended VM is woken first. Long output is cut at 16 KiB per stream with a marker; the full output is then saved in the VM and the marker says how to page through it with read_file. For programs that need a terminal or keep running, use terminal_send or create_service.",
@@ -143,7 +145,7 @@ func (t *tools) register(s *sdk.Server) {
 }
 
 func (t *tools) create(ctx context.Context, in createIn) (*sdk.CallToolResult, error) {
-	req := api.CreateVMRequest{Name: in.Name, From: in.FromSnapshot, CPUs: in.CPUs, Image: in.Image}
+	req := api.CreateVMRequest{Name: in.Name, From: in.FromSnapshot, CPUs: in.CPUs, Image: in.Image, Template: in.Template}
 	if in.Memory != "" {
 		m, err := api.ParseSize(in.Memory)
 		if err != nil {
@@ -178,6 +180,29 @@ func (t *tools) list(ctx context.Context, _ struct{}) (*sdk.CallToolResult, erro
 	fmt.Fprintf(&b, "%d %s:\n", len(vms), plural(len(vms), "VM", "VMs"))
 	for _, v := range vms {
 		fmt.Fprintf(&b, "- %s (id %s): %s, %d vCPU, %d MiB\n", v.Name, v.ID, v.State, v.CPUs, v.MemoryMiB)
+	}
+	return text(b.String()), nil
+}
+
+func (t *tools) listTemplates(ctx context.Context, _ struct{}) (*sdk.CallToolResult, error) {
+	ts, err := t.c.ListTemplates(ctx)
+	if err != nil {
+		return nil, toolError("list_templates", err)
+	}
+	if len(ts) == 0 {
+		return text("No templates. An admin builds them with: agentvm template build NAME -f Dockerfile DIR"), nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d %s:\n", len(ts), plural(len(ts), "template", "templates"))
+	for _, tp := range ts {
+		fmt.Fprintf(&b, "- %s (from %s, %d vCPU, %d MiB)", tp.Name, tp.Base, tp.CPUs, tp.MemoryMiB)
+		if len(tp.Start) > 0 {
+			fmt.Fprintf(&b, ", runs %q", strings.Join(tp.Start, " "))
+		}
+		if len(tp.Expose) > 0 {
+			fmt.Fprintf(&b, ", ports %v", tp.Expose)
+		}
+		b.WriteString("\n")
 	}
 	return text(b.String()), nil
 }

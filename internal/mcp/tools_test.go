@@ -65,7 +65,7 @@ func toolNames(t *testing.T, cs *sdk.ClientSession) []string {
 	return names
 }
 
-var adminOnly = []string{"create_vm", "list_vms", "fork_vm", "snapshot_vm", "suspend_vm", "resume_vm", "delete_vm", "expose_port"}
+var adminOnly = []string{"create_vm", "list_templates", "list_vms", "fork_vm", "snapshot_vm", "suspend_vm", "resume_vm", "delete_vm", "expose_port"}
 
 // The admin gets every tool; a VM's token only those that work on an
 // existing VM, and the instructions name its VM.

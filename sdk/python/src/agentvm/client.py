@@ -29,6 +29,7 @@ class VMs:
         *,
         image: str | None = None,
         from_snapshot: str | None = None,
+        template: str | None = None,
         cpus: int | None = None,
         memory: int | str | None = None,
         disk: int | str | None = None,
@@ -43,12 +44,13 @@ class VMs:
         idempotency_key: str | None = None,
     ) -> Op[VM]:
         """Creates a VM and returns it once it is running: from an image
-        ("default", "code-interpreter", "browser") or from a snapshot
-        (``from_snapshot``, its id or name). memory and disk are MiB or
+        ("default", "code-interpreter", "browser"), from a snapshot
+        (``from_snapshot``, its id or name) or from a template built from a
+        Dockerfile (``template``: its start command already running). memory and disk are MiB or
         sizes such as "2G". A retry with the same idempotency_key returns
         the VM the first call created."""
         body = drop_none(
-            name=name, image=image, cpus=cpus, memory=memory, disk=disk, labels=labels, env=env, idle_timeout=idle_timeout,
+            name=name, image=image, template=template, cpus=cpus, memory=memory, disk=disk, labels=labels, env=env, idle_timeout=idle_timeout,
             delete_after=delete_after, restart=restart, network=network, egress=egress, anti_affinity=anti_affinity,
         )  # fmt: skip
         if from_snapshot is not None:

@@ -580,6 +580,96 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/templates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List templates built from Dockerfiles (admin only) */
+        get: operations["listTemplates"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/prune": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Remove the cached build steps no template uses (admin only) */
+        post: operations["pruneTemplates"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** Get a template, with its Dockerfile and its last build's log (admin only) */
+        get: operations["getTemplate"];
+        put?: never;
+        post?: never;
+        /**
+         * Remove a template and the cached steps no other template uses (admin only)
+         * @description VMs made from the template keep running. A template another is built on is refused (409).
+         */
+        delete: operations["deleteTemplate"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}/build": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The template's name (a rebuild replaces it once it succeeds). */
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Build a template from a Dockerfile (admin only)
+         * @description The body is a tar of the build context, the Dockerfile among its
+         *     files. Each RUN, COPY and ADD runs in a real VM and the machine after
+         *     it is cached (a snapshot keyed by its parent and its exact inputs);
+         *     the build ends by starting CMD/ENTRYPOINT as the service
+         *     `template-start`, waiting until it is ready (the HEALTHCHECK command,
+         *     else every EXPOSEd port accepting connections, else 2 s of running)
+         *     and snapshotting the running machine. A Dockerfile that does not
+         *     parse, an unsupported instruction or a missing COPY source is
+         *     refused with 400 before any VM starts; once the build starts the
+         *     answer is a stream of JSON lines (BuildEvent), the last one the
+         *     template or the error.
+         */
+        post: operations["buildTemplate"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/nodes": {
         parameters: {
             query?: never;
@@ -2234,6 +2324,12 @@ export interface components {
         Duration: number | string;
         CreateVMRequest: {
             /**
+             * @description Create from a template built with POST /v1/templates/{name}/build:
+             *     a restore of its machine with its start command running; the
+             *     template's ENV is added to env. Not with from or image.
+             */
+            template?: string;
+            /**
              * @description The image: `default` (Debian with Python, Node.js and git) or
              *     `code-interpreter` (alias `code-interpreter-v1`; also Jupyter
              *     kernels with numpy, pandas and matplotlib, see /code) or `browser`
@@ -2321,6 +2417,63 @@ export interface components {
         SnapshotRequest: {
             /** @description Snapshot name (a DNS label), unique among snapshots. Defaults to the snapshot id. */
             name?: string;
+        };
+        BuiltTemplate: {
+            name?: string;
+            /** @description The snapshot a create restores. */
+            snapshot?: string;
+            /** @description FROM: an image or another template. */
+            base?: string;
+            /** @description The Dockerfile's instructions as written. */
+            steps?: string[];
+            /** @description The start command (service template-start in every VM made from it). */
+            start?: string[];
+            /** @description The HEALTHCHECK command the build waited on. */
+            ready?: string;
+            env?: {
+                [key: string]: string;
+            };
+            workdir?: string;
+            user?: string;
+            expose?: number[];
+            cpus?: number;
+            memory_mib?: number;
+            disk_bytes?: number;
+            state_bytes?: number;
+            build_ms?: number;
+            /** Format: date-time */
+            created_at?: string;
+            /** Format: date-time */
+            built_at?: string;
+            /** @description In GET /v1/templates/{name} only. */
+            dockerfile?: string;
+            /** @description The last build's output (its last 64 KiB); in GET /v1/templates/{name} only. */
+            build_log?: string;
+        };
+        ListTemplatesResponse: {
+            templates?: components["schemas"]["BuiltTemplate"][];
+        };
+        PruneTemplatesResponse: {
+            removed?: number;
+        };
+        /** @description A step's heading (step, of, instruction, cached), a line of output (log), or last the template or the error. */
+        BuildEvent: {
+            step?: number;
+            of?: number;
+            instruction?: string;
+            cached?: boolean;
+            log?: string;
+            template?: components["schemas"]["BuiltTemplate"];
+            error?: {
+                /** @description step_failed for a failed step (then step, line, instruction, exit_code -1 when it did not exit, output: its last lines). */
+                code?: string;
+                message?: string;
+                step?: number;
+                line?: number;
+                instruction?: string;
+                exit_code?: number;
+                output?: string;
+            };
         };
         /** @description A saved VM (memory, processes and disk). */
         Snapshot: {
@@ -3459,6 +3612,151 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["SnapshotNotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    listTemplates: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The templates, by name (an empty array when there are none). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ListTemplatesResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    pruneTemplates: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description How many cached steps (snapshots) were removed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PruneTemplatesResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    getTemplate: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The template. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BuiltTemplate"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    deleteTemplate: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The template was removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
+    buildTemplate: {
+        parameters: {
+            query?: {
+                /** @description The Dockerfile's path in the context (default Dockerfile). */
+                dockerfile?: string;
+                /** @description NAME=VALUE for an ARG (repeatable). */
+                build_arg?: string[];
+                /** @description Run every step again. */
+                no_cache?: boolean;
+                /** @description The machine's vCPUs (default 1; a template on a template keeps its base's shape). */
+                cpus?: number;
+                /** @description Its memory, e.g. 512M or 2G (default 1024 MiB). */
+                memory?: string;
+                /** @description Its disk (default 8G). */
+                disk?: string;
+                /** @description How long the start command may take to be ready (default 5m). */
+                ready_timeout?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The template's name (a rebuild replaces it once it succeeds). */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+            };
+        };
+        responses: {
+            /** @description The build's progress, one BuildEvent per line. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["BuildEvent"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
         };
     };
