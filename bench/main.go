@@ -57,6 +57,7 @@ type options struct {
 	code         bool
 	browser      bool
 	memgrow      bool
+	templates    bool
 	memory       bool
 	crashLoop    bool
 	compare      string
@@ -86,6 +87,7 @@ func main() {
 	flag.BoolVar(&o.memgrow, "memgrow", false, "run only the live memory grow benchmark (resize of a running 1 GiB VM to 4 GiB until the guest's MemTotal shows it, against stop/resize/start); implies -keep-template unless it is given")
 	flag.BoolVar(&o.memory, "memory", false, "run only the memory benchmark (daemon RSS under 8 parallel buffered execs of 16 MiB of NULs and 8 parallel screenshots of a 4096x4096 framebuffer, default --memory-budget against off); implies -keep-template unless it is given")
 	flag.BoolVar(&o.crashLoop, "crashloop", false, "run only the restore crash loop (-crashloop-creates creates from the template, each deleted at once, on the distribution's QEMU and on AGENTVM_QEMU, counting restores whose QEMU crashed and creates that failed); implies -keep-template unless it is given")
+	flag.BoolVar(&o.templates, "templates", false, "run only the template benchmark (a Dockerfile's full build against a rebuild with its last step changed and one with every step cached; create from the template until its service answers HTTP against a boot of the same machine from disk); implies -keep-template unless it is given")
 	flag.IntVar(&crashLoopCreates, "crashloop-creates", 500, "creates per QEMU for -crashloop")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
 	flag.IntVar(&stressSuspended, "stress-suspended", 200, "suspended VMs listed and woken one by one at the end of -stress (more are created, and suspended, past -stress-vms)")
@@ -93,7 +95,7 @@ func main() {
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.StringVar(&o.compare, "compare", "", "run only the before/after benchmark against this git revision (built in the run): create, exec, fork, an E2B commands.run and a preview request, p50 on SQLite and on PostgreSQL, with ratios to the revision's; implies -keep-template unless it is given")
 	flag.Parse()
-	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.pysdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop {
+	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.pysdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop || o.templates {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -200,6 +202,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.memgrow {
 		phases = b.runMemGrow
 	}
+	if o.templates {
+		phases = b.runTemplates
+	}
 	if o.memory {
 		phases = b.runMemory
 	}
@@ -247,6 +252,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.code:
 		r.PrintCode(os.Stdout)
 		out = modeJSON(r, "code", r.Code)
+	case o.templates:
+		r.PrintTemplates(os.Stdout)
+		out = modeJSON(r, "templates", r.Templates)
 	case o.memgrow:
 		r.PrintMemGrow(os.Stdout)
 		out = modeJSON(r, "memgrow", r.MemGrow)

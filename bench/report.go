@@ -132,6 +132,7 @@ type Report struct {
 	Code      *CodeReport      `json:"code,omitempty"`
 	Browser   *BrowserReport   `json:"browser,omitempty"`
 	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`
+	Templates *TemplatesReport `json:"templates,omitempty"`
 	Memory    *MemoryReport    `json:"memory,omitempty"`
 	CrashLoop *CrashLoopReport `json:"crashloop,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`

@@ -261,6 +261,39 @@ ls /etc/app-notes; ls /opt/app; echo "env $PORT $APP_HOME"; systemctl is-active 
 		}
 	})
 
+	t.Run("a spec", func(t *testing.T) {
+		writeFiles(t, dir, map[string]string{"specs/web.toml": `from = "default"
+[env]
+GREETING = "$not expanded"
+
+[[steps]]
+copy = "site/index.html"
+to = "/srv/www/"
+owner = "user"
+
+[[steps]]
+run = 'echo "$GREETING" > /srv/www/g.txt'
+
+[start]
+cmd = ["python3", "-m", "http.server", "8001", "--directory", "/srv/www"]
+ready = { url = "http://127.0.0.1:8001/index.html" }
+`, "specs/bad.json": `{"from": "default", "steps": [{"run": "true"}, {"run": "echo from the spec; exit 7"}]}`})
+		if out, errOut, code := s.CLI("", "template", "build", "spec-web", appDir, "--spec", filepath.Join(dir, "specs/web.toml"), "--memory", "512"); code != 0 {
+			t.Fatalf("spec build: %d %q %q", code, out, errOut)
+		}
+		if _, errOut, code := s.CLI("", "create", "--template", "spec-web", "--name", "sbox"); code != 0 {
+			t.Fatalf("create: %s", errOut)
+		}
+		r := s.Exec(ctx, "sbox", "curl -sS --max-time 10 http://127.0.0.1:8001/g.txt; stat -c %U /srv/www/index.html")
+		if r.Stdout != "$not expanded\nuser\n" {
+			t.Fatalf("the spec's VM: %+v", r)
+		}
+		_, errOut, code := s.CLI("", "template", "build", "spec-bad", appDir, "--spec", filepath.Join(dir, "specs/bad.json"), "--memory", "512")
+		if code == 0 || !strings.Contains(errOut, "step 3 (spec steps[1])") || !strings.Contains(errOut, "exited with code 7") || !strings.Contains(errOut, "from the spec") {
+			t.Fatalf("a failing spec step: %d %q", code, errOut)
+		}
+	})
+
 	t.Run("MCP", func(t *testing.T) {
 		cmd := s.CLICmd("", "mcp")
 		cmd.Stdin = nil // the transport's pipe
@@ -356,7 +389,7 @@ ls /etc/app-notes; ls /opt/app; echo "env $PORT $APP_HOME"; systemctl is-active 
 		if err := s.Client.DeleteSnapshot(ctx, tpl.Snapshot); err == nil || !strings.Contains(err.Error(), "template app") {
 			t.Fatalf("deleting a template's snapshot: %v", err)
 		}
-		for _, n := range []string{"child", "app"} {
+		for _, n := range []string{"child", "app", "spec-web"} {
 			if _, errOut, code := s.CLI("", "template", "rm", n); code != 0 {
 				t.Fatalf("template rm %s: %s", n, errOut)
 			}

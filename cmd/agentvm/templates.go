@@ -27,7 +27,7 @@ func templateCmd() *cobra.Command {
 
 func templateBuildCmd() *cobra.Command {
 	var (
-		file, memory, disk string
+		file, spec, memory, disk string
 		args               []string
 		o                  client.BuildOptions
 		asJSON             bool
@@ -58,12 +58,19 @@ running machine: agentvm create --template NAME restores it with the start comma
 					}
 				}
 			}
+			if spec != "" && file != "" {
+				return errors.New("-f and --spec do not go together: a build takes a Dockerfile or a spec")
+			}
 			pr, pw := io.Pipe()
-			df, hidden, err := dockerfileIn(dir, file)
+			df, hidden, err := dockerfileIn(dir, file, spec)
 			if err != nil {
 				return err
 			}
-			o.Dockerfile = df
+			if spec != "" {
+				o.Spec = df
+			} else {
+				o.Dockerfile = df
+			}
 			go func() { pw.CloseWithError(tarContext(pw, dir, hidden)) }()
 			start := time.Now()
 			t, err := client.FromEnv().BuildTemplate(cmd.Context(), a[0], pr, o, func(ev api.BuildEvent) {
@@ -95,6 +102,7 @@ running machine: agentvm create --template NAME restores it with the start comma
 	}
 	f := c.Flags()
 	f.StringVarP(&file, "file", "f", "", "the Dockerfile (default CONTEXT/Dockerfile)")
+	f.StringVar(&spec, "spec", "", "build from a spec (agentvm.toml, or JSON) instead of a Dockerfile; see docs/templates.md")
 	f.StringArrayVar(&args, "build-arg", nil, "set an ARG: NAME=VALUE (repeatable)")
 	f.BoolVar(&o.NoCache, "no-cache", false, "run every step again")
 	f.IntVar(&o.CPUs, "cpus", 0, "the build machine's and the template's vCPUs (default 1; a template on a template keeps its base's)")
@@ -105,18 +113,23 @@ running machine: agentvm create --template NAME restores it with the start comma
 	return c
 }
 
-// dockerfileIn returns the Dockerfile's path in the context tar, and its
-// path on disk when it lies outside the context (sent under a hidden name).
-func dockerfileIn(dir, file string) (string, string, error) {
+// dockerfileIn returns the Dockerfile's (or spec's) path in the context
+// tar, and its path on disk when it lies outside the context (sent under a
+// hidden name).
+func dockerfileIn(dir, file, spec string) (string, string, error) {
+	what := "the Dockerfile"
+	if spec != "" {
+		file, what = spec, "the spec"
+	}
 	if file == "" {
 		file = filepath.Join(dir, "Dockerfile")
 	}
 	st, err := os.Stat(file)
 	if err != nil {
-		return "", "", fmt.Errorf("the Dockerfile: %w", err)
+		return "", "", fmt.Errorf("%s: %w", what, err)
 	}
 	if !st.Mode().IsRegular() {
-		return "", "", fmt.Errorf("the Dockerfile %s is not a file", file)
+		return "", "", fmt.Errorf("%s %s is not a file", what, file)
 	}
 	absDir, err := filepath.Abs(dir)
 	if err != nil {

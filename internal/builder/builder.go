@@ -82,6 +82,7 @@ type Request struct {
 	Name       string
 	Context    io.Reader // a tar of the build context
 	Dockerfile string    // its path in the context (default "Dockerfile")
+	Spec       string    // or a spec's (TOML or JSON) path in the context, instead of a Dockerfile
 	BuildArgs  map[string]string
 	NoCache    bool
 	CPUs       int
@@ -108,11 +109,15 @@ type StepError struct {
 	ExitCode    int    `json:"exit_code"`
 	Output      string `json:"output"`
 	Reason      string `json:"reason"`
+	Where       string `json:"where,omitempty"` // for a spec's build: the spec's part
 }
 
 func (e *StepError) Error() string {
 	msg := fmt.Sprintf("step %d (Dockerfile line %d) %s: %s", e.Step, e.Line, e.Instruction, e.Reason)
-	if e.Line == 0 {
+	switch {
+	case e.Where != "":
+		msg = fmt.Sprintf("step %d (%s) %s: %s", e.Step, e.Where, e.Instruction, e.Reason)
+	case e.Line == 0:
 		msg = fmt.Sprintf("step %d %s: %s", e.Step, e.Instruction, e.Reason)
 	}
 	if e.Output != "" {
@@ -141,6 +146,9 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	if _, err := image.Resolve(req.Name); err == nil {
 		return nil, fmt.Errorf("%w: %q is an image's name; a template needs its own", ErrInvalid, req.Name)
 	}
+	if req.Spec != "" && req.Dockerfile != "" {
+		return nil, fmt.Errorf("%w: a build takes a Dockerfile or a spec, not both", ErrInvalid)
+	}
 	if req.Dockerfile == "" {
 		req.Dockerfile = "Dockerfile"
 	}
@@ -166,9 +174,13 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	if err != nil {
 		return nil, err
 	}
-	df := strings.TrimPrefix(filepath.ToSlash(filepath.Clean("/"+req.Dockerfile)), "/")
+	what, name := "the Dockerfile", req.Dockerfile
+	if req.Spec != "" {
+		what, name = "the spec", req.Spec
+	}
+	df := strings.TrimPrefix(filepath.ToSlash(filepath.Clean("/"+name)), "/")
 	if bctx.kinds[df] != 0 || !bctx.has(df) {
-		return nil, fmt.Errorf("%w: the build context has no file %s (the Dockerfile)", ErrInvalid, req.Dockerfile)
+		return nil, fmt.Errorf("%w: the build context has no file %s (%s)", ErrInvalid, name, what)
 	}
 	text, err := os.ReadFile(filepath.Join(dir, df))
 	if err != nil {
@@ -176,6 +188,16 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	}
 	if df == HiddenDockerfile {
 		bctx.hide(df)
+	}
+	var specFrom []string // the spec's part each line of its Dockerfile comes from
+	if req.Spec != "" {
+		sp, err := parseSpec(text)
+		if err != nil {
+			return nil, err
+		}
+		if text, specFrom, err = dockerfileOf(sp); err != nil {
+			return nil, err
+		}
 	}
 	var parent *store.Template
 	var parentSnap *store.Snapshot
@@ -200,7 +222,7 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		return &base{env: t.Env, workdir: t.Workdir, user: t.User, start: t.Start, ready: readyArgv(t.Ready), expose: t.Expose}, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, specError(err, specFrom)
 	}
 
 	// The shape: a template on a template keeps its parent's.
@@ -254,6 +276,10 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 
 	r := &run{b: b, req: req, p: p, files: bctx, out: out, total: len(p.steps) + 2}
 	snap, err := r.execute(ctx, parentSnap, baseKey, final, cpus, mem, disk)
+	var se *StepError
+	if errors.As(err, &se) && specFrom != nil && se.Line >= 1 && se.Line <= len(specFrom) {
+		se.Where = "spec " + specFrom[se.Line-1]
+	}
 	if err != nil {
 		return nil, err
 	}

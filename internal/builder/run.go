@@ -340,7 +340,7 @@ func (r *run) start(ctx context.Context, g *guest.Client) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("build cancelled while waiting for the start command: %w", ctx.Err())
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

@@ -22,7 +22,7 @@ import (
 // COPY source) gets a plain error status instead.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	req := builder.Request{Name: r.PathValue("name"), Context: r.Body, Dockerfile: q.Get("dockerfile"), BuildArgs: map[string]string{}}
+	req := builder.Request{Name: r.PathValue("name"), Context: r.Body, Dockerfile: q.Get("dockerfile"), Spec: q.Get("spec"), BuildArgs: map[string]string{}}
 	for _, kv := range q["build_arg"] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {

@@ -18,6 +18,7 @@ import (
 // BuildOptions are a template build's settings (all optional).
 type BuildOptions struct {
 	Dockerfile   string // its path in the context tar (default "Dockerfile")
+	Spec         string // or a spec's (agentvm.toml, or JSON): its path in the context tar
 	BuildArgs    map[string]string
 	NoCache      bool
 	CPUs         int
@@ -38,6 +39,9 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, contextTar io.R
 	q := url.Values{}
 	if o.Dockerfile != "" {
 		q.Set("dockerfile", o.Dockerfile)
+	}
+	if o.Spec != "" {
+		q.Set("spec", o.Spec)
 	}
 	for k, v := range o.BuildArgs {
 		q.Add("build_arg", k+"="+v)

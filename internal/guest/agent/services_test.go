@@ -330,7 +330,7 @@ func TestServices(t *testing.T) {
 			si.ActiveState != "active" || si.SubState != "running" || si.MainPID != 4321 || !si.Since.Equal(time.Unix(1700000000, 0)) {
 			t.Fatalf("info = %+v", si)
 		}
-		wantCalls(t, fake, "systemctl daemon-reload", "systemctl enable agentvm-web.service", "systemctl start agentvm-web.service")
+		wantCalls(t, fake, "systemctl daemon-reload", "systemctl enable --no-reload agentvm-web.service", "systemctl start agentvm-web.service")
 		b, err := os.ReadFile(unitPath)
 		if err != nil {
 			t.Fatal(err)
@@ -640,7 +640,7 @@ WantedBy=multi-user.target
 		if err := c.DeleteService(ctx, "web"); err != nil {
 			t.Fatal(err)
 		}
-		wantCalls(t, fake, "systemctl stop agentvm-web.service", "systemctl disable agentvm-web.service",
+		wantCalls(t, fake, "systemctl stop agentvm-web.service", "systemctl disable --no-reload agentvm-web.service",
 			"systemctl daemon-reload", "systemctl reset-failed agentvm-web.service")
 		for _, p := range []string{unitPath, filepath.Join(e.root, "var/lib/agentvm/services/web.json")} {
 			if _, err := os.Stat(p); !os.IsNotExist(err) {

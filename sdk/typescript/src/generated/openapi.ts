@@ -3718,6 +3718,8 @@ export interface operations {
             query?: {
                 /** @description The Dockerfile's path in the context (default Dockerfile). */
                 dockerfile?: string;
+                /** @description Instead of a Dockerfile: the path in the context of a spec (TOML, or JSON), see docs/templates.md. */
+                spec?: string;
                 /** @description NAME=VALUE for an ARG (repeatable). */
                 build_arg?: string[];
                 /** @description Run every step again. */
