@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,4 +192,82 @@ func TestE2BCodeInterpreterPython(t *testing.T) {
 	install(t, dir, filepath.Join(dir, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI, codeInterpPyPI)
 	testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "codeinterp_test.py"), filepath.Join(dir, "codeinterp_test.py"))
 	e.run(t, dir, 40*time.Minute, filepath.Join(dir, "venv", "bin", "python"), "-m", "unittest", "-v", "codeinterp_test")
+}
+
+// TestE2BTemplates builds templates with E2B's Template SDK, the published
+// npm and PyPI packages (sync and async), and makes sandboxes of them.
+func TestE2BTemplates(t *testing.T) {
+	t.Parallel()
+	e := startE2B(t)
+	t.Run("access", func(t *testing.T) { e2bTemplateAccess(t, e) })
+	dir := npmE2B(t, "template.test.mjs")
+	e.run(t, dir, 30*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "template.test.mjs")
+	py := t.TempDir()
+	install(t, py, "python3", "-m", "venv", filepath.Join(py, "venv"))
+	install(t, py, filepath.Join(py, "venv", "bin", "pip"), "install", "--quiet", "--disable-pip-version-check", e2bPyPI)
+	testenv.CopyFile(t, filepath.Join(testenv.RepoRoot(), "e2e", "e2b", "template_test.py"), filepath.Join(py, "template_test.py"))
+	e.run(t, py, 30*time.Minute, filepath.Join(py, "venv", "bin", "python"), "-m", "unittest", "-v", "template_test")
+}
+
+// e2bTemplateAccess tries the template build routes with a weaker key and
+// with none, and the upload link with and without its signature.
+func e2bTemplateAccess(t *testing.T, e *e2bEnv) {
+	envOf := func(k string) string {
+		for _, kv := range e.env {
+			if v, ok := strings.CutPrefix(kv, k+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	call := func(method, url, key, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("X-API-KEY", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	admin, scoped := envOf("E2B_API_KEY"), envOf("AGENTVM_SCOPED_KEY")
+	hash := strings.Repeat("0f", 32)
+	for who, c := range map[string]struct {
+		key  string
+		want int
+	}{"a sandbox's key": {scoped, 403}, "no key": {"", 401}} {
+		if code, b := call("POST", e.s.URL+"/v3/templates", c.key, `{"name":"x"}`); code != c.want {
+			t.Errorf("%s: request a build: %d %s, want %d", who, code, b, c.want)
+		}
+		if code, b := call("GET", e.s.URL+"/templates/x/files/"+hash, c.key, ""); code != c.want {
+			t.Errorf("%s: upload link: %d %s, want %d", who, code, b, c.want)
+		}
+	}
+	code, b := call("GET", e.s.URL+"/templates/x/files/"+hash, admin, "")
+	var link struct {
+		Present bool   `json:"present"`
+		URL     string `json:"url"`
+	}
+	if code != 201 || json.Unmarshal([]byte(b), &link) != nil || link.Present || link.URL == "" {
+		t.Fatalf("upload link: %d %s", code, b)
+	}
+	for what, u := range map[string]string{
+		"no signature":       e.s.URL + "/e2b/template-files/" + hash,
+		"a forged signature": strings.Replace(link.URL, "sig=", "sig=00", 1),
+		"another hash":       strings.Replace(link.URL, hash, strings.Repeat("1e", 32), 1),
+	} {
+		if code, b := call("PUT", u, "", "x"); code != 403 {
+			t.Errorf("upload with %s: %d %s, want 403", what, code, b)
+		}
+	}
+	if code, b := call("PUT", link.URL, "", "not checked here: a tar is read when a build uses it"); code != 200 {
+		t.Fatalf("upload through the signed link: %d %s", code, b)
+	}
+	if code, b := call("GET", e.s.URL+"/templates/x/files/"+hash, admin, ""); code != 201 || !strings.Contains(b, `"present":true`) {
+		t.Fatalf("after the upload: %d %s", code, b)
+	}
 }

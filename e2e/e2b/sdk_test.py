@@ -191,7 +191,7 @@ class SyncSDK(unittest.TestCase):
         status, _ = get("49983-%s.%s" % (self.sbx.sandbox_id, DOMAIN), "/health", {"X-Access-Token": "wrong"})
         self.assertEqual(status, 401)
         self.assertFalse(Sandbox.kill("nosuchsandbox0000000"))
-        # Templates: built-in images and snapshots exist by name; builds are refused.
+        # Templates: built-in images, built templates and snapshots exist by name.
         self.assertTrue(Template.exists("base"))
         self.assertFalse(Template.exists("no-such-template-x"))
 

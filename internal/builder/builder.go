@@ -88,6 +88,9 @@ type Request struct {
 	CPUs       int
 	MemoryMiB  int64
 	DiskBytes  int64
+	// ForceFromLine, when set, runs every step from this Dockerfile line
+	// on again (E2B's skipCache on a step).
+	ForceFromLine int
 	// ReadyTimeout bounds the wait for the start command to be ready.
 	ReadyTimeout time.Duration
 }
@@ -262,10 +265,14 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	// Every step's key, from its parent's and its inputs.
 	key := baseKey
 	layers := []string{baseKey}
+	nonce := randHex(8) // a forced step's key is new each time
 	for _, s := range p.steps {
 		in, err := s.inputs(bctx)
 		if err != nil {
 			return nil, err
+		}
+		if req.ForceFromLine > 0 && s.line >= req.ForceFromLine {
+			in += " force " + nonce
 		}
 		key = hashOf(key, in)
 		s.key = key

@@ -229,10 +229,26 @@ func (r *run) layer(ctx context.Context, vmID, key, parent, text string) (string
 	return sn.ID, nil
 }
 
-// ensureDir makes a directory (as root, as Docker's WORKDIR does).
-func (r *run) ensureDir(ctx context.Context, g *guest.Client, dir string) (string, error) {
+// mkdirScript makes $1 with its missing parents, gives those it made to
+// $2 (when set: a COPY --chown's owner, as BuildKit does), and prints the
+// directory's real path.
+const mkdirScript = `set -e
+d=$1 made=
+while [ ! -e "$d" ] && [ "$d" != / ]; do made="$d
+$made"; d=$(dirname -- "$d"); done
+mkdir -p -- "$1"
+if [ -n "$2" ]; then printf '%s' "$made" | while IFS= read -r x; do [ -z "$x" ] || chown -- "$2" "$x"; done; fi
+readlink -f -- "$1"`
+
+// ensureDir makes a directory as root (as Docker's WORKDIR does), the
+// parts it made owned by owner when given.
+func (r *run) ensureDir(ctx context.Context, g *guest.Client, dir string, owner ...string) (string, error) {
 	var out bytes.Buffer
-	st, err := g.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", `mkdir -p -- "$1" && readlink -f -- "$1"`, "sh", dir}, User: "root"}, nil, &out, r)
+	o := ""
+	if len(owner) > 0 {
+		o = owner[0]
+	}
+	st, err := g.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", mkdirScript, "sh", dir, o}, User: "root"}, nil, &out, r)
 	if err != nil {
 		return "", r.fail(nil, -1, fmt.Sprintf("making %s: %v", dir, err))
 	}
@@ -276,7 +292,7 @@ func (r *run) runStep(ctx context.Context, g *guest.Client, s *step) error {
 
 func (r *run) copyStep(ctx context.Context, g *guest.Client, s *step) error {
 	cs := s.copy
-	dir, err := r.ensureDir(ctx, g, cs.destDir)
+	dir, err := r.ensureDir(ctx, g, cs.destDir, cs.owner)
 	if err != nil {
 		return err
 	}

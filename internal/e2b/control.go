@@ -85,10 +85,7 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /snapshots", h(true, s.listSnapshots))
 	mux.HandleFunc("DELETE /templates/{id}", h(true, s.deleteTemplate))
 	mux.HandleFunc("GET /templates/aliases/{alias}", h(true, s.templateAlias))
-	for _, route := range []string{"POST /templates", "POST /v2/templates", "POST /v3/templates", "POST /templates/{id}",
-		"POST /templates/{id}/builds/{build}", "POST /v2/templates/{id}/builds/{build}", "POST /templates/tags", "DELETE /templates/tags"} {
-		mux.HandleFunc(route, h(true, noTemplateBuilds))
-	}
+	s.templateRoutes(mux, h)
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h(true, s.fork))
 }
 
@@ -299,9 +296,20 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 		// base, default, code-interpreter and code-interpreter-v1 are images.
 		o.Image = img
 		v, _, err = s.cfg.VMs.Create(r.Context(), o)
+	} else if t, terr := s.cfg.Store.GetTemplate(r.Context(), tmpl); terr == nil {
+		// A template built from a Dockerfile: its machine, its ENV under the sandbox's.
+		env := map[string]string{}
+		for k, v := range t.Env {
+			env[k] = v
+		}
+		for k, v := range o.Env {
+			env[k] = v
+		}
+		o.Env = env
+		v, _, err = s.cfg.VMs.CreateFrom(r.Context(), t.SnapshotID, o)
 	} else {
 		if _, gerr := s.cfg.VMs.GetSnapshot(r.Context(), tmpl); gerr != nil {
-			apiError(w, http.StatusNotFound, "template %q not found: use %q, %q or the name of an agentvm snapshot", tmpl, baseTemplate, "code-interpreter-v1")
+			apiError(w, http.StatusNotFound, "template %q not found: use %q, %q, a template built with agentvm template build, or the name of an agentvm snapshot", tmpl, baseTemplate, "code-interpreter-v1")
 			return
 		}
 		v, _, err = s.cfg.VMs.CreateFrom(r.Context(), tmpl, o)

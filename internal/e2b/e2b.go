@@ -91,6 +91,10 @@ type Server struct {
 	watchers      map[string]*watcher // CreateWatcher's polling watches
 	watcherCreate sync.Mutex
 	lives         lives // lifecycle.go
+
+	tpl      Templates      // template builds (nil: off)
+	filesDir string         // the COPY uploads of the Template SDK
+	builds   templateBuilds // the SDK's builds, requested to ended (templates.go)
 }
 
 // New makes the E2B layer.

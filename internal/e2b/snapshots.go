@@ -97,6 +97,14 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 		apiError(w, http.StatusBadRequest, "template %q is a built-in image and cannot be deleted", id)
 		return
 	}
+	if _, ok := s.builtTemplate(r.Context(), id); ok && s.tpl != nil {
+		if err := s.tpl.Delete(r.Context(), id); err != nil {
+			vmError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	if err := s.cfg.VMs.DeleteSnapshot(r.Context(), id); err != nil {
 		vmError(w, err)
 		return
@@ -105,22 +113,18 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 }
 
 // templateAlias is GET /templates/aliases/{alias}: whether a template of
-// that name exists (a built-in image, or an agentvm snapshot).
+// that name exists (a built-in image, a template built from a Dockerfile,
+// or an agentvm snapshot).
 func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
 	alias := r.PathValue("alias")
 	if _, err := image.Resolve(alias); err != nil {
-		if _, err := s.cfg.VMs.GetSnapshot(r.Context(), alias); err != nil {
+		_, terr := s.cfg.Store.GetTemplate(r.Context(), alias)
+		if _, err := s.cfg.VMs.GetSnapshot(r.Context(), alias); err != nil && terr != nil {
 			apiError(w, http.StatusNotFound, "template %q not found", alias)
 			return
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": false})
-}
-
-// noTemplateBuilds answers E2B's template build and tag routes, in E2B's
-// error format: agentvm makes templates from running VMs instead.
-func noTemplateBuilds(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
-	apiError(w, http.StatusBadRequest, "template builds are not supported by agentvm: create a sandbox, set it up, and snapshot it (createSnapshot); the snapshot's name is a template")
 }
 
 type forkResult struct {

@@ -370,6 +370,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.builds = builder.New(s.svc, s.store, filepath.Join(cfg.DataDir, "builds"), cfg.Log)
 	s.builds.Cleanup(ctx)
+	if s.e2b != nil {
+		s.e2b.SetTemplates(s.builds, filepath.Join(cfg.DataDir, "e2b-template-files"))
+	}
 	if s.proxy != nil {
 		s.restoreTCPExposures(ctx)
 	}
