@@ -28,9 +28,9 @@ func templateCmd() *cobra.Command {
 func templateBuildCmd() *cobra.Command {
 	var (
 		file, spec, memory, disk string
-		args               []string
-		o                  client.BuildOptions
-		asJSON             bool
+		args                     []string
+		o                        client.BuildOptions
+		asJSON                   bool
 	)
 	c := &cobra.Command{
 		Use:   "build NAME [CONTEXT]",

@@ -98,7 +98,7 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 		}
 	}
 	add("base", "FROM "+from)
-	user := baseUser(from) // a template's user ("" for root)
+	user := baseUser(from)                         // a template's user ("" for root)
 	if _, err := image.Resolve(from); err == nil { // an image: E2B's builds start as user in its home
 		user = "user"
 		add("base", "USER user")
