@@ -333,8 +333,18 @@ func (c *consoleRun) rowCount() int {
 
 // host checks the host page and creates a scoped token for v there.
 func (c *consoleRun) host(v *api.VM) string {
+	// A built template, listed with its steps and build log.
+	dir := c.t.TempDir()
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM default\nRUN echo built for the console > /tmp/c\nCMD [\"sleep\", \"infinity\"]\n"), 0o644)
+	if out, errOut, code := c.s.CLI("", "template", "build", "console-tpl", dir, "--memory", "512"); code != 0 {
+		c.t.Fatalf("template build: %d %q %q", code, out, errOut)
+	}
 	c.run("host page", chromedp.Navigate(c.s.URL+"/#/host"), chromedp.WaitVisible(`dd[data-metric="running"]`, chromedp.ByQuery))
 	c.waitJS("templates listed", `!!document.querySelector('table[aria-label="Templates"] tbody tr td.mono')`, time.Minute)
+	c.waitJS("the built template listed", `!!document.querySelector('tr[data-template="console-tpl"]')`, time.Minute)
+	c.run("its log", chromedp.Click(`button[aria-label="Steps and build log of template console-tpl"]`, chromedp.ByQuery))
+	c.waitJS("the built template's steps and log", `(document.querySelector('pre[data-template-steps="console-tpl"]')?.textContent ?? '').includes('RUN echo built for the console') &&
+		(document.querySelector('pre[data-template-log="console-tpl"]')?.textContent ?? '').includes('[3/3] start sleep infinity')`, time.Minute)
 	var running string
 	c.eval(`document.querySelector('dd[data-metric="running"]').textContent`, &running)
 	if running != "2" {

@@ -1,8 +1,8 @@
-// The host: capacity, templates, snapshots, networks and tokens.
+// The host: capacity, templates (images' and built ones), snapshots, networks and tokens.
 import { api } from './api';
 import { confirmAction } from './dialog';
 import { clear, field, fmtAge, fmtBytes, fmtTime, h, toast } from './dom';
-import type { HostInfo, NetworkInfo, Snapshot, Token, VM } from './types';
+import type { BuiltTemplate, HostInfo, NetworkInfo, Snapshot, Token, VM } from './types';
 
 const PERMS = ['exec', 'files', 'ssh', 'term', 'preview', 'display'];
 
@@ -15,6 +15,7 @@ function table(label: string, cols: string[], rows: HTMLElement[], empty: string
 export function renderHost(main: HTMLElement): () => void {
   const cap = h('section', { 'aria-labelledby': 'h-cap' });
   const tpl = h('section', { 'aria-labelledby': 'h-tpl' });
+  const built = h('section', { 'aria-labelledby': 'h-built' });
   const snaps = h('section', { 'aria-labelledby': 'h-snap' });
   const nets = h('section', { 'aria-labelledby': 'h-net' });
   const toks = h('section', { 'aria-labelledby': 'h-tok' });
@@ -22,16 +23,18 @@ export function renderHost(main: HTMLElement): () => void {
 
   const load = async () => {
     try {
-      const [host, s, n, t, v] = await Promise.all([
+      const [host, s, n, t, v, b] = await Promise.all([
         api<HostInfo>('GET', '/v1/host'),
         api<{ snapshots: Snapshot[] }>('GET', '/v1/snapshots'),
         api<{ networks: NetworkInfo[] }>('GET', '/v1/networks'),
         api<{ tokens: Token[] }>('GET', '/v1/tokens'),
         api<{ vms: VM[] }>('GET', '/v1/vms'),
+        api<{ templates: BuiltTemplate[] }>('GET', '/v1/templates'),
       ]);
       vms = v.vms;
       drawCapacity(host);
       drawTemplates(host);
+      drawBuilt(b.templates);
       drawSnapshots(s.snapshots);
       drawNetworks(n.networks);
       drawTokens(t.tokens);
@@ -62,6 +65,38 @@ export function renderHost(main: HTMLElement): () => void {
         h('td', { class: 'mono' }, t.key.slice(0, 12)), h('td', null, t.cpus), h('td', null, fmtBytes(t.memory_mib * 1048576)),
         h('td', null, fmtBytes(t.disk_bytes)), h('td', null, t.accel), h('td', null, t.qemu_version),
         h('td', null, `${(t.cold_boot_ms / 1000).toFixed(1)} s`), h('td', null, fmtAge(t.created_at)))), 'No templates yet (the first create builds one).'));
+  };
+  const drawBuilt = (list: BuiltTemplate[]) => {
+    const detail = h('div', { 'aria-live': 'polite' });
+    clear(built, h('h2', { id: 'h-built' }, 'Built templates'),
+      h('p', { class: 'muted' }, 'Built from a Dockerfile, a spec or E2B\'s Template SDK (agentvm template build); a VM made from one starts with its start command running.'),
+      table('Built templates', ['Name', 'Base', 'Steps', 'Start', 'Ports', 'Size (state)', 'Shape', 'Built', 'Actions'], list.map((t) => h('tr', { 'data-template': t.name },
+        h('td', null, t.name), h('td', null, t.base), h('td', null, t.steps.length),
+        h('td', { class: 'mono' }, (t.start ?? []).join(' ') || '—'), h('td', null, (t.expose ?? []).join(', ') || '—'),
+        h('td', null, fmtBytes(t.state_bytes)), h('td', null, `${t.cpus} vCPU, ${fmtBytes(t.memory_mib * 1048576)}`),
+        h('td', { title: fmtTime(t.built_at) }, `${fmtAge(t.built_at)} (${(t.build_ms / 1000).toFixed(1)} s)`),
+        h('td', null,
+          h('button', {
+            type: 'button', class: 'small', 'aria-label': `Steps and build log of template ${t.name}`, onclick: async () => {
+              try {
+                const full = await api<BuiltTemplate>('GET', `/v1/templates/${encodeURIComponent(t.name)}`);
+                clear(detail, h('h3', null, `Template ${t.name}`),
+                  h('h4', null, 'Steps'), h('pre', { class: 'mono', 'data-template-steps': t.name }, full.steps.join('\n')),
+                  h('h4', null, 'Last build'), h('pre', { class: 'mono log', 'data-template-log': t.name }, full.build_log ?? ''));
+              } catch (e) { toast((e as Error).message, 'error'); }
+            },
+          }, 'Log'),
+          h('button', {
+            type: 'button', class: 'small', 'aria-label': `New VM from template ${t.name}`, onclick: async () => {
+              try { const v = await api<VM>('POST', '/v1/vms', { template: t.name }); location.hash = `#/vms/${encodeURIComponent(v.id)}`; } catch (e) { toast((e as Error).message, 'error'); }
+            },
+          }, 'New VM'),
+          h('button', {
+            type: 'button', class: 'small danger', 'aria-label': `Delete template ${t.name}`, onclick: async () => {
+              if (!await confirmAction(`Delete template ${t.name}?`, 'VMs made from it keep running; its cached steps no other template uses go too.', 'Delete')) return;
+              try { await api('DELETE', `/v1/templates/${encodeURIComponent(t.name)}`); load(); } catch (e) { toast((e as Error).message, 'error'); }
+            },
+          }, 'Delete')))), 'No built templates (agentvm template build NAME -f Dockerfile DIR).'), detail);
   };
   const drawSnapshots = (list: Snapshot[]) => {
     clear(snaps, h('h2', { id: 'h-snap' }, 'Snapshots'),
@@ -132,7 +167,7 @@ export function renderHost(main: HTMLElement): () => void {
     clear(toks, h('h2', { id: 'h-tok' }, 'Tokens'), f, tableBox);
   };
 
-  clear(main, h('div', { class: 'titlebar' }, h('h1', null, 'Host'), h('button', { type: 'button', onclick: () => load() }, 'Refresh')), cap, tpl, snaps, nets, toks);
+  clear(main, h('div', { class: 'titlebar' }, h('h1', null, 'Host'), h('button', { type: 'button', onclick: () => load() }, 'Refresh')), cap, tpl, built, snaps, nets, toks);
   load();
   const t = setInterval(() => api<HostInfo>('GET', '/v1/host').then(drawCapacity).catch(() => {}), 15000);
   return () => clearInterval(t);

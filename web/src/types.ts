@@ -18,3 +18,9 @@ export interface HostInfo {
   disk_free_bytes: number; vms: Record<string, number>; running: number; suspended: number;
   warm_pool?: Record<string, number>; templates: Template[];
 }
+
+export interface BuiltTemplate {
+  name: string; snapshot: string; base: string; steps: string[]; start?: string[]; ready?: string; expose?: number[];
+  cpus: number; memory_mib: number; disk_bytes: number; state_bytes: number; build_ms: number; built_at: string;
+  build_log?: string; dockerfile?: string;
+}
