@@ -215,6 +215,20 @@ ls /etc/app-notes; ls /opt/app; echo "env $PORT $APP_HOME"; systemctl is-active 
 		if t2.Snapshot == first.Snapshot {
 			t.Fatal("the rebuild kept the old snapshot")
 		}
+		// Without the cache every step runs again, and the next build's cache
+		// holds what that build made.
+		_, errOut, code = build("app", df("app2"), "--no-cache")
+		if code != 0 || strings.Contains(errOut, "CACHED") {
+			t.Fatalf("--no-cache: %d\n%s", code, errOut)
+		}
+		t3, _ := s.Client.GetTemplate(ctx, "app")
+		if t3.Snapshot == t2.Snapshot {
+			t.Fatal("a --no-cache build kept the cached machine")
+		}
+		_, errOut, code = build("app", df("app2"))
+		if t4, _ := s.Client.GetTemplate(ctx, "app"); code != 0 || strings.Count(errOut, "CACHED") != 8 || t4.Snapshot != t3.Snapshot {
+			t.Fatalf("the build after --no-cache: %d, snapshot %s (want %s)\n%s", code, t4.Snapshot, t3.Snapshot, errOut)
+		}
 		// VMs made from the old build are untouched.
 		if r := s.Exec(ctx, "tbox", "cat /tmp/shell"); r.Stdout != "shell is /bin/bash\n" {
 			t.Fatalf("the first build's VM changed: %+v", r)
@@ -222,7 +236,10 @@ ls /etc/app-notes; ls /opt/app; echo "env $PORT $APP_HOME"; systemctl is-active 
 	})
 
 	t.Run("a failing step", func(t *testing.T) {
-		before, _ := s.Client.GetTemplate(ctx, "app")
+		before, err := s.Client.GetTemplate(ctx, "app")
+		if err != nil {
+			t.Fatal(err)
+		}
 		_, errOut, code := build("app", df("fails"))
 		if code == 0 || !strings.Contains(errOut, "step 2 (Dockerfile line 2)") || !strings.Contains(errOut, "exited with code 3") ||
 			!strings.Contains(errOut, "preparing") || !strings.Contains(errOut, "boom") {
@@ -340,7 +357,7 @@ ready = { url = "http://127.0.0.1:8001/index.html" }
 		waitStarted := func(sc *bufio.Scanner) {
 			t.Helper()
 			for sc.Scan() {
-				if strings.Contains(sc.Text(), "started") {
+				if sc.Text() == "  started" { // the step's own output (its heading names it too)
 					if vms := buildVMs(t, s); len(vms) != 1 {
 						t.Fatalf("a build under way has VMs %v, want one", vms)
 					}

@@ -71,7 +71,7 @@ running machine: agentvm create --template NAME restores it with the start comma
 			} else {
 				o.Dockerfile = df
 			}
-			go func() { pw.CloseWithError(tarContext(pw, dir, hidden)) }()
+			go func() { pw.CloseWithError(tarContext(pw, dir, hidden, df)) }()
 			start := time.Now()
 			t, err := client.FromEnv().BuildTemplate(cmd.Context(), a[0], pr, o, func(ev api.BuildEvent) {
 				switch {
@@ -146,9 +146,10 @@ func dockerfileIn(dir, file, spec string) (string, string, error) {
 }
 
 // tarContext writes dir as a tar, less what its .dockerignore excludes
-// (the Dockerfile and .dockerignore are always sent); hidden, when set, is
-// a Dockerfile from outside dir, sent as api.HiddenDockerfile.
-func tarContext(w io.Writer, dir, hidden string) error {
+// (.dockerignore and keep, the Dockerfile or spec, are always sent);
+// hidden, when set, is a Dockerfile from outside dir, sent as
+// api.HiddenDockerfile.
+func tarContext(w io.Writer, dir, hidden, keep string) error {
 	var pm *patternmatcher.PatternMatcher
 	if f, err := os.Open(filepath.Join(dir, ".dockerignore")); err == nil {
 		patterns, err := ignorefile.ReadAll(f)
@@ -170,14 +171,14 @@ func tarContext(w io.Writer, dir, hidden string) error {
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		if pm != nil && rel != ".dockerignore" && rel != "Dockerfile" {
+		if pm != nil && rel != ".dockerignore" && rel != keep {
 			if skip, err := pm.MatchesOrParentMatches(rel); err != nil {
 				return err
 			} else if skip {
-				if d.IsDir() && !pm.Exclusions() {
+				if d.IsDir() && !pm.Exclusions() && !strings.HasPrefix(keep, rel+"/") {
 					return filepath.SkipDir
 				}
-				return nil
+				return nil // not sent; what it holds is judged entry by entry
 			}
 		}
 		info, err := d.Info()

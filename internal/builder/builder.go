@@ -177,6 +177,8 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	if err != nil {
 		return nil, err
 	}
+	defer bctx.close()
+
 	what, name := "the Dockerfile", req.Dockerfile
 	if req.Spec != "" {
 		what, name = "the spec", req.Spec
@@ -185,7 +187,7 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	if bctx.kinds[df] != 0 || !bctx.has(df) {
 		return nil, fmt.Errorf("%w: the build context has no file %s (%s)", ErrInvalid, name, what)
 	}
-	text, err := os.ReadFile(filepath.Join(dir, df))
+	text, err := bctx.root.ReadFile(df)
 	if err != nil {
 		return nil, err
 	}
@@ -225,8 +227,16 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		return &base{env: t.Env, workdir: t.Workdir, user: t.User, start: t.Start, ready: readyArgv(t.Ready), expose: t.Expose}, nil
 	})
 	if err != nil {
-		return nil, specError(err, specFrom)
+		if specFrom != nil {
+			return nil, specError(err, specFrom)
+		}
+		return nil, err
 	}
+
+	// The cache is read and written under the lock a prune takes alone,
+	// up to the template's record naming what the build made.
+	b.gc.RLock()
+	defer b.gc.RUnlock()
 
 	// The shape: a template on a template keeps its parent's.
 	cpus, mem, disk := req.CPUs, req.MemoryMiB, req.DiskBytes
@@ -239,7 +249,7 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		if disk < parentSnap.DiskBytes {
 			disk = parentSnap.DiskBytes
 		}
-		baseKey = parent.Layers[len(parent.Layers)-1]
+		baseKey = hashOf("template", parentSnap.ID, fmt.Sprint(disk)) // its machine, not its key: a rebuilt parent is a new base
 	} else {
 		if cpus == 0 {
 			cpus = vm.DefaultCPUs
@@ -461,19 +471,22 @@ func (b *Builder) Prune(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	n := 0
+	var errs []error
 	for _, l := range ls {
 		if used[l.Key] || used["snap:"+l.SnapshotID] {
 			continue
 		}
 		if err := b.m.DeleteSnapshot(ctx, l.SnapshotID); err != nil && !errors.Is(err, vm.ErrNotFound) {
-			return n, fmt.Errorf("cached step %s: %w", l.Key[:12], err)
+			errs = append(errs, fmt.Errorf("cached step %s: %w", l.Key[:12], err))
+			continue
 		}
 		if err := b.store.DeleteLayer(ctx, l.Key); err != nil {
-			return n, err
+			errs = append(errs, err)
+			continue
 		}
 		n++
 	}
-	return n, nil
+	return n, errors.Join(errs...)
 }
 
 // Uses names the template or cached step that needs a snapshot ("" for

@@ -9,10 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -27,85 +25,106 @@ const (
 // written through one.
 type buildContext struct {
 	dir   string
+	root  *os.Root
 	kinds map[string]fs.FileMode // relative path → type (0 for a file)
 	modes map[string]fs.FileMode // the modes sent (the daemon's copy is its own, 0600 or 0700)
 	paths []string               // every entry, sorted
 }
 
-// unpackContext reads a tar stream into dir (which must not exist).
+// unpackContext reads a tar stream into dir (which must not exist). Every
+// write goes through an os.Root of dir, which refuses a path that leaves
+// it, symlinks included; an entry under a symlink is refused outright.
 func unpackContext(r io.Reader, dir string) (*buildContext, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	c := &buildContext{dir: dir, kinds: map[string]fs.FileMode{}, modes: map[string]fs.FileMode{}}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	c := &buildContext{dir: dir, root: root, kinds: map[string]fs.FileMode{}, modes: map[string]fs.FileMode{}}
+	if err := c.unpack(r); err != nil {
+		root.Close()
+		return nil, err
+	}
+	for p := range c.kinds {
+		c.paths = append(c.paths, p)
+	}
+	sort.Strings(c.paths)
+	return c, nil
+}
+
+func (c *buildContext) close() { c.root.Close() }
+
+func (c *buildContext) unpack(r io.Reader) error {
 	tr := tar.NewReader(r)
 	var total int64
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			break
+			return nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: build context: not a tar stream: %v", ErrInvalid, err)
+			return fmt.Errorf("%w: build context: not a tar stream: %v", ErrInvalid, err)
 		}
 		if strings.ContainsRune(hdr.Name, 0) || strings.HasPrefix(hdr.Name, "/") {
-			return nil, fmt.Errorf("%w: build context: entry %q: paths are relative and stay inside the context", ErrInvalid, hdr.Name)
+			return fmt.Errorf("%w: build context: entry %q: paths are relative and stay inside the context", ErrInvalid, hdr.Name)
 		}
 		name := path.Clean(hdr.Name)
 		if name == ".." || strings.HasPrefix(name, "../") {
-			return nil, fmt.Errorf("%w: build context: entry %q: paths are relative and stay inside the context", ErrInvalid, hdr.Name)
+			return fmt.Errorf("%w: build context: entry %q: paths are relative and stay inside the context", ErrInvalid, hdr.Name)
 		}
 		if name == "." {
-			name = ""
-		}
-		if name == "" {
 			continue
 		}
 		if len(c.kinds) >= maxContextEntries {
-			return nil, fmt.Errorf("%w: build context: more than %d entries", ErrInvalid, maxContextEntries)
+			return fmt.Errorf("%w: build context: more than %d entries", ErrInvalid, maxContextEntries)
 		}
 		for d := path.Dir(name); d != "."; d = path.Dir(d) {
 			if k, ok := c.kinds[d]; ok && k != fs.ModeDir {
-				return nil, fmt.Errorf("%w: build context: entry %q is under %s, which is not a directory", ErrInvalid, hdr.Name, d)
+				return fmt.Errorf("%w: build context: entry %q is under %s, which is not a directory", ErrInvalid, hdr.Name, d)
 			}
+		}
+		if k, dup := c.kinds[name]; dup && (hdr.Typeflag != tar.TypeDir || k != fs.ModeDir) {
+			return fmt.Errorf("%w: build context: entry %q appears twice", ErrInvalid, hdr.Name)
+		}
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
 			if _, ok := c.kinds[d]; !ok {
 				c.kinds[d] = fs.ModeDir
-				if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
-					return nil, err
-				}
 			}
 		}
-		if _, dup := c.kinds[name]; dup && hdr.Typeflag != tar.TypeDir {
-			return nil, fmt.Errorf("%w: build context: entry %q appears twice", ErrInvalid, hdr.Name)
+		if d := path.Dir(name); d != "." {
+			if err := c.root.MkdirAll(d, 0o700); err != nil {
+				return fmt.Errorf("%w: build context: %s: %v", ErrInvalid, hdr.Name, err)
+			}
 		}
-		full := filepath.Join(dir, name)
 		mode := os.FileMode(hdr.Mode) & 0o7777
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(full, 0o700); err != nil {
-				return nil, err
+			if err := c.root.MkdirAll(name, 0o700); err != nil {
+				return fmt.Errorf("%w: build context: %s: %v", ErrInvalid, hdr.Name, err)
 			}
 			c.kinds[name] = fs.ModeDir
 		case tar.TypeReg:
 			total += hdr.Size
 			if total > maxContextBytes {
-				return nil, fmt.Errorf("%w: build context: over %d GiB", ErrInvalid, maxContextBytes>>30)
+				return fmt.Errorf("%w: build context: over %d GiB", ErrInvalid, maxContextBytes>>30)
 			}
-			f, err := os.OpenFile(full, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscallNoFollow, 0o600)
+			f, err := c.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 			if err != nil {
-				return nil, err
+				return fmt.Errorf("%w: build context: %s: %v", ErrInvalid, hdr.Name, err)
 			}
 			_, err = io.Copy(f, io.LimitReader(tr, hdr.Size))
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
 			if err != nil {
-				return nil, fmt.Errorf("build context: %s: %w", name, err)
+				return fmt.Errorf("build context: %s: %w", name, err)
 			}
 			c.kinds[name] = 0
 		case tar.TypeSymlink:
-			if err := os.Symlink(hdr.Linkname, full); err != nil {
-				return nil, err
+			if err := c.root.Symlink(hdr.Linkname, name); err != nil {
+				return fmt.Errorf("%w: build context: %s: %v", ErrInvalid, hdr.Name, err)
 			}
 			c.kinds[name] = fs.ModeSymlink
 		default:
@@ -113,11 +132,6 @@ func unpackContext(r io.Reader, dir string) (*buildContext, error) {
 		}
 		c.modes[name] = mode
 	}
-	for p := range c.kinds {
-		c.paths = append(c.paths, p)
-	}
-	sort.Strings(c.paths)
-	return c, nil
 }
 
 func (c *buildContext) mode(rel string) os.FileMode {
@@ -234,17 +248,16 @@ func (cs *copySet) digest(c *buildContext) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "dest %q owner %q mode %o\n", cs.destDir, cs.owner, cs.mode)
 	for _, it := range cs.items {
-		full := filepath.Join(c.dir, it.src)
 		fmt.Fprintf(h, "%q %v %o ", it.name, it.kind, c.mode(it.src))
 		switch it.kind {
 		case fs.ModeSymlink:
-			l, err := os.Readlink(full)
+			l, err := c.root.Readlink(it.src)
 			if err != nil {
 				return "", err
 			}
 			fmt.Fprintf(h, "-> %q\n", l)
 		case 0:
-			f, err := os.OpenFile(full, os.O_RDONLY|syscallNoFollow, 0)
+			f, err := c.root.Open(it.src)
 			if err != nil {
 				return "", err
 			}
@@ -274,7 +287,6 @@ func (cs *copySet) writeTar(w io.Writer, c *buildContext) error {
 		gname = uname
 	}
 	for _, it := range cs.items {
-		full := filepath.Join(c.dir, it.src)
 		mode := int64(c.mode(it.src))
 		if cs.mode != 0 {
 			mode = int64(cs.mode)
@@ -286,14 +298,14 @@ func (cs *copySet) writeTar(w io.Writer, c *buildContext) error {
 		case fs.ModeDir:
 			hdr.Typeflag, hdr.Name = tar.TypeDir, it.name+"/"
 		case fs.ModeSymlink:
-			l, err := os.Readlink(full)
+			l, err := c.root.Readlink(it.src)
 			if err != nil {
 				return err
 			}
 			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, l
 		default:
 			var err error
-			if f, err = os.OpenFile(full, os.O_RDONLY|syscallNoFollow, 0); err != nil {
+			if f, err = c.root.Open(it.src); err != nil {
 				return err
 			}
 			st, err := f.Stat()
@@ -335,5 +347,3 @@ func setOwner(hdr *tar.Header, uname, gname string) {
 		hdr.Gname = gname
 	}
 }
-
-const syscallNoFollow = syscall.O_NOFOLLOW

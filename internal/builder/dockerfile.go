@@ -50,6 +50,7 @@ type plan struct {
 	// ENTRYPOINT and CMD, combined into start as Docker combines them.
 	entry, cmd []string
 	entryShell bool
+	cmdSet     bool // a CMD in this Dockerfile
 	startLine  int
 	startText  string
 }
@@ -79,9 +80,28 @@ func (e varEnv) Keys() []string {
 	return ks
 }
 
-func lineErr(n *parser.Node, format string, a ...any) error {
-	return fmt.Errorf("%w: Dockerfile line %d: %s: %s", ErrInvalid, n.StartLine, strings.ToUpper(n.Value), fmt.Sprintf(format, a...))
+// LineError is a Dockerfile instruction that cannot be built as written
+// (an invalid argument): its line, and why.
+type LineError struct {
+	Line  int
+	Where string // "Dockerfile line N", or the spec's part the line came from
+	Msg   string // the instruction and why
 }
+
+func (e *LineError) Error() string { return ErrInvalid.Error() + ": " + e.Where + ": " + e.Msg }
+func (e *LineError) Unwrap() error { return ErrInvalid }
+
+func lineErr(n *parser.Node, format string, a ...any) error {
+	return &LineError{Line: n.StartLine, Where: fmt.Sprintf("Dockerfile line %d", n.StartLine),
+		Msg: strings.ToUpper(n.Value) + ": " + fmt.Sprintf(format, a...)}
+}
+
+// ValidUser reports whether s can be a USER; ValidOwner whether it can be
+// a --chown (user, user:group, ids); ValidEnvName whether it can be an ENV
+// name. (Other ways to make a Dockerfile check their values with them.)
+func ValidUser(s string) bool    { return userName(s) }
+func ValidOwner(s string) bool   { return ownerSpec(s) }
+func ValidEnvName(s string) bool { return envName(s) }
 
 // args returns an instruction's arguments, as the parser split them.
 func args(n *parser.Node) []string {
@@ -349,9 +369,12 @@ func parsePlan(dockerfile []byte, bctx *buildContext, buildArgs map[string]strin
 				return nil, lineErr(n, "%s needs a command", strings.ToUpper(cmd))
 			}
 			if cmd == "entrypoint" {
-				p.entry, p.entryShell, p.cmd = p.command(n, a), !n.Attributes["json"], nil
+				p.entry, p.entryShell = p.command(n, a), !n.Attributes["json"]
+				if !p.cmdSet { // a base's CMD goes with its ENTRYPOINT; this Dockerfile's stays (as BuildKit)
+					p.cmd = nil
+				}
 			} else {
-				p.cmd = p.command(n, a)
+				p.cmd, p.cmdSet = p.command(n, a), true
 			}
 			p.start = append(append([]string(nil), p.entry...), p.cmd...)
 			if p.entryShell {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -166,6 +167,51 @@ func TestPlanRefusals(t *testing.T) {
 	}
 }
 
+// orderedTar makes a tar of entries in the order given.
+func orderedTar(t *testing.T, hdrs ...*tar.Header) io.Reader {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Size > 0 {
+			tw.Write(bytes.Repeat([]byte("x"), int(h.Size)))
+		}
+	}
+	tw.Close()
+	return &buf
+}
+
+// A symlink out of the context, then a directory and a file of its name:
+// nothing is written outside.
+func TestContextNeverWritesThroughASymlink(t *testing.T) {
+	outside := t.TempDir()
+	for name, hdrs := range map[string][]*tar.Header{
+		"directory entry over the link": {
+			{Name: "a", Typeflag: tar.TypeSymlink, Linkname: outside},
+			{Name: "a/", Typeflag: tar.TypeDir, Mode: 0o755},
+			{Name: "a/pwned", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1},
+		},
+		"file under the link": {
+			{Name: "a", Typeflag: tar.TypeSymlink, Linkname: outside},
+			{Name: "a/pwned", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1},
+		},
+		"relative link out": {
+			{Name: "b", Typeflag: tar.TypeSymlink, Linkname: "../../../../../../.." + outside},
+			{Name: "b/", Typeflag: tar.TypeDir, Mode: 0o755},
+		},
+	} {
+		if c, err := unpackContext(orderedTar(t, hdrs...), t.TempDir()+"/ctx"); err == nil {
+			c.root.Close()
+			t.Errorf("%s: unpacked", name)
+		}
+		if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+			t.Fatalf("%s: wrote %s outside the context", name, ents[0].Name())
+		}
+	}
+}
+
 func TestContextRefusesEscapes(t *testing.T) {
 	for name, files := range map[string]map[string]string{
 		"dot-dot":         {"../evil": "x"},
@@ -199,7 +245,7 @@ func TestCopyDigestFollowsContentNotTime(t *testing.T) {
 func TestPlanStartCombinesEntrypointAndCmd(t *testing.T) {
 	for df, want := range map[string][]string{
 		"FROM default\nENTRYPOINT [\"/app\", \"-v\"]\nCMD [\"serve\"]\n": {"/app", "-v", "serve"},
-		"FROM default\nCMD [\"serve\"]\nENTRYPOINT [\"/app\"]\n":         {"/app"}, // ENTRYPOINT resets CMD
+		"FROM default\nCMD [\"serve\"]\nENTRYPOINT [\"/app\"]\n":         {"/app", "serve"}, // this Dockerfile's CMD stays
 		"FROM default\nENTRYPOINT /app --shell\nCMD [\"ignored\"]\n":     {"/bin/sh", "-c", "/app --shell"},
 		"FROM default\nCMD exec /app\n":                                  {"/bin/sh", "-c", "exec /app"},
 		"FROM web\nRUN true\n":                                           {"/srv/run"},

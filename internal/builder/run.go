@@ -37,7 +37,7 @@ const (
 	tailLines = 20
 )
 
-// emit sends a step's heading.
+// heading sends a step's heading.
 func (r *run) heading(step int, text string, cached bool) {
 	r.step = step
 	r.tail = nil
@@ -129,8 +129,6 @@ func (r *run) cached(ctx context.Context, key string) string {
 
 // execute runs what is not cached and returns the final snapshot.
 func (r *run) execute(ctx context.Context, parentSnap *store.Snapshot, baseKey, final string, cpus int, mem, disk int64) (string, error) {
-	r.b.gc.RLock()
-	defer r.b.gc.RUnlock()
 	steps := r.p.steps
 	if snap := r.cached(ctx, final); snap != "" {
 		r.heading(1, r.p.text[0], true)
@@ -215,7 +213,21 @@ func (r *run) layer(ctx context.Context, vmID, key, parent, text string) (string
 		return "", fmt.Errorf("step %d: saving its result: %w", r.step, err)
 	}
 	r.note(fmt.Sprintf("saved as %s (%d MiB of memory state, guest paused %d ms)\n", sn.Name, sn.Bytes>>20, sn.PausedMs))
-	err = r.b.store.PutLayer(context.WithoutCancel(ctx), &store.Layer{Key: key, SnapshotID: sn.ID, Parent: parent, Step: text, CreatedAt: time.Now().UTC()})
+	bg := context.WithoutCancel(ctx)
+	if r.req.NoCache {
+		// A build without the cache replaces what it finds cached: the old
+		// machine stays as a superseded step until no template uses it
+		// (a prune removes it then).
+		if old, gerr := r.b.store.GetLayer(bg, key); gerr == nil {
+			if err := r.b.store.PutLayer(bg, &store.Layer{Key: "superseded-" + randHex(8) + "-" + key[:16], SnapshotID: old.SnapshotID,
+				Parent: old.Parent, Step: old.Step, CreatedAt: old.CreatedAt}); err != nil {
+				r.b.m.DeleteSnapshot(bg, sn.ID)
+				return "", err
+			}
+			r.b.store.DeleteLayer(bg, key)
+		}
+	}
+	err = r.b.store.PutLayer(bg, &store.Layer{Key: key, SnapshotID: sn.ID, Parent: parent, Step: text, CreatedAt: time.Now().UTC()})
 	if errors.Is(err, store.ErrConflict) { // another build cached the same step meanwhile
 		if l, gerr := r.b.store.GetLayer(ctx, key); gerr == nil {
 			r.b.m.DeleteSnapshot(context.WithoutCancel(ctx), sn.ID)
@@ -240,23 +252,33 @@ mkdir -p -- "$1"
 if [ -n "$2" ]; then printf '%s' "$made" | while IFS= read -r x; do [ -z "$x" ] || chown -- "$2" "$x"; done; fi
 readlink -f -- "$1"`
 
-// ensureDir makes a directory as root (as Docker's WORKDIR does), the
-// parts it made owned by owner when given.
-func (r *run) ensureDir(ctx context.Context, g *guest.Client, dir string, owner ...string) (string, error) {
-	var out bytes.Buffer
-	o := ""
-	if len(owner) > 0 {
-		o = owner[0]
-	}
-	st, err := g.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", mkdirScript, "sh", dir, o}, User: "root"}, nil, &out, r)
+// ensureDir makes a directory as root, the parts it made owned by owner
+// when given (a COPY's --chown, a RUN's USER: as BuildKit makes them). A
+// failure is s's (nil: the start command's).
+func (r *run) ensureDir(ctx context.Context, g *guest.Client, s *step, dir, owner string) (string, error) {
+	out := &limitedBuffer{max: 8 << 10} // a path; a hostile guest gets no more
+	st, err := g.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", mkdirScript, "sh", dir, owner}, User: "root"}, nil, out, r)
 	if err != nil {
-		return "", r.fail(nil, -1, fmt.Sprintf("making %s: %v", dir, err))
+		return "", r.fail(s, -1, fmt.Sprintf("making %s: %v", dir, err))
 	}
 	if st.ExitCode != 0 {
-		return "", r.fail(nil, st.ExitCode, "making directory "+dir)
+		return "", r.fail(s, st.ExitCode, "making directory "+dir)
 	}
 	r.made[dir] = true
 	return strings.TrimSpace(out.String()), nil
+}
+
+// limitedBuffer keeps the first max bytes written to it.
+type limitedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); room > 0 {
+		b.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
 }
 
 func (r *run) runStep(ctx context.Context, g *guest.Client, s *step) error {
@@ -264,7 +286,7 @@ func (r *run) runStep(ctx context.Context, g *guest.Client, s *step) error {
 		return r.copyStep(ctx, g, s)
 	}
 	if !r.made[s.cwd] {
-		if _, err := r.ensureDir(ctx, g, s.cwd); err != nil {
+		if _, err := r.ensureDir(ctx, g, s, s.cwd, ownerOf(s.user)); err != nil {
 			return err
 		}
 	}
@@ -292,7 +314,7 @@ func (r *run) runStep(ctx context.Context, g *guest.Client, s *step) error {
 
 func (r *run) copyStep(ctx context.Context, g *guest.Client, s *step) error {
 	cs := s.copy
-	dir, err := r.ensureDir(ctx, g, cs.destDir, cs.owner)
+	dir, err := r.ensureDir(ctx, g, s, cs.destDir, cs.owner)
 	if err != nil {
 		return err
 	}
@@ -312,7 +334,7 @@ func (r *run) copyStep(ctx context.Context, g *guest.Client, s *step) error {
 func (r *run) start(ctx context.Context, g *guest.Client) error {
 	wd := orRoot(r.p.workdir)
 	if !r.made[wd] {
-		if _, err := r.ensureDir(ctx, g, wd); err != nil {
+		if _, err := r.ensureDir(ctx, g, nil, wd, ownerOf(r.p.user)); err != nil {
 			return err
 		}
 	}
@@ -407,6 +429,14 @@ func (r *run) serviceLog(ctx context.Context, g *guest.Client) string {
 		return ""
 	}
 	return "; its log:\n" + strings.TrimRight(string(b), "\n")
+}
+
+// ownerOf is who a WORKDIR made for user belongs to ("" for root).
+func ownerOf(user string) string {
+	if user == "" || user == "root" {
+		return ""
+	}
+	return user
 }
 
 func isNotFound(err error) bool {

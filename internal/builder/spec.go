@@ -3,8 +3,8 @@ package builder
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -171,6 +171,9 @@ func dockerfileOf(sp *Spec) ([]byte, []string, error) {
 			if st.To != "" || st.Owner != "" || st.Mode != "" {
 				return nil, nil, bad(where, "to, owner and mode go with copy")
 			}
+			if st.User != "" && !userName(st.User) {
+				return nil, nil, bad(where, "user %q is not a user name", st.User)
+			}
 			if st.User != "" && st.User != user {
 				add(where, "USER %s", word(st.User))
 			}
@@ -266,19 +269,11 @@ func sortedKeys(m map[string]string) []string {
 	return ks
 }
 
-var dockerLineRe = regexp.MustCompile(`Dockerfile line (\d+)`)
-
 // specError names the spec's part a Dockerfile line came from.
 func specError(err error, from []string) error {
-	if err == nil {
-		return nil
+	var le *LineError
+	if errors.As(err, &le) && le.Line >= 1 && le.Line <= len(from) {
+		return &LineError{Line: le.Line, Where: "spec " + from[le.Line-1], Msg: le.Msg}
 	}
-	msg := dockerLineRe.ReplaceAllStringFunc(err.Error(), func(m string) string {
-		n, _ := strconv.Atoi(dockerLineRe.FindStringSubmatch(m)[1])
-		if n >= 1 && n <= len(from) {
-			return "spec " + from[n-1]
-		}
-		return m
-	})
-	return fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(msg, ErrInvalid.Error()+": "))
+	return err
 }

@@ -298,14 +298,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 		v, _, err = s.cfg.VMs.Create(r.Context(), o)
 	} else if t, terr := s.cfg.Store.GetTemplate(r.Context(), tmpl); terr == nil {
 		// A template built from a Dockerfile: its machine, its ENV under the sandbox's.
-		env := map[string]string{}
-		for k, v := range t.Env {
-			env[k] = v
-		}
-		for k, v := range o.Env {
-			env[k] = v
-		}
-		o.Env = env
+		o.Env = t.EnvWith(o.Env)
 		v, _, err = s.cfg.VMs.CreateFrom(r.Context(), t.SnapshotID, o)
 	} else {
 		if _, gerr := s.cfg.VMs.GetSnapshot(r.Context(), tmpl); gerr != nil {

@@ -9,10 +9,13 @@ import (
 	"io"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/agentvm/agentvm/api"
+	"github.com/agentvm/agentvm/internal/builder"
 	"github.com/agentvm/agentvm/internal/image"
 )
 
@@ -92,10 +95,8 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 	case from == "":
 		return nil, fmt.Errorf("fromImage %q: agentvm builds templates on its own images (Template(), fromBaseImage(), or fromTemplate with base, code-interpreter-v1, browser or a template of yours); OCI image bases are not supported yet", sp.FromImage)
 	}
-	for _, c := range from {
-		if c == '\n' || c == '"' || c == ' ' {
-			return nil, fmt.Errorf("fromTemplate %q is not a template name", from)
-		}
+	if _, err := image.Resolve(from); err != nil && builder.ValidateName(from) != nil {
+		return nil, fmt.Errorf("fromTemplate %q is not a template name", from)
 	}
 	add("base", "FROM "+from)
 	user := baseUser(from)                         // a template's user ("" for root)
@@ -119,9 +120,9 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 		if st.Force && t.forceLine == 0 {
 			t.forceLine = len(t.lineStep) + 1
 		}
-		for _, a := range st.Args {
-			if strings.ContainsAny(a, "\n\r") && st.Type != "RUN" {
-				return nil, fmt.Errorf("step %s (%s): a line break in an argument", step, st.Type)
+		for j, a := range st.Args {
+			if strings.ContainsFunc(a, unicode.IsControl) && !(st.Type == "RUN" && j == 0) { // a RUN's command goes in JSON
+				return nil, fmt.Errorf("step %s (%s): a control character in an argument", step, st.Type)
 			}
 		}
 		switch st.Type {
@@ -132,6 +133,9 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 			as := user
 			if len(st.Args) == 2 && st.Args[1] != "" {
 				as = st.Args[1]
+				if !builder.ValidUser(as) {
+					return nil, fmt.Errorf("step %s: RUN as %q: not a user name", step, as)
+				}
 			}
 			if as != user && as != "" {
 				add(step, "USER "+dockerWord(as))
@@ -151,6 +155,9 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 			if !strings.Contains(owner, ":") {
 				owner += ":" + owner
 			}
+			if !builder.ValidOwner(owner) {
+				return nil, fmt.Errorf("step %s: COPY owner %q: a user, user:group or ids", step, owner)
+			}
 			flags := " --chown=" + owner
 			if len(st.Args) > 3 && st.Args[3] != "" && strings.Trim(st.Args[3], "0") != "" {
 				if _, err := strconv.ParseUint(st.Args[3], 8, 32); err != nil {
@@ -163,7 +170,7 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 				src = "."
 			}
 			add(step, "COPY"+flags+" "+argv(escapeDollar("e2b/"+st.FilesHash+"/"+src), escapeDollar(st.Args[1])))
-			if !contains(t.hashes, st.FilesHash) {
+			if !slices.Contains(t.hashes, st.FilesHash) {
 				t.hashes = append(t.hashes, st.FilesHash)
 			}
 		case "ENV":
@@ -171,7 +178,7 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 				return nil, fmt.Errorf("step %s: ENV takes name, value pairs", step)
 			}
 			for j := 0; j < len(st.Args); j += 2 {
-				if !envNameOK(st.Args[j]) {
+				if !builder.ValidEnvName(st.Args[j]) {
 					return nil, fmt.Errorf("step %s: ENV %q is not a variable name", step, st.Args[j])
 				}
 				add(step, "ENV "+st.Args[j]+"="+dockerWord(st.Args[j+1]))
@@ -189,6 +196,9 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 				return nil, fmt.Errorf("step %s: USER takes a name", step)
 			}
 			u := st.Args[0]
+			if !builder.ValidUser(u) {
+				return nil, fmt.Errorf("step %s: USER %q: not a user name", step, u)
+			}
 			if !known[u] { // E2B makes the user when it does not exist
 				asRoot(step, []string{"/bin/sh", "-c", `id -u "$1" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$1"`, "sh", u})
 				known[u] = true
@@ -216,27 +226,6 @@ func orRoot(u string) string {
 		return "root"
 	}
 	return u
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func envNameOK(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i, c := range s {
-		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // writeContext writes the build context: each upload's entries under
@@ -307,5 +296,3 @@ func copyUpload(tw *tar.Writer, file, prefix string) error {
 		}
 	}
 }
-
-func ioPipe() (*io.PipeReader, *io.PipeWriter) { return io.Pipe() }

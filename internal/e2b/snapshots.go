@@ -105,6 +105,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	if sn, err := s.cfg.VMs.GetSnapshot(r.Context(), id); err == nil && s.tpl != nil {
+		if user := s.tpl.Uses(r.Context(), sn.ID); user != "" {
+			apiError(w, http.StatusConflict, "snapshot %s belongs to %s; delete the template instead", sn.Name, user)
+			return
+		}
+	}
 	if err := s.cfg.VMs.DeleteSnapshot(r.Context(), id); err != nil {
 		vmError(w, err)
 		return

@@ -6,9 +6,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,11 +35,19 @@ import (
 type Templates interface {
 	Build(ctx context.Context, req builder.Request, out func(builder.Event)) (*store.Template, error)
 	Delete(ctx context.Context, name string) error
+	// Uses names the template or cached step a snapshot belongs to ("" for none).
+	Uses(ctx context.Context, snapID string) string
 }
 
-// SetTemplates turns on template builds, keeping uploaded files in dir.
+// SetTemplates turns on template builds, keeping uploaded files in dir
+// (where uploads a stopped daemon left unfinished are removed).
 func (s *Server) SetTemplates(t Templates, dir string) {
 	s.tpl, s.filesDir = t, dir
+	if parts, _ := filepath.Glob(filepath.Join(dir, "*.part-*")); len(parts) > 0 {
+		for _, p := range parts {
+			os.Remove(p)
+		}
+	}
 }
 
 const (
@@ -47,6 +55,7 @@ const (
 	uploadLinkTTL   = time.Hour
 	maxBuildsKept   = 200
 	maxBuildEntries = 20_000
+	maxBuildLog     = 4 << 20 // bytes of log entries kept per build
 )
 
 var hashRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -58,10 +67,12 @@ type e2bBuild struct {
 	memMiB       int64
 	created      time.Time
 
-	mu      sync.Mutex
-	status  string // waiting, building, ready, error
-	entries []logEntry
-	reason  *buildReason
+	mu        sync.Mutex
+	status    string // waiting, building, ready, error
+	entries   []logEntry
+	logBytes  int
+	truncated bool
+	reason    *buildReason
 }
 
 type logEntry struct {
@@ -79,12 +90,14 @@ type buildReason struct {
 func (b *e2bBuild) log(level, step, msg string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.entries) == maxBuildEntries {
-		b.entries = append(b.entries, logEntry{Timestamp: time.Now().UTC(), Level: "warn", Message: "(more log lines were dropped; agentvm template inspect --log shows the end)"})
-	}
-	if len(b.entries) > maxBuildEntries {
+	if len(b.entries) == maxBuildEntries || b.logBytes+len(msg) > maxBuildLog {
+		if !b.truncated {
+			b.truncated = true
+			b.entries = append(b.entries, logEntry{Timestamp: time.Now().UTC(), Level: "warn", Message: "(more log lines were dropped; agentvm template inspect --log shows the end)"})
+		}
 		return
 	}
+	b.logBytes += len(msg)
 	b.entries = append(b.entries, logEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: step})
 }
 
@@ -93,11 +106,19 @@ type templateBuilds struct {
 	m  map[string]*e2bBuild
 }
 
-func (tb *templateBuilds) add(b *e2bBuild) {
+func (tb *templateBuilds) add(b *e2bBuild) bool {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	if tb.m == nil {
 		tb.m = map[string]*e2bBuild{}
+	}
+	for id, x := range tb.m { // a build whose steps never came, past its upload links' life
+		x.mu.Lock()
+		stale := x.status == "waiting" && time.Since(x.created) > 2*uploadLinkTTL
+		x.mu.Unlock()
+		if stale {
+			delete(tb.m, id)
+		}
 	}
 	if len(tb.m) >= maxBuildsKept { // forget the oldest ended build
 		var oldest *e2bBuild
@@ -109,11 +130,13 @@ func (tb *templateBuilds) add(b *e2bBuild) {
 				oldest = x
 			}
 		}
-		if oldest != nil {
-			delete(tb.m, oldest.id)
+		if oldest == nil {
+			return false // every build kept is under way
 		}
+		delete(tb.m, oldest.id)
 	}
 	tb.m[b.id] = b
+	return true
 }
 
 func (tb *templateBuilds) get(id string) *e2bBuild {
@@ -191,7 +214,10 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request, _ *auth.Pr
 		return
 	}
 	b := &e2bBuild{id: newUUID(), template: name, cpus: req.CPUCount, memMiB: req.MemoryMB, created: time.Now(), status: "waiting"}
-	s.builds.add(b)
+	if !s.builds.add(b) {
+		apiError(w, http.StatusTooManyRequests, "%d template builds are under way or waiting for their steps; try again when one has ended", maxBuildsKept)
+		return
+	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"templateID": name, "buildID": b.id, "public": false,
 		"aliases": []string{name}, "names": []string{name}, "tags": []string{}})
 }
@@ -232,6 +258,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusForbidden, "this upload link is not valid (or has expired): ask GET /templates/{id}/files/{hash} for another")
 		return
 	}
+	if _, err := os.Stat(s.filePath(hash)); err == nil { // uploaded: kept as it is
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	if err := os.MkdirAll(s.filesDir, 0o700); err != nil {
 		apiError(w, http.StatusInternalServerError, "%v", err)
 		return
@@ -250,7 +281,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "upload of %s: %v (at most %d GiB)", hash, err, maxUploadBytes>>30)
 		return
 	}
-	if err := os.Rename(tmp.Name(), s.filePath(hash)); err != nil {
+	if err := os.Link(tmp.Name(), s.filePath(hash)); err != nil && !os.IsExist(err) { // never over another upload
 		apiError(w, http.StatusInternalServerError, "%v", err)
 		return
 	}
@@ -310,7 +341,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, _ *auth.Prin
 
 func (s *Server) runBuild(b *e2bBuild, tr *translated, force bool) {
 	b.log("info", "", fmt.Sprintf("Building template %s (build %s)", b.template, b.id))
-	pr, pw := ioPipe()
+	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(tr.writeContext(pw, s.filePath)) }()
 	req := builder.Request{Name: b.template, Context: pr, Dockerfile: builder.HiddenDockerfile, NoCache: force,
 		CPUs: b.cpus, MemoryMiB: b.memMiB, ForceFromLine: tr.forceLine}
@@ -332,11 +363,11 @@ func (s *Server) runBuild(b *e2bBuild, tr *translated, force bool) {
 	if err != nil {
 		reason := &buildReason{Message: strings.TrimPrefix(err.Error(), builder.ErrInvalid.Error()+": ")}
 		var se *builder.StepError
+		var le *builder.LineError
 		if errors.As(err, &se) {
 			reason.Step = tr.stepOf(se.Line)
-		} else if m := dockerLineRe.FindStringSubmatch(err.Error()); m != nil {
-			n, _ := strconv.Atoi(m[1])
-			reason.Step = tr.stepOf(n)
+		} else if errors.As(err, &le) {
+			reason.Step = tr.stepOf(le.Line)
 		}
 		b.status, b.reason = "error", reason
 		b.entries = append(b.entries, logEntry{Timestamp: time.Now().UTC(), Level: "error", Message: reason.Message, Step: reason.Step})
@@ -346,8 +377,6 @@ func (s *Server) runBuild(b *e2bBuild, tr *translated, force bool) {
 	b.status = "ready"
 	b.entries = append(b.entries, logEntry{Timestamp: time.Now().UTC(), Level: "info", Message: "Template " + b.template + " built"})
 }
-
-var dockerLineRe = regexp.MustCompile(`Dockerfile line (\d+)`)
 
 // buildStatus is GET /templates/{id}/builds/{build}/status: the status and
 // the log entries from logsOffset (at most limit, default 100).
@@ -399,10 +428,4 @@ func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request, _ *auth.Pri
 func (s *Server) builtTemplate(ctx context.Context, name string) (*store.Template, bool) {
 	t, err := s.cfg.Store.GetTemplate(ctx, name)
 	return t, err == nil
-}
-
-// jsonString quotes s for a Dockerfile word as a JSON string would be.
-func jsonString(s string) string {
-	b, _ := json.Marshal(s)
-	return string(b)
 }

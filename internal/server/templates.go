@@ -107,6 +107,9 @@ func (b *buildStream) send(e builder.Event) {
 
 func (b *buildStream) write(e api.BuildEvent) {
 	line, _ := json.Marshal(e)
+	// A client that stops reading does not hold the build: its write fails
+	// after a minute, and the stream's later lines go nowhere.
+	http.NewResponseController(b.w).SetWriteDeadline(time.Now().Add(time.Minute))
 	b.w.Write(append(line, '\n'))
 	if f, ok := b.w.(http.Flusher); ok {
 		f.Flush()
@@ -191,13 +194,6 @@ func (s *Server) fromTemplate(ctx context.Context, req *api.CreateVMRequest) err
 	if err != nil {
 		return err
 	}
-	env := map[string]string{}
-	for k, v := range t.Env {
-		env[k] = v
-	}
-	for k, v := range req.Env {
-		env[k] = v
-	}
-	req.From, req.Env = t.SnapshotID, env
+	req.From, req.Env = t.SnapshotID, t.EnvWith(req.Env)
 	return nil
 }

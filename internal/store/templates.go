@@ -28,6 +28,19 @@ type Template struct {
 	BuiltAt    time.Time         `json:"built_at"`
 }
 
+// EnvWith is the environment of a VM made from t: the template's ENV,
+// with env over it.
+func (t *Template) EnvWith(env map[string]string) map[string]string {
+	out := make(map[string]string, len(t.Env)+len(env))
+	for k, v := range t.Env {
+		out[k] = v
+	}
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
+}
+
 const templateCols = `name, snapshot_id, base, dockerfile, layers, steps, start_cmd, ready, env, workdir, user_name, expose, build_log, build_ms, created_at, built_at`
 
 var templateQ = queriesFor("templates", templateCols)

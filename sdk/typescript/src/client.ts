@@ -2,6 +2,7 @@
 // tokens, networks, domains) and server-wide calls.
 import { type CallOptions, type ClientOptions, Transport, seg } from './http.js'
 import { Domains } from './ports.js'
+import { Templates } from './templates.js'
 import type {
   CreateNetworkRequest,
   CreateTokenRequest,
@@ -137,6 +138,7 @@ export class Networks {
 export class AgentVM {
   readonly vms: VMs
   readonly snapshots: Snapshots
+  readonly templates: Templates
   readonly tokens: Tokens
   readonly networks: Networks
   readonly domains: Domains
@@ -147,6 +149,7 @@ export class AgentVM {
     this.transport = new Transport(o)
     this.vms = new VMs(this.transport)
     this.snapshots = new Snapshots(this.transport)
+    this.templates = new Templates(this.transport)
     this.tokens = new Tokens(this.transport)
     this.networks = new Networks(this.transport)
     this.domains = new Domains(this.transport)

@@ -8,6 +8,7 @@ export { Ports, Domains } from './ports.js'
 export { Services, Processes, Jobs, type JobLogOptions } from './services.js'
 export { Events, type EventListOptions } from './events.js'
 export { Code, type RunCodeOptions, type Execution } from './code.js'
+export { Templates, BuildError, type BuildOptions } from './templates.js'
 export type { ClientOptions, CallOptions, BodySource } from './http.js'
 export {
   AgentVMError,
