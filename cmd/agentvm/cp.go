@@ -109,7 +109,7 @@ func (c *copier) upload(local, vm, remote string) error {
 	}
 	total := dirSize(local)
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, local)) }()
+	go func() { pw.CloseWithError(writeTar(pw, local, nil, nil)) }()
 	var r io.Reader = pr
 	bar := c.bar(total, filepath.Base(local)+"/")
 	if bar != nil {
@@ -163,8 +163,10 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// writeTar archives the contents of dir (names relative to it).
-func writeTar(w io.Writer, dir string) error {
+// writeTar archives the contents of dir (names relative to it). skip, when
+// set, leaves an entry out (a directory's entries are then judged one by
+// one, unless it says not to walk in); more, when set, adds entries last.
+func writeTar(w io.Writer, dir string, skip func(rel string, isDir bool) (leave, walkIn bool), more func(*tar.Writer) error) error {
 	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -173,6 +175,14 @@ func writeTar(w io.Writer, dir string) error {
 		rel, err := filepath.Rel(dir, p)
 		if err != nil || rel == "." {
 			return err
+		}
+		if skip != nil {
+			if leave, walkIn := skip(filepath.ToSlash(rel), d.IsDir()); leave {
+				if d.IsDir() && !walkIn {
+					return filepath.SkipDir
+				}
+				return nil
+			}
 		}
 		fi, err := d.Info()
 		if err != nil {
@@ -211,6 +221,11 @@ func writeTar(w io.Writer, dir string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if more != nil {
+		if err := more(tw); err != nil {
+			return err
+		}
 	}
 	return tw.Close()
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -150,93 +149,42 @@ func dockerfileIn(dir, file, spec string) (string, string, error) {
 // hidden, when set, is a Dockerfile from outside dir, sent as
 // api.HiddenDockerfile.
 func tarContext(w io.Writer, dir, hidden, keep string) error {
-	var pm *patternmatcher.PatternMatcher
+	var skip func(rel string, isDir bool) (bool, bool)
 	if f, err := os.Open(filepath.Join(dir, ".dockerignore")); err == nil {
 		patterns, err := ignorefile.ReadAll(f)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf(".dockerignore: %w", err)
 		}
-		if pm, err = patternmatcher.New(patterns); err != nil {
+		pm, err := patternmatcher.New(patterns)
+		if err != nil {
 			return fmt.Errorf(".dockerignore: %w", err)
 		}
-	}
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if pm != nil && rel != ".dockerignore" && rel != keep {
-			if skip, err := pm.MatchesOrParentMatches(rel); err != nil {
-				return err
-			} else if skip {
-				if d.IsDir() && !pm.Exclusions() && !strings.HasPrefix(keep, rel+"/") {
-					return filepath.SkipDir
-				}
-				return nil // not sent; what it holds is judged entry by entry
+		skip = func(rel string, isDir bool) (bool, bool) {
+			if rel == ".dockerignore" || rel == keep {
+				return false, false
 			}
+			leave, err := pm.MatchesOrParentMatches(rel)
+			// An excluded directory is walked when a pattern may take
+			// something in it back, or it holds the Dockerfile.
+			return err == nil && leave, pm.Exclusions() || strings.HasPrefix(keep, rel+"/")
 		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		} else if !info.Mode().IsRegular() && !info.IsDir() {
-			return nil // sockets, devices: not part of a context
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name, hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = rel, "", "", 0, 0
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		return writeEntry(tw, hdr, p)
-	})
-	if err != nil {
-		return err
 	}
+	var more func(*tar.Writer) error
 	if hidden != "" {
-		info, err := os.Stat(hidden)
-		if err != nil {
+		more = func(tw *tar.Writer) error {
+			b, err := os.ReadFile(hidden)
+			if err != nil {
+				return err
+			}
+			if err := tw.WriteHeader(&tar.Header{Name: api.HiddenDockerfile, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+				return err
+			}
+			_, err = tw.Write(b)
 			return err
 		}
-		hdr, err := tar.FileInfoHeader(info, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = api.HiddenDockerfile
-		if err := writeEntry(tw, hdr, hidden); err != nil {
-			return err
-		}
 	}
-	return tw.Close()
-}
-
-func writeEntry(tw *tar.Writer, hdr *tar.Header, p string) error {
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	if hdr.Typeflag != tar.TypeReg {
-		return nil
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = io.CopyN(tw, f, hdr.Size)
-	return err
+	return writeTar(w, dir, skip, more)
 }
 
 func templateLsCmd() *cobra.Command {

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/agentvm/agentvm/api"
+)
+
+// The build context the CLI sends: what .dockerignore excludes is left
+// out, the Dockerfile never is, and one from outside comes last under its
+// hidden name.
+func TestTarContext(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		".dockerignore": "secret.key\nbuild/\ndocker/\n!keep/me.txt\n", "secret.key": "s", "app/main.py": "x",
+		"build/out.o": "o", "docker/app.Dockerfile": "FROM default\n", "keep/me.txt": "k",
+	} {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
+		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
+	}
+	outside := filepath.Join(t.TempDir(), "Dockerfile")
+	os.WriteFile(outside, []byte("FROM default\nRUN true\n"), 0o644)
+	names := func(keep, hidden string) []string {
+		var buf bytes.Buffer
+		if err := tarContext(&buf, dir, hidden, keep); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		tr := tar.NewReader(&buf)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				return out
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Typeflag == tar.TypeReg {
+				out = append(out, h.Name)
+			}
+		}
+	}
+	got := names("docker/app.Dockerfile", "")
+	slices.Sort(got)
+	if want := []string{".dockerignore", "app/main.py", "docker/app.Dockerfile", "keep/me.txt"}; !slices.Equal(got, want) {
+		t.Fatalf("sent %q, want %q", got, want)
+	}
+	got = names(api.HiddenDockerfile, outside)
+	if got[len(got)-1] != api.HiddenDockerfile || slices.Contains(got, "docker/app.Dockerfile") || slices.Contains(got, "secret.key") {
+		t.Fatalf("with a Dockerfile from outside: %q", got)
+	}
+}
