@@ -108,6 +108,7 @@ running machine: agentvm create --template NAME restores it with the start comma
 	f.StringVar(&memory, "memory", "", "its memory (MiB, or with K/M/G suffix; default 1024)")
 	f.StringVar(&disk, "disk", "", "its disk (default 8G)")
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", 0, "how long the start command may take to be ready (default 5m)")
+	f.DurationVar(&o.Timeout, "timeout", 0, "the whole build's time limit (default 2h)")
 	f.BoolVar(&asJSON, "json", false, "print the template as JSON")
 	return c
 }

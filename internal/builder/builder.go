@@ -53,6 +53,7 @@ type Machines interface {
 	Guest(ctx context.Context, idOrName string) (*store.VM, *guest.Client, error)
 	Snapshot(ctx context.Context, idOrName, name string) (*store.Snapshot, error)
 	GetSnapshot(ctx context.Context, idOrName string) (*store.Snapshot, error)
+	Snapshots(ctx context.Context) ([]*store.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, idOrName string) error
 	Delete(ctx context.Context, idOrName string) error
 	List(ctx context.Context) ([]*store.VM, error)
@@ -67,14 +68,47 @@ type Builder struct {
 	workDir string // build contexts, unpacked
 	log     *slog.Logger
 
+	node    string // this daemon's cluster node ("" alone): a cache entry elsewhere is a miss
+
+	ctx  context.Context // ends every build when the daemon stops (Close)
+	stop context.CancelFunc
+
 	mu       sync.Mutex
-	building map[string]bool // template names with a build under way
-	gc       sync.RWMutex    // builds share it; a prune holds it alone
+	building map[string]*building // template names with a build under way
+	gc       sync.RWMutex         // builds share it; a prune holds it alone
 }
 
-// New returns a builder that keeps build contexts under workDir.
-func New(m Machines, st *store.Store, workDir string, log *slog.Logger) *Builder {
-	return &Builder{m: m, store: st, workDir: workDir, log: log, building: map[string]bool{}}
+// building is a build under way: how to end it, and when it has.
+type building struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a builder that keeps build contexts under workDir; node is
+// this daemon's cluster node id ("" when not in a cluster).
+func New(m Machines, st *store.Store, workDir, node string, log *slog.Logger) *Builder {
+	ctx, stop := context.WithCancel(context.Background())
+	return &Builder{m: m, store: st, workDir: workDir, node: node, log: log, ctx: ctx, stop: stop, building: map[string]*building{}}
+}
+
+// Close ends the builds under way (their VMs are deleted as they end).
+func (b *Builder) Close() { b.stop() }
+
+// Cancel ends the build of name under way, if any, and waits up to wait
+// for it to have cleaned up; it reports whether there was one.
+func (b *Builder) Cancel(name string, wait time.Duration) bool {
+	b.mu.Lock()
+	bl := b.building[name]
+	b.mu.Unlock()
+	if bl == nil {
+		return false
+	}
+	bl.cancel()
+	select {
+	case <-bl.done:
+	case <-time.After(wait):
+	}
+	return true
 }
 
 // Request is one build.
@@ -93,7 +127,14 @@ type Request struct {
 	ForceFromLine int
 	// ReadyTimeout bounds the wait for the start command to be ready.
 	ReadyTimeout time.Duration
+	// Timeout bounds the whole build (default DefaultTimeout).
+	Timeout time.Duration
 }
+
+// DefaultTimeout bounds a build that gives no Timeout: a RUN that never
+// ends, or a guest that stops answering, does not hold its VM, its
+// template's name and the cache forever.
+const DefaultTimeout = 2 * time.Hour
 
 // Event is one line of a build's progress.
 type Event struct {
@@ -158,17 +199,25 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	if req.ReadyTimeout <= 0 {
 		req.ReadyTimeout = 5 * time.Minute
 	}
+	if req.Timeout <= 0 {
+		req.Timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, req.Timeout)
+	defer cancel()
+	defer context.AfterFunc(b.ctx, cancel)()
 	b.mu.Lock()
-	if b.building[req.Name] {
+	if b.building[req.Name] != nil {
 		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: template %s is being built; wait for that build to end", ErrConflict, req.Name)
 	}
-	b.building[req.Name] = true
+	bl := &building{cancel: cancel, done: make(chan struct{})}
+	b.building[req.Name] = bl
 	b.mu.Unlock()
 	defer func() {
 		b.mu.Lock()
 		delete(b.building, req.Name)
 		b.mu.Unlock()
+		close(bl.done)
 	}()
 
 	dir := filepath.Join(b.workDir, "ctx-"+randHex(6))
@@ -390,9 +439,11 @@ func readyArgv(s string) []string {
 	return []string{"/bin/sh", "-c", s}
 }
 
-// Cleanup deletes the VMs of builds a previous daemon did not finish.
+// Cleanup deletes the VMs of builds a previous daemon did not finish, and
+// the snapshots of steps it saved but never recorded.
 func (b *Builder) Cleanup(ctx context.Context) {
 	os.RemoveAll(b.workDir)
+	b.removeUnrecorded(ctx)
 	vms, err := b.m.List(ctx)
 	if err != nil {
 		return
@@ -401,6 +452,37 @@ func (b *Builder) Cleanup(ctx context.Context) {
 		if _, ok := v.Labels[BuildLabel]; ok && b.m.IsLocal(v) {
 			b.log.Info("deleting the VM of an unfinished template build", "vm", v.ID, "template", v.Labels[BuildLabel])
 			b.m.Delete(ctx, v.ID)
+		}
+	}
+}
+
+// removeUnrecorded deletes this node's layer-* snapshots that neither a
+// cached step nor a template names (a daemon stopped between a step's
+// snapshot and its record).
+func (b *Builder) removeUnrecorded(ctx context.Context) {
+	snaps, err := b.m.Snapshots(ctx)
+	if err != nil {
+		return
+	}
+	known := map[string]bool{}
+	ls, err := b.store.ListLayers(ctx)
+	if err != nil {
+		return
+	}
+	for _, l := range ls {
+		known[l.SnapshotID] = true
+	}
+	ts, err := b.store.ListTemplates(ctx)
+	if err != nil {
+		return
+	}
+	for _, t := range ts {
+		known[t.SnapshotID] = true
+	}
+	for _, sn := range snaps {
+		if strings.HasPrefix(sn.Name, "layer-") && !known[sn.ID] && sn.Node == b.node {
+			b.log.Info("deleting the snapshot of a template build step never recorded", "snapshot", sn.Name)
+			b.m.DeleteSnapshot(ctx, sn.ID)
 		}
 	}
 }
@@ -422,7 +504,7 @@ func (b *Builder) Get(ctx context.Context, name string) (*store.Template, error)
 // Delete removes a template and every cached step no other template uses.
 func (b *Builder) Delete(ctx context.Context, name string) error {
 	b.mu.Lock()
-	busy := b.building[name]
+	busy := b.building[name] != nil
 	b.mu.Unlock()
 	if busy {
 		return fmt.Errorf("%w: template %s is being built", ErrConflict, name)

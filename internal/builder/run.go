@@ -108,6 +108,15 @@ func (r *run) fail(s *step, exit int, reason string) error {
 	return &StepError{Step: r.step, Line: line, Instruction: text, ExitCode: exit, Output: strings.Join(r.tail, "\n"), Reason: reason}
 }
 
+// ended is the error of a build whose context ended during step s (nil:
+// the start command's wait): its time limit, or a cancel.
+func (r *run) ended(ctx context.Context, s *step) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return r.fail(s, -1, fmt.Sprintf("the build's time limit (%s) ran out", r.req.Timeout))
+	}
+	return fmt.Errorf("the build was cancelled during step %d: %w", r.step, ctx.Err())
+}
+
 // cached returns the snapshot a cached step left, "" if none; a step whose
 // snapshot was removed is forgotten.
 func (r *run) cached(ctx context.Context, key string) string {
@@ -118,10 +127,14 @@ func (r *run) cached(ctx context.Context, key string) string {
 	if err != nil {
 		return ""
 	}
-	if _, err := r.b.m.GetSnapshot(ctx, l.SnapshotID); err != nil {
+	sn, err := r.b.m.GetSnapshot(ctx, l.SnapshotID)
+	if err != nil {
 		if errors.Is(err, vm.ErrNotFound) {
 			r.b.store.DeleteLayer(ctx, key)
 		}
+		return ""
+	}
+	if sn.Node != r.b.node && sn.StoredAt.IsZero() { // another node's, and not in the object store
 		return ""
 	}
 	return l.SnapshotID
@@ -296,10 +309,10 @@ func (r *run) runStep(ctx context.Context, g *guest.Client, s *step) error {
 	}
 	st, err := g.Run(ctx, guest.ExecRequest{Argv: s.argv, Env: s.env, Cwd: s.cwd, User: user}, nil, r, r)
 	r.flush()
+	if ctx.Err() != nil { // the guest kills a command whose call ended
+		return r.ended(ctx, s)
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("build cancelled during step %d: %w", r.step, ctx.Err())
-		}
 		return r.fail(s, -1, err.Error())
 	}
 	if st.ExitCode != 0 || st.Signal != "" {
@@ -377,7 +390,7 @@ func (r *run) start(ctx context.Context, g *guest.Client) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("build cancelled while waiting for the start command: %w", ctx.Err())
+			return r.ended(ctx, nil)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -2,11 +2,12 @@ package e2b
 
 import (
 	"context"
-	"github.com/agentvm/agentvm/internal/image"
 	"net/http"
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/agentvm/agentvm/internal/image"
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/store"
@@ -97,11 +98,16 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 		apiError(w, http.StatusBadRequest, "template %q is a built-in image and cannot be deleted", id)
 		return
 	}
+	cancelled := s.tpl != nil && s.tpl.Cancel(id, 2*time.Minute) // E2B deletes a template while it builds
 	if _, ok := s.builtTemplate(r.Context(), id); ok && s.tpl != nil {
 		if err := s.tpl.Delete(r.Context(), id); err != nil {
 			vmError(w, err)
 			return
 		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if cancelled { // a first build, ended: nothing else to delete
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}

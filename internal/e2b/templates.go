@@ -37,6 +37,8 @@ type Templates interface {
 	Delete(ctx context.Context, name string) error
 	// Uses names the template or cached step a snapshot belongs to ("" for none).
 	Uses(ctx context.Context, snapID string) string
+	// Cancel ends a build of name under way and waits for it to clean up.
+	Cancel(name string, wait time.Duration) bool
 }
 
 // SetTemplates turns on template builds, keeping uploaded files in dir

@@ -368,7 +368,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, err
 	}
-	s.builds = builder.New(s.svc, s.store, filepath.Join(cfg.DataDir, "builds"), cfg.Log)
+	s.builds = builder.New(s.svc, s.store, filepath.Join(cfg.DataDir, "builds"), nodeID, cfg.Log)
 	s.builds.Cleanup(ctx)
 	if s.e2b != nil {
 		s.e2b.SetTemplates(s.builds, filepath.Join(cfg.DataDir, "e2b-template-files"))
@@ -483,6 +483,9 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) closeResources() {
+	if s.builds != nil { // before the VM service: a build ends by deleting its VM
+		s.builds.Close()
+	}
 	s.leaveCluster()
 	if s.peers != nil {
 		s.peers.close()

@@ -58,6 +58,12 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if v := q.Get("timeout"); v != "" {
+		if req.Timeout, err = time.ParseDuration(v); err != nil || req.Timeout <= 0 {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "timeout: a positive duration such as 30m (the whole build's limit; default 2h)")
+			return
+		}
+	}
 	if v := q.Get("ready_timeout"); v != "" {
 		if req.ReadyTimeout, err = time.ParseDuration(v); err != nil || req.ReadyTimeout <= 0 {
 			writeError(w, http.StatusBadRequest, api.CodeInvalid, "ready_timeout: a positive duration such as 90s or 10m")

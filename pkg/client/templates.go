@@ -25,6 +25,7 @@ type BuildOptions struct {
 	Memory       string // e.g. "2G" (default 1024 MiB)
 	Disk         string // e.g. "16G" (default 8 GiB)
 	ReadyTimeout time.Duration
+	Timeout      time.Duration // the whole build's limit (default 2h)
 }
 
 // BuildError is a build that failed: the server's account of it.
@@ -60,6 +61,9 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, contextTar io.R
 	}
 	if o.ReadyTimeout != 0 {
 		q.Set("ready_timeout", o.ReadyTimeout.String())
+	}
+	if o.Timeout != 0 {
+		q.Set("timeout", o.Timeout.String())
 	}
 	req, err := c.newRequest(ctx, "POST", "/v1/templates/"+url.PathEscape(name)+"/build?"+q.Encode(), nil)
 	if err != nil {

@@ -3732,6 +3732,8 @@ export interface operations {
                 disk?: string;
                 /** @description How long the start command may take to be ready (default 5m). */
                 ready_timeout?: string;
+                /** @description The whole build's time limit (default 2h): a build past it fails and its VM is deleted. */
+                timeout?: string;
             };
             header?: never;
             path: {
