@@ -68,7 +68,7 @@ type Builder struct {
 	workDir string // build contexts, unpacked
 	log     *slog.Logger
 
-	node    string // this daemon's cluster node ("" alone): a cache entry elsewhere is a miss
+	node string // this daemon's cluster node ("" alone): a cache entry elsewhere is a miss
 
 	ctx  context.Context // ends every build when the daemon stops (Close)
 	stop context.CancelFunc
