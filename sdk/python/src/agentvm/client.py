@@ -5,13 +5,14 @@ transport."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ._streams import LineStream, json_lines, parse, parse_list
 from ._transport import AsyncTransport, Call, Op, SyncTransport, drop_none, op, query, seg
 from .models import VM as VMInfo
-from .models import Event, Health, HostInfo, NetworkInfo, Node, Snapshot, SSHInfo, Token
-from .resources import Domains
+from .models import BuiltTemplate, Event, Health, HostInfo, NetworkInfo, Node, Snapshot, SSHInfo, Token
+from .resources import Domains, _body
 from .vm import VM
 
 
@@ -102,6 +103,72 @@ class Snapshots:
         yield Call("DELETE", "/v1/snapshots/" + seg(ref))
 
 
+class Templates:
+    """Templates built from a Dockerfile or a spec (admin only); a VM made
+    with ``vms.create(template=...)`` starts with the start command running."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def build(
+        self,
+        name: str,
+        context: Any,
+        *,
+        dockerfile: str | None = None,
+        spec: str | None = None,
+        build_args: dict[str, str] | None = None,
+        no_cache: bool = False,
+        cpus: int | None = None,
+        memory: str | None = None,
+        disk: str | None = None,
+        ready_timeout: str | None = None,
+        timeout: str | None = None,
+    ) -> Op[LineStream[dict[str, Any]]]:
+        """Builds (or rebuilds) template name from context, a tar of the
+        build context (bytes, a file object or an iterable of bytes). The
+        answer is the build's progress as it happens, a dict per line: a
+        step's heading (step, of, instruction, cached), a line of output
+        (log), and last {"template": {...}} or {"error": {...}} (for a
+        failed step: step, line, exit_code, output). A Dockerfile that does
+        not parse is refused at once (InvalidArgument)."""
+        params = query(
+            dockerfile=dockerfile, spec=spec, no_cache=no_cache or None, cpus=cpus, memory=memory, disk=disk,
+            ready_timeout=ready_timeout, timeout=timeout,
+        )  # fmt: skip
+        args = [f"{k}={v}" for k, v in (build_args or {}).items()]
+        if args:
+            params["build_arg"] = args
+        r = yield Call(
+            "POST", "/v1/templates/" + seg(name) + "/build", params=params, content=_body(self._t, context),
+            headers={"Content-Type": "application/x-tar"}, stream=True,
+        )  # fmt: skip
+        return LineStream(r, json.loads)
+
+    @op
+    def list(self) -> Op[list[BuiltTemplate]]:
+        r = yield Call("GET", "/v1/templates")
+        return parse_list(BuiltTemplate, r.json(), "templates")
+
+    @op
+    def get(self, name: str) -> Op[BuiltTemplate]:
+        """A template, with its Dockerfile and its last build's log."""
+        r = yield Call("GET", "/v1/templates/" + seg(name))
+        return parse(BuiltTemplate, r.json())
+
+    @op
+    def delete(self, name: str) -> Op[None]:
+        """Removes a template and the cached steps no other template uses."""
+        yield Call("DELETE", "/v1/templates/" + seg(name))
+
+    @op
+    def prune(self) -> Op[int]:
+        """Removes the cached steps no template uses; returns how many."""
+        r = yield Call("POST", "/v1/templates/prune")
+        return int(r.json().get("removed", 0))
+
+
 class Tokens:
     """Scoped tokens (admin only)."""
 
@@ -185,6 +252,7 @@ class _Client:
         self._t = t
         self.vms = VMs(t)
         self.snapshots = Snapshots(t)
+        self.templates = Templates(t)
         self.tokens = Tokens(t)
         self.networks = Networks(t)
         self.domains = Domains(t)

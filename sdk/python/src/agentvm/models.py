@@ -426,6 +426,10 @@ class CreateVMRequest(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
+    template: str | None = Field(
+        None,
+        description="Create from a template built with POST /v1/templates/{name}/build:\na restore of its machine with its start command running; the\ntemplate's ENV is added to env. Not with from or image.\n",
+    )
     image: str | None = Field(
         None,
         description="The image: `default` (Debian with Python, Node.js and git) or\n`code-interpreter` (alias `code-interpreter-v1`; also Jupyter\nkernels with numpy, pandas and matplotlib, see /code) or `browser`\n(Chromium on a virtual display, running when the VM is created;\nits DevTools protocol on port 9222 of the VM, see /screenshot and\n/vnc). Each image is built on first use and has its own template.\nNot with `from`.\n",
@@ -513,6 +517,90 @@ class SnapshotRequest(BaseModel):
         None,
         description="Snapshot name (a DNS label), unique among snapshots. Defaults to the snapshot id.",
     )
+
+
+class BuiltTemplate(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    name: str | None = None
+    snapshot: str | None = Field(None, description="The snapshot a create restores.")
+    base: str | None = Field(None, description="FROM: an image or another template.")
+    steps: list[str] | None = Field(
+        None, description="The Dockerfile's instructions as written."
+    )
+    start: list[str] | None = Field(
+        None,
+        description="The start command (service template-start in every VM made from it).",
+    )
+    ready: str | None = Field(
+        None, description="The HEALTHCHECK command the build waited on."
+    )
+    env: dict[str, str] | None = None
+    workdir: str | None = None
+    user: str | None = None
+    expose: list[int] | None = None
+    cpus: int | None = None
+    memory_mib: int | None = None
+    disk_bytes: int | None = None
+    state_bytes: int | None = None
+    build_ms: int | None = None
+    created_at: AwareDatetime | None = None
+    built_at: AwareDatetime | None = None
+    dockerfile: str | None = Field(
+        None, description="In GET /v1/templates/{name} only."
+    )
+    build_log: str | None = Field(
+        None,
+        description="The last build's output (its last 64 KiB); in GET /v1/templates/{name} only.",
+    )
+
+
+class ListTemplatesResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    templates: list[BuiltTemplate] | None = None
+
+
+class PruneTemplatesResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    removed: int | None = None
+
+
+class Error2(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    code: str | None = Field(
+        None,
+        description="step_failed for a failed step (then step, line, instruction, exit_code -1 when it did not exit, output: its last lines).",
+    )
+    message: str | None = None
+    step: int | None = None
+    line: int | None = None
+    instruction: str | None = None
+    exit_code: int | None = None
+    output: str | None = None
+
+
+class BuildEvent(BaseModel):
+    """
+    A step's heading (step, of, instruction, cached), a line of output (log), or last the template or the error.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    step: int | None = None
+    of: int | None = None
+    instruction: str | None = None
+    cached: bool | None = None
+    log: str | None = None
+    template: BuiltTemplate | None = None
+    error: Error2 | None = None
 
 
 class Snapshot(BaseModel):
