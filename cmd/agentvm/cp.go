@@ -213,7 +213,7 @@ func writeTar(w io.Writer, dir string, skip func(rel string, isDir bool) (leave,
 			if err != nil {
 				return err
 			}
-			_, err = io.CopyBuffer(tw, f, make([]byte, 1<<20))
+			_, err = io.CopyBuffer(tw, io.LimitReader(f, h.Size), make([]byte, 1<<20)) // a file that grows meanwhile is cut at its size
 			f.Close()
 			return err
 		}

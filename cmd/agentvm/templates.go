@@ -151,6 +151,7 @@ func dockerfileIn(dir, file, spec string) (string, string, error) {
 // api.HiddenDockerfile.
 func tarContext(w io.Writer, dir, hidden, keep string) error {
 	var skip func(rel string, isDir bool) (bool, bool)
+	var matchErr error // a pattern that fails leaves files out, and the build
 	if f, err := os.Open(filepath.Join(dir, ".dockerignore")); err == nil {
 		patterns, err := ignorefile.ReadAll(f)
 		f.Close()
@@ -166,9 +167,12 @@ func tarContext(w io.Writer, dir, hidden, keep string) error {
 				return false, false
 			}
 			leave, err := pm.MatchesOrParentMatches(rel)
+			if err != nil && matchErr == nil {
+				matchErr = fmt.Errorf(".dockerignore: %s: %w", rel, err)
+			}
 			// An excluded directory is walked when a pattern may take
 			// something in it back, or it holds the Dockerfile.
-			return err == nil && leave, pm.Exclusions() || strings.HasPrefix(keep, rel+"/")
+			return leave || err != nil, pm.Exclusions() || strings.HasPrefix(keep, rel+"/")
 		}
 	}
 	var more func(*tar.Writer) error
@@ -185,7 +189,10 @@ func tarContext(w io.Writer, dir, hidden, keep string) error {
 			return err
 		}
 	}
-	return writeTar(w, dir, skip, more)
+	if err := writeTar(w, dir, skip, more); err != nil {
+		return err
+	}
+	return matchErr
 }
 
 func templateLsCmd() *cobra.Command {

@@ -18,11 +18,15 @@ import (
 func TestTarContext(t *testing.T) {
 	dir := t.TempDir()
 	for name, body := range map[string]string{
-		".dockerignore": "secret.key\nbuild/\ndocker/\n!keep/me.txt\n", "secret.key": "s", "app/main.py": "x",
-		"build/out.o": "o", "docker/app.Dockerfile": "FROM default\n", "keep/me.txt": "k",
+		".dockerignore": "secret.key\nbuild/\ndocker/\n!build/keep.txt\n", "secret.key": "s", "app/main.py": "x",
+		"build/out.o": "o", "build/keep.txt": "k", "docker/app.Dockerfile": "FROM default\n",
 	} {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	outside := filepath.Join(t.TempDir(), "Dockerfile")
 	os.WriteFile(outside, []byte("FROM default\nRUN true\n"), 0o644)
@@ -48,7 +52,7 @@ func TestTarContext(t *testing.T) {
 	}
 	got := names("docker/app.Dockerfile", "")
 	slices.Sort(got)
-	if want := []string{".dockerignore", "app/main.py", "docker/app.Dockerfile", "keep/me.txt"}; !slices.Equal(got, want) {
+	if want := []string{".dockerignore", "app/main.py", "build/keep.txt", "docker/app.Dockerfile"}; !slices.Equal(got, want) {
 		t.Fatalf("sent %q, want %q", got, want)
 	}
 	got = names(api.HiddenDockerfile, outside)

@@ -91,8 +91,25 @@ func New(m Machines, st *store.Store, workDir, node string, log *slog.Logger) *B
 	return &Builder{m: m, store: st, workDir: workDir, node: node, log: log, ctx: ctx, stop: stop, building: map[string]*building{}}
 }
 
-// Close ends the builds under way (their VMs are deleted as they end).
-func (b *Builder) Close() { b.stop() }
+// Close ends the builds under way and waits (up to a minute) for them to
+// have deleted their VMs.
+func (b *Builder) Close() {
+	b.stop()
+	b.mu.Lock()
+	var done []chan struct{}
+	for _, bl := range b.building {
+		done = append(done, bl.done)
+	}
+	b.mu.Unlock()
+	deadline := time.After(time.Minute)
+	for _, d := range done {
+		select {
+		case <-d:
+		case <-deadline:
+			return
+		}
+	}
+}
 
 // Cancel ends the build of name under way, if any, and waits up to wait
 // for it to have cleaned up; it reports whether there was one.
@@ -342,6 +359,9 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 
 	r := &run{b: b, req: req, p: p, files: bctx, out: out, total: len(p.steps) + 2}
 	snap, err := r.execute(ctx, parentSnap, baseKey, final, cpus, mem, disk)
+	if err != nil && ctx.Err() != nil { // past its time limit, cancelled, or the daemon stopping: said once, the same way
+		err = r.ended(ctx, r.cur)
+	}
 	var se *StepError
 	if errors.As(err, &se) && specFrom != nil && se.Line >= 1 && se.Line <= len(specFrom) {
 		se.Where = "spec " + specFrom[se.Line-1]
@@ -456,6 +476,10 @@ func (b *Builder) Cleanup(ctx context.Context) {
 	}
 }
 
+// layerNameRe is the name a build gives a step's snapshot (run.layer);
+// vm refuses it for other snapshots.
+var layerNameRe = regexp.MustCompile(`^layer-[0-9a-f]{16}-[0-9a-f]{6}$`)
+
 // removeUnrecorded deletes this node's layer-* snapshots that neither a
 // cached step nor a template names (a daemon stopped between a step's
 // snapshot and its record).
@@ -480,7 +504,7 @@ func (b *Builder) removeUnrecorded(ctx context.Context) {
 		known[t.SnapshotID] = true
 	}
 	for _, sn := range snaps {
-		if strings.HasPrefix(sn.Name, "layer-") && !known[sn.ID] && sn.Node == b.node {
+		if layerNameRe.MatchString(sn.Name) && strings.HasPrefix(sn.VMName, "build-") && !known[sn.ID] && sn.Node == b.node {
 			b.log.Info("deleting the snapshot of a template build step never recorded", "snapshot", sn.Name)
 			b.m.DeleteSnapshot(ctx, sn.ID)
 		}

@@ -26,6 +26,7 @@ type run struct {
 	total int // steps shown: FROM, each step, the start
 
 	step int    // the step under way (1-based)
+	cur  *step  // and its plan (nil: FROM, or the start command)
 	log  []byte // the build's output, its last maxLog bytes
 	tail []string
 	part []byte // a line not ended yet
@@ -114,7 +115,7 @@ func (r *run) ended(ctx context.Context, s *step) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return r.fail(s, -1, fmt.Sprintf("the build's time limit (%s) ran out", r.req.Timeout))
 	}
-	return fmt.Errorf("the build was cancelled during step %d: %w", r.step, ctx.Err())
+	return r.fail(s, -1, "the build was cancelled (its client went away, or the daemon is stopping)")
 }
 
 // cached returns the snapshot a cached step left, "" if none; a step whose
@@ -194,6 +195,7 @@ func (r *run) execute(ctx context.Context, parentSnap *store.Snapshot, baseKey, 
 			parent = s.key
 			continue
 		}
+		r.cur = s
 		if err := r.runStep(ctx, g, s); err != nil {
 			return "", err
 		}
@@ -203,6 +205,7 @@ func (r *run) execute(ctx context.Context, parentSnap *store.Snapshot, baseKey, 
 		parent = s.key
 	}
 	r.heading(r.total, r.startText(), false)
+	r.cur = nil
 	if err := r.start(ctx, g); err != nil {
 		return "", err
 	}
@@ -227,23 +230,25 @@ func (r *run) layer(ctx context.Context, vmID, key, parent, text string) (string
 	}
 	r.note(fmt.Sprintf("saved as %s (%d MiB of memory state, guest paused %d ms)\n", sn.Name, sn.Bytes>>20, sn.PausedMs))
 	bg := context.WithoutCancel(ctx)
-	if r.req.NoCache {
-		// A build without the cache replaces what it finds cached: the old
-		// machine stays as a superseded step until no template uses it
-		// (a prune removes it then).
-		if old, gerr := r.b.store.GetLayer(bg, key); gerr == nil {
-			if err := r.b.store.PutLayer(bg, &store.Layer{Key: "superseded-" + randHex(8) + "-" + key[:16], SnapshotID: old.SnapshotID,
-				Parent: old.Parent, Step: old.Step, CreatedAt: old.CreatedAt}); err != nil {
-				r.b.m.DeleteSnapshot(bg, sn.ID)
-				return "", err
-			}
-			r.b.store.DeleteLayer(bg, key)
+	if old, gerr := r.b.store.GetLayer(bg, key); gerr == nil && (r.req.NoCache || r.cached(bg, key) == "") {
+		// A build without the cache replaces what it finds cached, as
+		// does one whose cached step it could not use (another node's):
+		// the old machine stays as a superseded step until no template
+		// uses it (a prune removes it then).
+		if err := r.b.store.PutLayer(bg, &store.Layer{Key: "superseded-" + randHex(8) + "-" + key[:16], SnapshotID: old.SnapshotID,
+			Parent: old.Parent, Step: old.Step, CreatedAt: old.CreatedAt}); err != nil {
+			r.b.m.DeleteSnapshot(bg, sn.ID)
+			return "", err
+		}
+		if err := r.b.store.DeleteLayer(bg, key); err != nil {
+			r.b.m.DeleteSnapshot(bg, sn.ID)
+			return "", err
 		}
 	}
 	err = r.b.store.PutLayer(bg, &store.Layer{Key: key, SnapshotID: sn.ID, Parent: parent, Step: text, CreatedAt: time.Now().UTC()})
 	if errors.Is(err, store.ErrConflict) { // another build cached the same step meanwhile
-		if l, gerr := r.b.store.GetLayer(ctx, key); gerr == nil {
-			r.b.m.DeleteSnapshot(context.WithoutCancel(ctx), sn.ID)
+		if l, gerr := r.b.store.GetLayer(bg, key); gerr == nil {
+			r.b.m.DeleteSnapshot(bg, sn.ID)
 			return l.SnapshotID, nil
 		}
 	}

@@ -472,6 +472,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.peers != nil { // after the proxy, which forwards through it
 		s.peers.close()
 	}
+	if s.builds != nil { // builds end, and delete their VMs, before the VMs are saved
+		s.builds.Close()
+	}
 	if !s.cfg.KeepRunning {
 		actx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		s.svc.SuspendAll(actx)

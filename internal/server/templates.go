@@ -70,6 +70,9 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// The context is read as the build starts: a client that sends it
+	// slowly holds the template's name an hour at most.
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(time.Hour))
 	st := &buildStream{w: w}
 	t, err := s.builds.Build(r.Context(), req, st.send)
 	if err != nil {

@@ -40,15 +40,17 @@ def test_build_create_list_get_delete(av: agentvm.AgentVM) -> None:
     assert "template" in last, events
     assert last["template"]["start"][0] == "python3"
     assert any(e.get("instruction") == "COPY www/ /srv/www/" and e.get("step") == 2 for e in events), events
-    vm = av.vms.create(template=name)
     try:
-        r = vm.exec("curl -sS --max-time 10 http://127.0.0.1:8000/index.html")
-        assert r.stdout == "<p>python sdk</p>\n"
+        vm = av.vms.create(template=name)
+        try:
+            r = vm.exec("curl -sS --max-time 10 http://127.0.0.1:8000/index.html")
+            assert r.stdout == "<p>python sdk</p>\n"
+        finally:
+            vm.delete()
+        assert any(t.name == name for t in av.templates.list())
+        assert av.templates.get(name).dockerfile.startswith("FROM default")
     finally:
-        vm.delete()
-    assert any(t.name == name for t in av.templates.list())
-    assert av.templates.get(name).dockerfile.startswith("FROM default")
-    av.templates.delete(name)
+        av.templates.delete(name)
     with pytest.raises(agentvm.NotFound):
         av.templates.get(name)
 

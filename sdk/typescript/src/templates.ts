@@ -20,6 +20,8 @@ export interface BuildOptions extends CallOptions {
   disk?: string
   /** How long the start command may take to be ready, e.g. `90s` (default 5m). */
   readyTimeout?: string
+  /** The whole build's time limit, e.g. `30m` (default 2h). */
+  timeout?: string
   /** Each step's heading and each line of output, as they happen. */
   onEvent?: (e: BuildEvent) => void
 }
@@ -60,6 +62,7 @@ export class Templates {
       memory: o.memory,
       disk: o.disk,
       ready_timeout: o.readyTimeout,
+      timeout: o.timeout,
     }
     const resp = await this.t.fetch('POST', '/v1/templates/' + seg(name) + '/build', {
       raw: context,
