@@ -118,14 +118,21 @@ func parseSpec(b []byte) (*Spec, error) {
 	return &sp, nil
 }
 
-// word quotes s for a Dockerfile word: its variables are not expanded.
-func word(s string) string {
-	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, `$`, `\$`)
-	return `"` + r.Replace(s) + `"`
+// word quotes s for a Dockerfile word whose variables are not expanded.
+func word(s string) string { return EscapeDollar(QuoteWord(s)) }
+
+// QuoteWord quotes s as one Dockerfile word; its $VARIABLES still expand
+// (EscapeDollar of the quoted word keeps them as written).
+func QuoteWord(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 }
 
-// argvJSON writes an exec form; it is not expanded.
-func argvJSON(argv []string) string {
+// EscapeDollar keeps a word's $ from expanding in a Dockerfile.
+func EscapeDollar(s string) string { return strings.ReplaceAll(s, "$", `\$`) }
+
+// ExecForm writes argv as a Dockerfile exec form (not expanded, but for
+// COPY's, which EscapeDollar guards).
+func ExecForm(argv ...string) string {
 	b, _ := json.Marshal(argv)
 	return string(b)
 }
@@ -177,7 +184,7 @@ func dockerfileOf(sp *Spec) ([]byte, []string, error) {
 			if st.User != "" && st.User != user {
 				add(where, "USER %s", word(st.User))
 			}
-			add(where, "RUN %s", argvJSON(st.Run))
+			add(where, "RUN %s", ExecForm(st.Run...))
 			if st.User != "" && st.User != user {
 				add(where, "USER %s", word(orDefault(user, "root")))
 			}
@@ -201,7 +208,7 @@ func dockerfileOf(sp *Spec) ([]byte, []string, error) {
 				}
 				flags += " --chmod=" + st.Mode
 			}
-			add(where, "COPY%s %s", flags, argvJSON([]string{escapeDollar(st.Copy), escapeDollar(st.To)}))
+			add(where, "COPY%s %s", flags, ExecForm(EscapeDollar(st.Copy), EscapeDollar(st.To)))
 		default:
 			return nil, nil, bad(where, "a step needs run or copy")
 		}
@@ -225,25 +232,23 @@ func dockerfileOf(sp *Spec) ([]byte, []string, error) {
 			}
 			switch {
 			case r.Port != 0:
-				add("start.ready", "HEALTHCHECK CMD %s", argvJSON([]string{"bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/" + strconv.Itoa(r.Port)}))
+				add("start.ready", "HEALTHCHECK CMD %s", ExecForm("bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/"+strconv.Itoa(r.Port)))
 			case r.URL != "":
-				add("start.ready", "HEALTHCHECK CMD %s", argvJSON([]string{"curl", "-fsS", "--max-time", "5", "-o", "/dev/null", r.URL}))
+				add("start.ready", "HEALTHCHECK CMD %s", ExecForm("curl", "-fsS", "--max-time", "5", "-o", "/dev/null", r.URL))
 			case r.Cmd != "":
-				add("start.ready", "HEALTHCHECK CMD %s", argvJSON([]string{"/bin/sh", "-c", r.Cmd}))
+				add("start.ready", "HEALTHCHECK CMD %s", ExecForm("/bin/sh", "-c", r.Cmd))
 			default:
 				d, err := time.ParseDuration(r.Timeout)
 				if err != nil || d <= 0 {
 					return nil, nil, bad("start.ready", "timeout %q: a duration such as 5s", r.Timeout)
 				}
-				add("start.ready", "HEALTHCHECK CMD %s", argvJSON([]string{"sleep", strconv.FormatFloat(d.Seconds(), 'f', -1, 64)}))
+				add("start.ready", "HEALTHCHECK CMD %s", ExecForm("sleep", strconv.FormatFloat(d.Seconds(), 'f', -1, 64)))
 			}
 		}
-		add("start.cmd", "CMD %s", argvJSON(sp.Start.Cmd))
+		add("start.cmd", "CMD %s", ExecForm(sp.Start.Cmd...))
 	}
 	return []byte(strings.Join(lines, "\n") + "\n"), from, nil
 }
-
-func escapeDollar(s string) string { return strings.ReplaceAll(s, "$", `\$`) }
 
 func orDefault(s, d string) string {
 	if s == "" {

@@ -62,19 +62,6 @@ func (t *translated) stepOf(line int) string {
 // e2bBaseImage is the image E2B's Template() and fromBaseImage() name.
 const e2bBaseImage = "e2bdev/base"
 
-// dockerWord quotes s as one Dockerfile word whose variables expand (E2B
-// evaluates ENV values in a shell).
-func dockerWord(s string) string {
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
-}
-
-func argv(a ...string) string {
-	b, _ := json.Marshal(a)
-	return string(b)
-}
-
-func escapeDollar(s string) string { return strings.ReplaceAll(s, "$", `\$`) }
-
 // translate turns the SDK's steps into a Dockerfile: the user (default
 // "user", in /home/user, as E2B's builds) and its changes, RUN through
 // bash, COPY of the uploaded files, the start and ready commands.
@@ -109,7 +96,7 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 		if user != "root" && user != "" {
 			add(step, "USER root")
 		}
-		add(step, "RUN "+argv(cmd...))
+		add(step, "RUN "+builder.ExecForm(cmd...))
 		if user != "root" && user != "" {
 			add(step, "USER "+user)
 		}
@@ -138,11 +125,11 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 				}
 			}
 			if as != user && as != "" {
-				add(step, "USER "+dockerWord(as))
+				add(step, "USER "+builder.QuoteWord(as))
 			}
-			add(step, "RUN "+argv("/bin/bash", "-c", st.Args[0]))
+			add(step, "RUN "+builder.ExecForm("/bin/bash", "-c", st.Args[0]))
 			if as != user && as != "" {
-				add(step, "USER "+dockerWord(orRoot(user)))
+				add(step, "USER "+builder.QuoteWord(orRoot(user)))
 			}
 		case "COPY":
 			if len(st.Args) < 2 || len(st.Args) > 4 || !hashRe.MatchString(st.FilesHash) {
@@ -169,7 +156,7 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 			if src == "" {
 				src = "."
 			}
-			add(step, "COPY"+flags+" "+argv(escapeDollar("e2b/"+st.FilesHash+"/"+src), escapeDollar(st.Args[1])))
+			add(step, "COPY"+flags+" "+builder.ExecForm(builder.EscapeDollar("e2b/"+st.FilesHash+"/"+src), builder.EscapeDollar(st.Args[1])))
 			if !slices.Contains(t.hashes, st.FilesHash) {
 				t.hashes = append(t.hashes, st.FilesHash)
 			}
@@ -181,13 +168,13 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 				if !builder.ValidEnvName(st.Args[j]) {
 					return nil, fmt.Errorf("step %s: ENV %q is not a variable name", step, st.Args[j])
 				}
-				add(step, "ENV "+st.Args[j]+"="+dockerWord(st.Args[j+1]))
+				add(step, "ENV "+st.Args[j]+"="+builder.QuoteWord(st.Args[j+1]))
 			}
 		case "WORKDIR":
 			if len(st.Args) != 1 || st.Args[0] == "" {
 				return nil, fmt.Errorf("step %s: WORKDIR takes a path", step)
 			}
-			add(step, "WORKDIR "+dockerWord(st.Args[0]))
+			add(step, "WORKDIR "+builder.QuoteWord(st.Args[0]))
 			if user != "root" && user != "" { // E2B's WORKDIR belongs to the user
 				asRoot(step, []string{"/bin/sh", "-c", `chown "$1" .`, "sh", user + ":" + user})
 			}
@@ -204,7 +191,7 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 				known[u] = true
 			}
 			user = u
-			add(step, "USER "+dockerWord(u))
+			add(step, "USER "+builder.QuoteWord(u))
 		default:
 			return nil, fmt.Errorf("step %s: unknown step type %q (RUN, COPY, ENV, WORKDIR, USER)", step, st.Type)
 		}
@@ -214,9 +201,9 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 	}
 	if sp.StartCmd != "" {
 		if sp.ReadyCmd != "" {
-			add("finalize", "HEALTHCHECK CMD "+argv("/bin/bash", "-c", sp.ReadyCmd))
+			add("finalize", "HEALTHCHECK CMD "+builder.ExecForm("/bin/bash", "-c", sp.ReadyCmd))
 		}
-		add("finalize", "CMD "+argv("/bin/bash", "-c", sp.StartCmd))
+		add("finalize", "CMD "+builder.ExecForm("/bin/bash", "-c", sp.StartCmd))
 	}
 	return t, nil
 }
