@@ -7,6 +7,11 @@ import "time"
 // not finish.
 const TemplateBuildLabel = "agentvm.build"
 
+// RegistryAuthHeader carries a template build's login to the registry of
+// its OCI base: base64 of "username:password", as HTTP basic
+// authentication writes it. It is used for that pull and not kept.
+const RegistryAuthHeader = "X-Registry-Auth"
+
 // HiddenDockerfile is the build-context entry a client sends a Dockerfile
 // from outside the context as; COPY does not see it.
 const HiddenDockerfile = ".agentvm-dockerfile"
@@ -42,6 +47,13 @@ type BuiltTemplate struct {
 	// GET /v1/templates/{name} only.
 	Dockerfile string `json:"dockerfile,omitempty"`
 	BuildLog   string `json:"build_log,omitempty"`
+}
+
+// TagTemplateRequest is POST /v1/templates/{name}/tags: the build {name}
+// (NAME, or NAME:TAG) gets each tag, NAME:TAG (a tag on another build
+// moves; "latest" makes it NAME's latest build).
+type TagTemplateRequest struct {
+	Tags []string `json:"tags"`
 }
 
 // ListTemplatesResponse is GET /v1/templates.

@@ -200,6 +200,10 @@ func TestE2BTemplates(t *testing.T) {
 	t.Parallel()
 	e := startE2B(t)
 	t.Run("access", func(t *testing.T) { e2bTemplateAccess(t, e) })
+	// fromImage's registry: Debian without systemd, behind a login.
+	reg := startRegistry(t)
+	pushImage(t, reg+"/team/debian:bookworm", debianImage(t))
+	e.env = append(e.env, "AGENTVM_TEST_REGISTRY="+reg)
 	dir := npmE2B(t, "template.test.mjs")
 	e.run(t, dir, 30*time.Minute, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", "template.test.mjs")
 	py := t.TempDir()
@@ -245,6 +249,11 @@ func e2bTemplateAccess(t *testing.T, e *e2bEnv) {
 		}
 		if code, b := call("GET", e.s.URL+"/templates/x/files/"+hash, c.key, ""); code != c.want {
 			t.Errorf("%s: upload link: %d %s, want %d", who, code, b, c.want)
+		}
+		for _, r := range [][3]string{{"POST", "/templates/tags", `{"target":"x","tags":["a"]}`}, {"DELETE", "/templates/tags", `{"name":"x","tags":["a"]}`}, {"GET", "/templates/x/tags", ""}} {
+			if code, b := call(r[0], e.s.URL+r[1], c.key, r[2]); code != c.want {
+				t.Errorf("%s: %s %s: %d %s, want %d", who, r[0], r[1], code, b, c.want)
+			}
 		}
 	}
 	code, b := call("GET", e.s.URL+"/templates/x/files/"+hash, admin, "")

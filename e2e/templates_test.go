@@ -88,7 +88,7 @@ func TestTemplates(t *testing.T) {
 		"dockerfiles/app":         appDockerfile,
 		"dockerfiles/volume":      "FROM default\nRUN true\nVOLUME /data\n",
 		"dockerfiles/missing":     "FROM default\nCOPY nowhere.txt /x\n",
-		"dockerfiles/oci":         "FROM python:3.12-slim\n",
+		"dockerfiles/oci":         "FROM 127.0.0.1:1/team/nothing:here\n",
 		"dockerfiles/fails":       "FROM default\nRUN echo preparing; echo boom >&2; exit 3\n",
 		"dockerfiles/slow":        "FROM default\nRUN echo started; sleep 600\n",
 		"dockerfiles/child":       "FROM app\nRUN echo child > /tmp/child\n",
@@ -105,7 +105,7 @@ func TestTemplates(t *testing.T) {
 		for file, want := range map[string]string{
 			"volume":  "Dockerfile line 3: VOLUME: not supported",
 			"missing": "Dockerfile line 2: COPY: nowhere.txt: no such file or directory in the build context",
-			"oci":     "Dockerfile line 1: FROM: python:3.12-slim is neither an image",
+			"oci":     "Dockerfile line 1: FROM: 127.0.0.1:1/team/nothing:here is not an image (default, code-interpreter, browser) or a template, and as an OCI image: pulling",
 		} {
 			out, errOut, code := build("bad", df(file))
 			if code == 0 || !strings.Contains(errOut, want) {
@@ -134,6 +134,9 @@ func TestTemplates(t *testing.T) {
 			}
 			if _, err := c.ListTemplates(ctx); !errors.As(err, &ae) || (ae.Status != 401 && ae.Status != 403) {
 				t.Errorf("%s: list answered %v, want 401 or 403", who, err)
+			}
+			if _, err := c.TagTemplate(ctx, "x", "v1"); !errors.As(err, &ae) || (ae.Status != 401 && ae.Status != 403) {
+				t.Errorf("%s: tag answered %v, want 401 or 403", who, err)
 			}
 		}
 		if err := s.Client.DeleteVM(ctx, v.ID); err != nil {
@@ -232,6 +235,63 @@ ls /etc/app-notes; ls /opt/app; echo "env $PORT $APP_HOME"; systemctl is-active 
 		// VMs made from the old build are untouched.
 		if r := s.Exec(ctx, "tbox", "cat /tmp/shell"); r.Stdout != "shell is /bin/bash\n" {
 			t.Fatalf("the first build's VM changed: %+v", r)
+		}
+	})
+
+	t.Run("tags", func(t *testing.T) {
+		cur, err := s.Client.GetTemplate(ctx, "app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, errOut, code := s.CLI("", "template", "tag", "app", "v1", "stable"); code != 0 || out != "app:v1\napp:stable\n" {
+			t.Fatalf("template tag: %d %q %q", code, out, errOut)
+		}
+		// A build as NAME:TAG is NAME's latest and that tag; the older tags stay.
+		changed := strings.Replace(appDockerfile, `echo "shell is $0"`, `echo "shell now $0"`, 1)
+		writeFiles(t, dir, map[string]string{"dockerfiles/app3": changed})
+		if _, errOut, code := build("app:v2", df("app3")); code != 0 {
+			t.Fatalf("build app:v2: %d\n%s", code, errOut)
+		}
+		latest, _ := s.Client.GetTemplate(ctx, "app")
+		v1, _ := s.Client.GetTemplate(ctx, "app:v1")
+		v2, _ := s.Client.GetTemplate(ctx, "app:v2")
+		if latest.Snapshot == cur.Snapshot || v2.Snapshot != latest.Snapshot || v1.Snapshot != cur.Snapshot || v1.Name != "app:v1" {
+			t.Fatalf("after a build as app:v2: app %s, app:v1 %s, app:v2 %s (before: %s)", latest.Snapshot, v1.Snapshot, v2.Snapshot, cur.Snapshot)
+		}
+		if _, errOut, code := s.CLI("", "create", "--template", "app:v1", "--name", "tagbox"); code != 0 {
+			t.Fatalf("create --template app:v1: %s", errOut)
+		}
+		if r := s.Exec(ctx, "tagbox", "cat /tmp/shell"); r.Stdout != "shell was /bin/bash\n" {
+			t.Fatalf("the VM of app:v1: %+v", r)
+		}
+		if err := s.Client.DeleteVM(ctx, "tagbox"); err != nil {
+			t.Fatal(err)
+		}
+		out, _, _ := s.CLI("", "template", "ls")
+		for _, n := range []string{"app:v1", "app:v2", "app:stable"} {
+			if !strings.Contains(out, n) {
+				t.Errorf("template ls lacks %s:\n%s", n, out)
+			}
+		}
+		for args, want := range map[string]string{
+			"tag app a/b": "invalid tag", "tag app:nope v3": "no template named", "rm app:nope": "no template named", "tag Bad:v1 v3": "invalid template name",
+		} {
+			if _, errOut, code := s.CLI("", append([]string{"template"}, strings.Fields(args)...)...); code == 0 || !strings.Contains(errOut, want) {
+				t.Errorf("template %s: %d %q, want %q", args, code, errOut, want)
+			}
+		}
+		// latest moves NAME to the tagged build; removing a tag leaves NAME.
+		if _, errOut, code := s.CLI("", "template", "tag", "app:stable", "latest"); code != 0 {
+			t.Fatalf("tag latest: %s", errOut)
+		}
+		if now, _ := s.Client.GetTemplate(ctx, "app"); now.Snapshot != cur.Snapshot {
+			t.Fatalf("app after tagging app:stable latest: %s, want %s", now.Snapshot, cur.Snapshot)
+		}
+		if _, errOut, code := s.CLI("", "template", "rm", "app:v1", "app:v2", "app:stable"); code != 0 {
+			t.Fatalf("rm tags: %s", errOut)
+		}
+		if _, err := s.Client.GetTemplate(ctx, "app"); err != nil {
+			t.Fatalf("removing tags removed the template: %v", err)
 		}
 	})
 

@@ -20,7 +20,7 @@ import (
 
 func templateCmd() *cobra.Command {
 	c := &cobra.Command{Use: "template", Short: "Templates built from a Dockerfile: a create restores the built machine, its start command already running"}
-	c.AddCommand(templateBuildCmd(), templateLsCmd(), templateInspectCmd(), templateRmCmd(), templatePruneCmd())
+	c.AddCommand(templateBuildCmd(), templateLsCmd(), templateInspectCmd(), templateTagCmd(), templateRmCmd(), templatePruneCmd())
 	return c
 }
 
@@ -29,16 +29,23 @@ func templateBuildCmd() *cobra.Command {
 		file, spec, memory, disk string
 		args                     []string
 		o                        client.BuildOptions
-		asJSON                   bool
+		asJSON, passStdin        bool
 	)
 	c := &cobra.Command{
-		Use:   "build NAME [CONTEXT]",
+		Use:   "build NAME[:TAG] [CONTEXT]",
 		Short: "Build (or rebuild) a template from a Dockerfile; unchanged steps come from the cache",
 		Long: `Build a template from a Dockerfile (default CONTEXT/Dockerfile) and the files of CONTEXT
 (default ., less what its .dockerignore excludes). Each RUN and COPY runs in a real VM and its result
 is cached; a rebuild reuses the steps before the first one that changed. The build ends by starting
 CMD/ENTRYPOINT, waiting until it is ready (HEALTHCHECK, else the EXPOSEd ports) and snapshotting the
-running machine: agentvm create --template NAME restores it with the start command already serving.`,
+running machine: agentvm create --template NAME restores it with the start command already serving.
+
+FROM names an image (default, code-interpreter, browser), another template, or an OCI image in a
+registry (FROM python:3.12-slim, FROM registry.example.com/team/app:tag; Debian- and Ubuntu-based):
+its files get agentvm's kernel, systemd and guest agent, and its ENV, WORKDIR, USER, EXPOSE and
+CMD carry over. NAME is the latest build; NAME:TAG (and each --tag) also names this build, and
+stays on it when NAME is built again. A private registry's login: --registry-user, with the password in
+$AGENTVM_REGISTRY_PASSWORD or on stdin (--registry-password-stdin).`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			dir := "."
@@ -56,6 +63,13 @@ running machine: agentvm create --template NAME restores it with the start comma
 						return fmt.Errorf("%s: %w", p.flag, err)
 					}
 				}
+			}
+			if o.RegistryUser != "" {
+				if o.RegistryPassword, err = registryPassword(passStdin); err != nil {
+					return err
+				}
+			} else if passStdin {
+				return errors.New("--registry-password-stdin goes with --registry-user")
 			}
 			if spec != "" && file != "" {
 				return errors.New("-f and --spec do not go together: a build takes a Dockerfile or a spec")
@@ -110,7 +124,31 @@ running machine: agentvm create --template NAME restores it with the start comma
 	f.DurationVar(&o.ReadyTimeout, "ready-timeout", 0, "how long the start command may take to be ready (default 5m)")
 	f.DurationVar(&o.Timeout, "timeout", 0, "the whole build's time limit (default 2h)")
 	f.BoolVar(&asJSON, "json", false, "print the template as JSON")
+	f.StringVar(&o.RegistryUser, "registry-user", "", "log in to the registry of an OCI base as this user (password: $AGENTVM_REGISTRY_PASSWORD or --registry-password-stdin)")
+	f.BoolVar(&passStdin, "registry-password-stdin", false, "read the registry password from stdin")
+	f.StringArrayVar(&o.Tags, "tag", nil, "also tag the build NAME:TAG (repeatable)")
 	return c
+}
+
+// registryPassword reads the registry password from stdin or the
+// environment.
+func registryPassword(stdin bool) (string, error) {
+	if !stdin {
+		p := os.Getenv("AGENTVM_REGISTRY_PASSWORD")
+		if p == "" {
+			return "", errors.New("--registry-user needs a password: set AGENTVM_REGISTRY_PASSWORD or pass --registry-password-stdin")
+		}
+		return p, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(os.Stdin, 64<<10))
+	if err != nil {
+		return "", fmt.Errorf("reading the registry password: %w", err)
+	}
+	p := strings.TrimRight(string(b), "\r\n")
+	if p == "" {
+		return "", errors.New("--registry-password-stdin: stdin was empty")
+	}
+	return p, nil
 }
 
 // dockerfileIn returns the Dockerfile's (or spec's) path in the context
@@ -251,8 +289,8 @@ func templateInspectCmd() *cobra.Command {
 
 func templateRmCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm NAME...",
-		Short: "Remove templates and the cached steps no other template uses (VMs made from them keep running)",
+		Use:   "rm NAME[:TAG]...",
+		Short: "Remove templates (NAME:TAG: that tag only) and the cached steps nothing else uses (VMs made from them keep running)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			var errs []error
@@ -262,6 +300,28 @@ func templateRmCmd() *cobra.Command {
 				}
 			}
 			return errors.Join(errs...)
+		},
+	}
+}
+
+func templateTagCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "tag NAME[:TAG] TAG...",
+		Short: "Tag a template's build: NAME:TAG then restores it, whatever NAME is built as later",
+		Long: `Tag a template's build (NAME, its latest, or NAME:TAG): each TAG then names it as NAME:TAG,
+for agentvm create --template NAME:TAG and FROM NAME:TAG. A tag on another build of NAME moves to
+this one; the tag latest makes this build NAME's latest.`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			t, err := client.FromEnv().TagTemplate(cmd.Context(), a[0], a[1:]...)
+			if err != nil {
+				return err
+			}
+			name, _, _ := strings.Cut(t.Name, ":")
+			for _, tag := range a[1:] {
+				fmt.Printf("%s:%s\n", name, tag)
+			}
+			return nil
 		},
 	}
 }

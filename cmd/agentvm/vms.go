@@ -95,7 +95,7 @@ func createCmd() *cobra.Command {
 	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "a retried create with the same key returns the same VM")
 	f.StringVar(&req.From, "from", "", "create from a snapshot (its processes and files, a fresh identity)")
 	f.StringVar(&req.Image, "image", "", "image: default, or code-interpreter (Python, Node.js and bash contexts; see run-code)")
-	f.StringVar(&req.Template, "template", "", "create from a template built with agentvm template build (its start command already running)")
+	f.StringVar(&req.Template, "template", "", "create from a template built with agentvm template build, NAME or NAME:TAG (its start command already running)")
 	f.BoolVar(&asJSON, "json", false, "print the VM as JSON")
 	f.StringVar(&req.Network, "network", "", "put the VM on this private network")
 	f.DurationVar(&idle, "idle-timeout", 0, "suspend after this long without activity (API, exec, terminals, SSH, preview); 0 = never")

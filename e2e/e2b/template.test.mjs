@@ -1,7 +1,7 @@
 // E2B's Template SDK (the published e2b npm package) against agentvm:
 // Template.build with steps and files, a sandbox of the template whose
 // start command already serves, the cache on a rebuild, a failing step,
-// buildInBackground with getBuildStatus, exists, fromDockerfile.
+// buildInBackground with getBuildStatus, exists, fromDockerfile, tags.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fs from 'node:fs'
@@ -61,6 +61,46 @@ test('a rebuild comes from the cache; a failing step fails the build', async () 
     return true
   })
   assert.equal(await Template.exists(`${name}-bad`), false)
+})
+
+test('tags: a build with tags, assignTags, getTags, a sandbox of a tag, removeTags', async () => {
+  // The cached build again, tagged v1 and v2.
+  await Template.build(template(), `${name}:v1`, { tags: ['v2'] })
+  assert.ok(await Template.exists(`${name}:v1`), 'exists name:v1')
+  assert.ok(await Template.exists(`${name}:default`), 'name:default is the name')
+  const info = await Template.assignTags(`${name}:v1`, ['stable'])
+  assert.deepEqual(info.tags, ['stable'])
+  assert.match(info.buildId, /^[0-9a-f-]{36}$/)
+  const tags = await Template.getTags(name)
+  assert.deepEqual(tags.map((t) => t.tag).sort(), ['default', 'stable', 'v1', 'v2'])
+  assert.equal(new Set(tags.map((t) => t.buildId)).size, 1, 'every tag is on the one build')
+  const sbx = await Sandbox.create(`${name}:stable`)
+  try {
+    const r = await sbx.commands.run('curl -sS --max-time 10 http://127.0.0.1:8000/index.html')
+    assert.equal(r.stdout, '<h1>built by the E2B SDK</h1>\n')
+  } finally {
+    await sbx.kill()
+  }
+  await Template.removeTags(name, ['stable', 'v1', 'v2'])
+  assert.equal(await Template.exists(`${name}:stable`), false)
+  assert.ok(await Template.exists(name), 'removing tags keeps the template')
+  await assert.rejects(Template.assignTags(`${name}:nope`, ['x']), /not found|no template/i)
+})
+
+test('fromImage: a Debian image from a registry, with a login', { skip: !process.env.AGENTVM_TEST_REGISTRY }, async () => {
+  const ref = `${process.env.AGENTVM_TEST_REGISTRY}/team/debian:bookworm`
+  await assert.rejects(Template.build(Template().fromImage(ref).runCmd('true'), `${name}-img-nologin`), /refused/)
+  const t = Template()
+    .fromImage(ref, { username: 'ci', password: 's3cret' })
+    .runCmd('echo "$(whoami) in $(pwd)" > /tmp/who.txt')
+  await Template.build(t, `${name}-img`)
+  const sbx = await Sandbox.create(`${name}-img`)
+  try {
+    const r = await sbx.commands.run('cat /tmp/who.txt /etc/debian_version; ps -p 1 -o comm=')
+    assert.match(r.stdout, /^user in \/home\/user\n12\.\d+\nsystemd\n$/)
+  } finally {
+    await sbx.kill()
+  }
 })
 
 test('buildInBackground and getBuildStatus; fromDockerfile', async () => {

@@ -1,6 +1,6 @@
 """E2B's Template SDK (the published e2b PyPI package, sync and async)
 against agentvm: a build with steps and files, a sandbox of the template
-whose start command already serves, a failing step, exists."""
+whose start command already serves, a failing step, exists, tags."""
 
 import asyncio
 import os
@@ -44,6 +44,22 @@ class TemplateSync(unittest.TestCase):
             self.assertEqual(r.stdout, "python sdk\nuser\nfrom the template\nx\n")
         finally:
             sbx.kill()
+
+    def test_tags(self):
+        name = f"tpl-py-tags-{RUN}"
+        Template.build(make(Template), f"{name}:v1")
+        self.assertTrue(Template.exists(f"{name}:v1"))
+        info = Template.assign_tags(f"{name}:v1", ["prod"])
+        self.assertEqual(info.tags, ["prod"])
+        self.assertEqual(sorted(t.tag for t in Template.get_tags(name)), ["default", "prod", "v1"])
+        sbx = Sandbox.create(f"{name}:prod")
+        try:
+            self.assertEqual(sbx.commands.run("cat /app/who.txt").stdout, "python sdk\n")
+        finally:
+            sbx.kill()
+        Template.remove_tags(name, ["prod"])
+        self.assertFalse(Template.exists(f"{name}:prod"))
+        self.assertTrue(Template.exists(f"{name}:v1"))
 
     def test_failing_step(self):
         bad = Template().from_base_image().run_cmd("echo no; exit 5")

@@ -59,6 +59,8 @@ type Machines interface {
 	List(ctx context.Context) ([]*store.VM, error)
 	IsLocal(v *store.VM) bool
 	EnsureTemplate(ctx context.Context, imageName string, cpus int, memMiB int64) (*vm.Template, error)
+	ImageNamed(ctx context.Context, name string) (*image.Image, error)
+	MakeImage(ctx context.Context, name, tree string) (*image.Image, error)
 }
 
 // Builder builds, lists and removes templates.
@@ -146,6 +148,11 @@ type Request struct {
 	ReadyTimeout time.Duration
 	// Timeout bounds the whole build (default DefaultTimeout).
 	Timeout time.Duration
+	// Tags are given to the build too (NAME:TAG for each), besides NAME.
+	Tags []string
+	// RegistryAuth logs in to the registry of an OCI base (nil: the
+	// daemon's Docker credentials, else none).
+	RegistryAuth *RegistryAuth
 }
 
 // DefaultTimeout bounds a build that gives no Timeout: a RUN that never
@@ -206,6 +213,11 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	}
 	if _, err := image.Resolve(req.Name); err == nil {
 		return nil, fmt.Errorf("%w: %q is an image's name; a template needs its own", ErrInvalid, req.Name)
+	}
+	for _, tag := range req.Tags {
+		if err := ValidateTag(tag); err != nil {
+			return nil, err
+		}
 	}
 	if req.Spec != "" && req.Dockerfile != "" {
 		return nil, fmt.Errorf("%w: a build takes a Dockerfile or a spec, not both", ErrInvalid)
@@ -272,19 +284,29 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	}
 	var parent *store.Template
 	var parentSnap *store.Snapshot
+	var oci *ociImage
 	p, err := parsePlan(text, bctx, req.BuildArgs, func(name string) (*base, error) {
 		if _, err := image.Resolve(name); err == nil { // an image's name or alias (built, if need be, by the create)
 			return &base{}, nil
 		}
-		t, err := b.store.GetTemplate(ctx, name)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("%s is neither an image (default, code-interpreter, browser) nor a template; OCI image bases are not supported", name)
+		ref, err := canonical(name)
+		if err != nil { // not a template's name: an OCI image's
+			ref = ""
+		}
+		t, err := b.store.GetTemplate(ctx, ref)
+		if ref == "" || errors.Is(err, store.ErrNotFound) {
+			oi, ob, err := pullOCI(ctx, name, req.RegistryAuth)
+			if err != nil {
+				return nil, fmt.Errorf("%s is not an image (default, code-interpreter, browser) or a template, and as an OCI image: %v", name, err)
+			}
+			oci = oi
+			return ob, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		if name == req.Name {
-			return nil, fmt.Errorf("a template cannot be built on itself")
+		if ref == req.Name {
+			return nil, fmt.Errorf("a template cannot be built on its latest build (build it on one of its tags)")
 		}
 		if parentSnap, err = b.m.GetSnapshot(ctx, t.SnapshotID); err != nil {
 			return nil, fmt.Errorf("template %s: its snapshot is gone (%v); rebuild it", name, err)
@@ -331,7 +353,12 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 			return nil, err
 		}
 		out(Event{Log: fmt.Sprintf("base image %s (%d vCPUs, %d MiB, %d MiB disk)\n", p.from, cpus, mem, disk>>20)})
-		tpl, err := b.m.EnsureTemplate(ctx, p.from, cpus, mem)
+		if oci != nil {
+			if p.image, err = b.ociImageName(ctx, oci, req.Name, disk, out); err != nil {
+				return nil, err
+			}
+		}
+		tpl, err := b.m.EnsureTemplate(ctx, p.image, cpus, mem)
 		if err != nil {
 			return nil, err
 		}
@@ -376,6 +403,9 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		t.Ready = ""
 	}
 	if err := b.store.PutTemplate(context.WithoutCancel(ctx), t); err != nil {
+		return nil, err
+	}
+	if err := b.putTags(context.WithoutCancel(ctx), t, req.Name, req.Tags); err != nil {
 		return nil, err
 	}
 	b.log.Info("template built", "template", t.Name, "snapshot", snap, "steps", len(p.steps), "ms", t.BuildMs)
@@ -516,8 +546,12 @@ func (b *Builder) List(ctx context.Context) ([]*store.Template, error) {
 	return b.store.ListTemplates(ctx)
 }
 
-// Get returns a template by name.
-func (b *Builder) Get(ctx context.Context, name string) (*store.Template, error) {
+// Get returns a template by name, or a tagged build by NAME:TAG.
+func (b *Builder) Get(ctx context.Context, ref string) (*store.Template, error) {
+	name, err := canonical(ref)
+	if err != nil {
+		return nil, err
+	}
 	t, err := b.store.GetTemplate(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: no template named %q", ErrNotFound, name)
@@ -525,8 +559,13 @@ func (b *Builder) Get(ctx context.Context, name string) (*store.Template, error)
 	return t, err
 }
 
-// Delete removes a template and every cached step no other template uses.
-func (b *Builder) Delete(ctx context.Context, name string) error {
+// Delete removes a template (its latest build; NAME:TAG removes only that
+// tag) and every cached step no other template uses.
+func (b *Builder) Delete(ctx context.Context, ref string) error {
+	name, err := canonical(ref)
+	if err != nil {
+		return err
+	}
 	b.mu.Lock()
 	busy := b.building[name] != nil
 	b.mu.Unlock()
@@ -538,7 +577,7 @@ func (b *Builder) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	for _, t := range ts {
-		if t.Base == name {
+		if base, err := canonical(t.Base); err == nil && base == name {
 			return fmt.Errorf("%w: template %s is built on %s; remove it first", ErrConflict, t.Name, name)
 		}
 	}

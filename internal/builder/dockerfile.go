@@ -34,6 +34,7 @@ type step struct {
 // arguments: everything a build does, decided before a VM is made.
 type plan struct {
 	from     string
+	image    string // the image the build's first VM is made from (from, or what an OCI image became)
 	fromLine int
 	steps    []*step
 	text     []string // every instruction as written, FROM first
@@ -149,6 +150,9 @@ type base struct {
 	start   []string
 	ready   []string
 	expose  []int
+	// an OCI image's own ENTRYPOINT and CMD, combined with the
+	// Dockerfile's as Docker combines them (start is both)
+	entry, cmd []string
 }
 
 // parsePlan reads a Dockerfile and resolves it against the build context
@@ -236,6 +240,7 @@ func parsePlan(dockerfile []byte, bctx *buildContext, buildArgs map[string]strin
 				p.env[k] = v
 			}
 			p.workdir, p.user, p.start, p.ready, p.expose = b.workdir, b.user, b.start, b.ready, append([]int(nil), b.expose...)
+			p.entry, p.cmd, p.image = b.entry, b.cmd, name
 		case "env":
 			if _, err := parseFlags(n); err != nil {
 				return nil, err

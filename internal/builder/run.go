@@ -170,7 +170,7 @@ func (r *run) execute(ctx context.Context, parentSnap *store.Snapshot, baseKey, 
 	case parentSnap != nil:
 		v, _, err = r.b.m.CreateFrom(ctx, parentSnap.ID, o)
 	default:
-		o.Image = r.p.from
+		o.Image = r.p.image
 		v, _, err = r.b.m.Create(ctx, o)
 	}
 	if v != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/internal/auth"
+	"github.com/agentvm/agentvm/internal/builder"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -84,7 +85,17 @@ func (s *Server) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", h(true, s.snapshot))
 	mux.HandleFunc("GET /snapshots", h(true, s.listSnapshots))
 	mux.HandleFunc("DELETE /templates/{id}", h(true, s.deleteTemplate))
-	mux.HandleFunc("GET /templates/aliases/{alias}", h(true, s.templateAlias))
+	// GET /templates/aliases/{alias} and GET /templates/{id}/tags share a pattern.
+	mux.HandleFunc("GET /templates/{id}/{sub}", h(true, func(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+		switch {
+		case r.PathValue("id") == "aliases":
+			s.templateAlias(w, r, r.PathValue("sub"))
+		case r.PathValue("sub") == "tags":
+			s.listTags(w, r, p)
+		default:
+			apiError(w, http.StatusNotFound, "no such route")
+		}
+	}))
 	s.templateRoutes(mux, h)
 	mux.HandleFunc("POST /sandboxes/{id}/fork", h(true, s.fork))
 }
@@ -283,6 +294,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 	tmpl := req.TemplateID
 	if tmpl == "" {
 		tmpl = baseTemplate
+	}
+	if n, tag, err := builder.SplitRef(tmpl); err == nil { // NAME:default is NAME
+		tmpl = builder.Ref(n, tag)
 	}
 	o := vm.CreateOptions{Name: newSandboxID(), Env: req.EnvVars}
 	if h := r.Header.Get("Idempotency-Key"); h != "" {

@@ -47,9 +47,10 @@ type buildStep struct {
 // build context needs.
 type translated struct {
 	dockerfile []byte
-	lineStep   []string // per Dockerfile line: "base", the step's 1-based number, or "finalize"
-	hashes     []string // the uploads the context holds, under e2b/<hash>/
-	forceLine  int      // the first line of the first step with force (0: none)
+	lineStep   []string              // per Dockerfile line: "base", the step's 1-based number, or "finalize"
+	hashes     []string              // the uploads the context holds, under e2b/<hash>/
+	forceLine  int                   // the first line of the first step with force (0: none)
+	auth       *builder.RegistryAuth // fromImage's registry login
 }
 
 func (t *translated) stepOf(line int) string {
@@ -72,23 +73,46 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 		t.lineStep = append(t.lineStep, step)
 	}
 	from := sp.FromTemplate
+	oci := false
 	switch {
-	case len(sp.FromImageRegistry) > 0 && string(sp.FromImageRegistry) != "null":
-		return nil, fmt.Errorf("fromImage with registry credentials: agentvm builds templates on its own images and templates; OCI image bases are not supported yet")
 	case from != "" && sp.FromImage != "":
 		return nil, fmt.Errorf("fromTemplate and fromImage are exclusive")
 	case from == "" && (sp.FromImage == e2bBaseImage || sp.FromImage == e2bBaseImage+":latest" || sp.FromImage == ""):
 		from = "base"
 	case from == "":
-		return nil, fmt.Errorf("fromImage %q: agentvm builds templates on its own images (Template(), fromBaseImage(), or fromTemplate with base, code-interpreter-v1, browser or a template of yours); OCI image bases are not supported yet", sp.FromImage)
+		if strings.ContainsFunc(sp.FromImage, unicode.IsSpace) {
+			return nil, fmt.Errorf("fromImage %q is not an image reference", sp.FromImage)
+		}
+		from, oci = sp.FromImage, true
 	}
-	if _, err := image.Resolve(from); err != nil && builder.ValidateName(from) != nil {
+	if len(sp.FromImageRegistry) > 0 && string(sp.FromImageRegistry) != "null" {
+		var reg struct {
+			Type     string `json:"type"`
+			Username string `json:"username"`
+			Password string `json:"password"`
+		}
+		if err := json.Unmarshal(sp.FromImageRegistry, &reg); err != nil || !oci {
+			return nil, fmt.Errorf("fromImageRegistry goes with fromImage, as {type, username, password}")
+		}
+		if reg.Type != "registry" || reg.Username == "" {
+			return nil, fmt.Errorf("fromImageRegistry of type %q: agentvm logs in to registries with a username and password (fromImage(image, {username, password})); fromAWSRegistry and fromGCPRegistry are not supported", reg.Type)
+		}
+		t.auth = &builder.RegistryAuth{Username: reg.Username, Password: reg.Password}
+	}
+	if _, _, err := builder.SplitRef(from); err != nil && !oci {
 		return nil, fmt.Errorf("fromTemplate %q is not a template name", from)
 	}
 	add("base", "FROM "+from)
-	user := baseUser(from)                         // a template's user ("" for root)
-	if _, err := image.Resolve(from); err == nil { // an image: E2B's builds start as user in its home
+	user := baseUser(from) // a template's user ("" for root)
+	switch _, err := image.Resolve(from); {
+	case err == nil: // an image: E2B's builds start as user in its home
 		user = "user"
+		add("base", "USER user")
+		add("base", "WORKDIR /home/user")
+	case oci: // and so on an OCI image, as E2B's, with that user made
+		user = "user"
+		add("base", "USER root")
+		add("base", "RUN id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user")
 		add("base", "USER user")
 		add("base", "WORKDIR /home/user")
 	}

@@ -3,6 +3,8 @@ package e2b
 import (
 	"strings"
 	"testing"
+
+	"github.com/agentvm/agentvm/internal/builder"
 )
 
 // What the Template SDK sends (captured from e2b 2.51 and 2.63) becomes
@@ -54,10 +56,23 @@ CMD ["/bin/bash","-c","python app.py"]
 	if len(tr.hashes) != 1 {
 		t.Fatalf("hashes %v", tr.hashes)
 	}
+	// An OCI image, with a login: E2B's user is made in it.
+	tr, err = translate(&buildSpec{FromImage: "registry.example.com/team/app:v1", FromImageRegistry: []byte(`{"type":"registry","username":"u","password":"p:w"}`),
+		Steps: []buildStep{{Type: "RUN", Args: []string{"make"}}}}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "FROM registry.example.com/team/app:v1\nUSER root\n" +
+		"RUN id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user\nUSER user\nWORKDIR /home/user\n"; !strings.HasPrefix(string(tr.dockerfile), want) ||
+		tr.auth == nil || *tr.auth != (builder.RegistryAuth{Username: "u", Password: "p:w"}) {
+		t.Fatalf("fromImage: %+v\n%s", tr.auth, tr.dockerfile)
+	}
 	for _, bad := range []*buildSpec{
-		{FromImage: "python:3.12"},
+		{FromImage: "python 3.12"},
 		{FromTemplate: "base", FromImage: "e2bdev/base"},
 		{FromImageRegistry: []byte(`{"type":"registry"}`), FromImage: "x"},
+		{FromImageRegistry: []byte(`{"type":"aws","awsAccessKeyId":"k"}`), FromImage: "x"},
+		{FromImageRegistry: []byte(`{"type":"registry","username":"u","password":"p"}`), FromTemplate: "base"},
 		{Steps: []buildStep{{Type: "COPY", Args: []string{"a", "b"}}}},
 		{Steps: []buildStep{{Type: "HEALTHCHECK", Args: []string{"x"}}}},
 		{Steps: []buildStep{{Type: "ENV", Args: []string{"1X", "y"}}}},

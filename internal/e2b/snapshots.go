@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/agentvm/agentvm/internal/builder"
 	"github.com/agentvm/agentvm/internal/image"
 
 	"github.com/agentvm/agentvm/internal/auth"
@@ -127,8 +128,10 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 // templateAlias is GET /templates/aliases/{alias}: whether a template of
 // that name exists (a built-in image, a template built from a Dockerfile,
 // or an agentvm snapshot).
-func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
-	alias := r.PathValue("alias")
+func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias string) {
+	if n, tag, err := builder.SplitRef(alias); err == nil { // NAME:default is NAME
+		alias = builder.Ref(n, tag)
+	}
 	if _, err := image.Resolve(alias); err != nil {
 		_, terr := s.cfg.Store.GetTemplate(r.Context(), alias)
 		if _, err := s.cfg.VMs.GetSnapshot(r.Context(), alias); err != nil && terr != nil {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,10 @@ type Templates interface {
 	Uses(ctx context.Context, snapID string) string
 	// Cancel ends a build of name under way and waits for it to clean up.
 	Cancel(name string, wait time.Duration) bool
+	// Tag names the build ref (NAME or NAME:TAG) NAME:TAG for each tag.
+	Tag(ctx context.Context, ref string, tags []string) (*store.Template, error)
+	// Tags lists the builds of name: its latest and its tagged ones.
+	Tags(ctx context.Context, name string) ([]*store.Template, error)
 }
 
 // SetTemplates turns on template builds, keeping uploaded files in dir
@@ -65,6 +70,7 @@ var hashRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // e2bBuild is a build the SDK requested, from the request to its end.
 type e2bBuild struct {
 	id, template string
+	tags         []string // the build's tags besides the name
 	cpus         int
 	memMiB       int64
 	created      time.Time
@@ -166,14 +172,126 @@ func (s *Server) templateRoutes(mux *http.ServeMux, h func(bool, func(http.Respo
 	mux.HandleFunc("GET /templates/{id}/builds/{build}/status", h(true, s.buildStatus))
 	// The upload carries no API key: its link is signed (filesLink).
 	mux.HandleFunc("PUT /e2b/template-files/{hash}", s.upload)
-	for _, route := range []string{"POST /templates/{id}", "POST /templates/tags", "DELETE /templates/tags"} {
-		mux.HandleFunc(route, h(true, noTemplateTags))
-	}
+	mux.HandleFunc("POST /templates/{id}", h(true, noRebuild))
+	mux.HandleFunc("POST /templates/tags", h(true, s.assignTags))
+	mux.HandleFunc("DELETE /templates/tags", h(true, s.removeTags))
 }
 
-// noTemplateTags answers E2B's tag routes and its v1 rebuild.
-func noTemplateTags(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
-	apiError(w, http.StatusBadRequest, "template tags are not supported by agentvm: a template has one build, its name's; build it again under the same name to replace it")
+// noRebuild answers E2B's v1 rebuild (the CLI's, from e2b.toml).
+func noRebuild(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	apiError(w, http.StatusBadRequest, "the v1 template rebuild is not supported by agentvm: build with the Template SDK (Template.build), or agentvm template build")
+}
+
+// assignTags is POST /templates/tags: the build target (NAME or NAME:TAG)
+// gets the tags.
+func (s *Server) assignTags(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	var req struct {
+		Target string   `json:"target"`
+		Tags   []string `json:"tags"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if s.tpl == nil {
+		apiError(w, http.StatusBadRequest, "template builds are off on this server")
+		return
+	}
+	t, err := s.tpl.Tag(r.Context(), req.Target, req.Tags)
+	if err != nil {
+		templateError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"buildID": buildIDOf(t), "tags": req.Tags})
+}
+
+// removeTags is DELETE /templates/tags: NAME:TAG goes for each tag.
+func (s *Server) removeTags(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	var req struct {
+		Name string   `json:"name"`
+		Tags []string `json:"tags"`
+	}
+	if !decode(w, r, &req) {
+		return
+	}
+	if s.tpl == nil {
+		apiError(w, http.StatusBadRequest, "template builds are off on this server")
+		return
+	}
+	name, _, err := builder.SplitRef(req.Name)
+	if err != nil || len(req.Tags) == 0 {
+		apiError(w, http.StatusBadRequest, "name is a template's name and tags are at least one tag")
+		return
+	}
+	for _, tag := range req.Tags {
+		if err := builder.ValidateTag(tag); err != nil {
+			templateError(w, err)
+			return
+		}
+		if builder.Ref(name, tag) == name {
+			apiError(w, http.StatusBadRequest, "tag %q is the template's latest build: delete the template to remove it", tag)
+			return
+		}
+	}
+	for _, tag := range req.Tags {
+		if err := s.tpl.Delete(r.Context(), builder.Ref(name, tag)); err != nil {
+			templateError(w, err)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// listTags is GET /templates/{id}/tags: the template's builds by tag
+// ("default" is its latest).
+func (s *Server) listTags(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
+	if s.tpl == nil {
+		apiError(w, http.StatusBadRequest, "template builds are off on this server")
+		return
+	}
+	ts, err := s.tpl.Tags(r.Context(), r.PathValue("id"))
+	if err != nil {
+		templateError(w, err)
+		return
+	}
+	if len(ts) == 0 {
+		apiError(w, http.StatusNotFound, "template %q not found", r.PathValue("id"))
+		return
+	}
+	out := []map[string]any{}
+	for _, t := range ts {
+		tag := "default"
+		if _, tg, ok := strings.Cut(t.Name, ":"); ok {
+			tag = tg
+		}
+		out = append(out, map[string]any{"tag": tag, "buildID": buildIDOf(t), "createdAt": t.BuiltAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// buildIDOf is the build id E2B's SDK sees for a template's build: a UUID
+// made from its machine's snapshot (the same for every tag on it).
+func buildIDOf(t *store.Template) string {
+	h := sha256.Sum256([]byte("e2b-build:" + t.SnapshotID))
+	x := hex.EncodeToString(h[:16])
+	return x[:8] + "-" + x[8:12] + "-4" + x[13:16] + "-a" + x[17:20] + "-" + x[20:32]
+}
+
+// templateError answers a builder's error with its status.
+func templateError(w http.ResponseWriter, err error) {
+	msg := err.Error()
+	for _, e := range []error{builder.ErrInvalid, builder.ErrNotFound, builder.ErrConflict} {
+		msg = strings.TrimPrefix(msg, e.Error()+": ")
+	}
+	switch {
+	case errors.Is(err, builder.ErrNotFound):
+		apiError(w, http.StatusNotFound, "%s", msg)
+	case errors.Is(err, builder.ErrConflict):
+		apiError(w, http.StatusConflict, "%s", msg)
+	case errors.Is(err, builder.ErrInvalid):
+		apiError(w, http.StatusBadRequest, "%s", msg)
+	default:
+		apiError(w, http.StatusInternalServerError, "%s", msg)
+	}
 }
 
 func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
@@ -192,36 +310,37 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request, _ *auth.Pr
 	if !decode(w, r, &req) {
 		return
 	}
-	name := req.Name
-	if name == "" {
-		name = req.Alias
+	ref := req.Name
+	if ref == "" {
+		ref = req.Alias
 	}
-	if n, tag, ok := strings.Cut(name, ":"); ok {
-		if tag != "" && tag != "default" {
-			apiError(w, http.StatusBadRequest, "template %q: tags are not supported by agentvm (name the template %q)", name, n)
+	name, tag, err := builder.SplitRef(ref)
+	if err != nil {
+		templateError(w, err)
+		return
+	}
+	tags := []string{}
+	for _, t := range append(req.Tags, tag) {
+		if t == "" || slices.Contains(tags, t) {
+			continue
+		}
+		if err := builder.ValidateTag(t); err != nil {
+			templateError(w, err)
 			return
 		}
-		name = n
-	}
-	if len(req.Tags) > 0 {
-		apiError(w, http.StatusBadRequest, "template tags are not supported by agentvm (tags %v)", req.Tags)
-		return
-	}
-	if err := builder.ValidateName(name); err != nil {
-		apiError(w, http.StatusBadRequest, "%s", strings.TrimPrefix(err.Error(), builder.ErrInvalid.Error()+": "))
-		return
+		tags = append(tags, t)
 	}
 	if req.CPUCount < 0 || req.CPUCount > 64 || req.MemoryMB < 0 {
 		apiError(w, http.StatusBadRequest, "cpuCount is 1-64 and memoryMB positive")
 		return
 	}
-	b := &e2bBuild{id: newUUID(), template: name, cpus: req.CPUCount, memMiB: req.MemoryMB, created: time.Now(), status: "waiting"}
+	b := &e2bBuild{id: newUUID(), template: name, tags: tags, cpus: req.CPUCount, memMiB: req.MemoryMB, created: time.Now(), status: "waiting"}
 	if !s.builds.add(b) {
 		apiError(w, http.StatusTooManyRequests, "%d template builds are under way or waiting for their steps; try again when one has ended", maxBuildsKept)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"templateID": name, "buildID": b.id, "public": false,
-		"aliases": []string{name}, "names": []string{name}, "tags": []string{}})
+		"aliases": []string{name}, "names": []string{name}, "tags": tags})
 }
 
 // uploadSig signs an upload link for hash until expires.
@@ -346,7 +465,7 @@ func (s *Server) runBuild(b *e2bBuild, tr *translated, force bool) {
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(tr.writeContext(pw, s.filePath)) }()
 	req := builder.Request{Name: b.template, Context: pr, Dockerfile: builder.HiddenDockerfile, NoCache: force,
-		CPUs: b.cpus, MemoryMiB: b.memMiB, ForceFromLine: tr.forceLine}
+		CPUs: b.cpus, MemoryMiB: b.memMiB, ForceFromLine: tr.forceLine, Tags: b.tags, RegistryAuth: tr.auth}
 	_, err := s.tpl.Build(context.Background(), req, func(e builder.Event) {
 		switch {
 		case e.Instruction != "":

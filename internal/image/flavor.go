@@ -128,6 +128,9 @@ func Resolve(name string) (string, error) {
 	if name == "" || name == Default || name == "base" {
 		return Default, nil
 	}
+	if IsOCIName(name) {
+		return name, nil
+	}
 	for _, f := range flavors {
 		if name == f.name || slices.Contains(f.aliases, name) {
 			return f.name, nil

@@ -111,6 +111,10 @@ func Ensure(ctx context.Context, o Options) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
+	if IsOCIName(name) {
+		o.Name = name
+		return ensureOCI(o)
+	}
 	recipe := RecipeHash()
 	fl := findFlavor(name)
 	if fl != nil {

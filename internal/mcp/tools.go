@@ -35,7 +35,7 @@ type createIn struct {
 	CPUs         int    `json:"cpus,omitempty" jsonschema:"vCPUs (default 1)"`
 	Memory       string `json:"memory,omitempty" jsonschema:"memory, e.g. 512M or 2G (default 1G)"`
 	Image        string `json:"image,omitempty" jsonschema:"default (Debian with Python, Node.js, git), code-interpreter (also Jupyter kernels with numpy, pandas and matplotlib, for run_code), or browser (Chromium running on a display, for screenshot and the browser_ tools)"`
-	Template     string `json:"template,omitempty" jsonschema:"a template built from a Dockerfile (see list_templates): the VM starts with its environment installed and its start command already running"`
+	Template     string `json:"template,omitempty" jsonschema:"a template built from a Dockerfile (see list_templates), NAME or NAME:TAG: the VM starts with its environment installed and its start command already running"`
 }
 
 type execIn struct {

@@ -98,6 +98,7 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("GET /v1/templates", admin(s.listTemplates))
 	authed.HandleFunc("GET /v1/templates/{name}", admin(s.getTemplate))
 	authed.HandleFunc("DELETE /v1/templates/{name}", admin(s.deleteTemplate))
+	authed.HandleFunc("POST /v1/templates/{name}/tags", admin(s.tagTemplate))
 	authed.HandleFunc("POST /v1/templates/prune", admin(s.pruneTemplates))
 	authed.HandleFunc("GET /v1/nodes", admin(s.listNodes))
 	authed.HandleFunc("DELETE /v1/nodes/{node}", admin(s.removeNode))

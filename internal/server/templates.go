@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +23,15 @@ import (
 // COPY source) gets a plain error status instead.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	req := builder.Request{Name: r.PathValue("name"), Context: r.Body, Dockerfile: q.Get("dockerfile"), Spec: q.Get("spec"), BuildArgs: map[string]string{}}
+	name, tag, err := builder.SplitRef(r.PathValue("name"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	req := builder.Request{Name: name, Context: r.Body, Dockerfile: q.Get("dockerfile"), Spec: q.Get("spec"), BuildArgs: map[string]string{}, Tags: q["tag"]}
+	if tag != "" {
+		req.Tags = append(req.Tags, tag)
+	}
 	for _, kv := range q["build_arg"] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
@@ -31,7 +40,6 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		}
 		req.BuildArgs[k] = v
 	}
-	var err error
 	if req.NoCache, err = boolParam(q, "no_cache"); err != nil {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 		return
@@ -69,6 +77,15 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, api.CodeInvalid, "ready_timeout: a positive duration such as 90s or 10m")
 			return
 		}
+	}
+	if v := r.Header.Get(api.RegistryAuthHeader); v != "" {
+		raw, err := base64.StdEncoding.DecodeString(v)
+		user, pass, ok := strings.Cut(string(raw), ":")
+		if err != nil || !ok || user == "" {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, api.RegistryAuthHeader+": base64 of username:password")
+			return
+		}
+		req.RegistryAuth = &builder.RegistryAuth{Username: user, Password: pass}
 	}
 	// The context is read as the build starts: a client that sends it
 	// slowly holds the template's name an hour at most.
@@ -179,6 +196,20 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// tagTemplate gives a template's build (NAME or NAME:TAG) more tags.
+func (s *Server) tagTemplate(w http.ResponseWriter, r *http.Request) {
+	var req api.TagTemplateRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	t, err := s.builds.Tag(r.Context(), r.PathValue("name"), req.Tags)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.templateAPI(r.Context(), t, false))
 }
 
 func (s *Server) pruneTemplates(w http.ResponseWriter, r *http.Request) {

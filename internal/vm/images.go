@@ -64,3 +64,12 @@ func (is *images) ImageNamed(ctx context.Context, name string) (*image.Image, er
 	slot.img = img
 	return img, nil
 }
+
+// MakeImage packs tree, an OCI image's root filesystem a template build
+// prepared, as the image name (image.OCIName), and returns it.
+func (is *images) MakeImage(ctx context.Context, name, tree string) (*image.Image, error) {
+	if _, err := image.FromTree(ctx, image.Options{CacheDir: is.cacheDir, AgentPath: is.agentPath, Progress: is.progress}, name, tree); err != nil {
+		return nil, err
+	}
+	return is.ImageNamed(ctx, name)
+}

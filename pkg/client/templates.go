@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,13 @@ type BuildOptions struct {
 	Disk         string // e.g. "16G" (default 8 GiB)
 	ReadyTimeout time.Duration
 	Timeout      time.Duration // the whole build's limit (default 2h)
+	// RegistryUser and RegistryPassword log in to the registry of an OCI
+	// base (FROM registry.example.com/team/app:tag); sent in a header, used
+	// for that pull only.
+	RegistryUser, RegistryPassword string
+	// Tags are given to the build besides the name (NAME:TAG each); a
+	// name of the form NAME:TAG given to BuildTemplate is one more.
+	Tags []string
 }
 
 // BuildError is a build that failed: the server's account of it.
@@ -38,6 +46,9 @@ func (e *BuildError) Error() string { return e.Message }
 // progress (may be nil). A failed step returns a *BuildError.
 func (c *Client) BuildTemplate(ctx context.Context, name string, contextTar io.Reader, o BuildOptions, progress func(api.BuildEvent)) (*api.BuiltTemplate, error) {
 	q := url.Values{}
+	for _, t := range o.Tags {
+		q.Add("tag", t)
+	}
 	if o.Dockerfile != "" {
 		q.Set("dockerfile", o.Dockerfile)
 	}
@@ -71,6 +82,9 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, contextTar io.R
 	}
 	req.Body = io.NopCloser(contextTar)
 	req.Header.Set("Content-Type", "application/x-tar")
+	if o.RegistryUser != "" {
+		req.Header.Set(api.RegistryAuthHeader, base64.StdEncoding.EncodeToString([]byte(o.RegistryUser+":"+o.RegistryPassword)))
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach agentvm at %s (is `agentvm serve` running?): %w", c.BaseURL, err)
@@ -113,9 +127,18 @@ func (c *Client) GetTemplate(ctx context.Context, name string) (*api.BuiltTempla
 	return &t, c.do(ctx, "GET", "/v1/templates/"+url.PathEscape(name), nil, &t)
 }
 
-// DeleteTemplate removes a template and the cached steps only it used.
+// DeleteTemplate removes a template (NAME: its latest build; NAME:TAG: that
+// tag only) and the cached steps only it used.
 func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/v1/templates/"+url.PathEscape(strings.TrimSpace(name)), nil, nil)
+}
+
+// TagTemplate gives the build ref (NAME or NAME:TAG) the tags: NAME:TAG
+// then names it (a tag on another build moves; "latest" makes it NAME's
+// latest build).
+func (c *Client) TagTemplate(ctx context.Context, ref string, tags ...string) (*api.BuiltTemplate, error) {
+	var t api.BuiltTemplate
+	return &t, c.do(ctx, "POST", "/v1/templates/"+url.PathEscape(ref)+"/tags", api.TagTemplateRequest{Tags: tags}, &t)
 }
 
 // PruneTemplates removes the cached build steps no template uses.

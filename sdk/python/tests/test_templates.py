@@ -49,6 +49,16 @@ def test_build_create_list_get_delete(av: agentvm.AgentVM) -> None:
             vm.delete()
         assert any(t.name == name for t in av.templates.list())
         assert av.templates.get(name).dockerfile.startswith("FROM default")
+        # Tags: the same build again (every step cached) as name:v2, then v1 on it.
+        events = list(av.templates.build(f"{name}:v2", CONTEXT, memory="512M", tags=["v3"]))
+        assert "template" in events[-1], events
+        assert av.templates.tag(f"{name}:v2", ["v1"]).name == f"{name}:v2"
+        snap = av.templates.get(name).snapshot
+        assert [av.templates.get(f"{name}:{t}").snapshot for t in ("v1", "v2", "v3")] == [snap] * 3
+        for t in ("v1", "v2", "v3"):
+            av.templates.delete(f"{name}:{t}")
+        with pytest.raises(agentvm.NotFound):
+            av.templates.get(f"{name}:v1")
     finally:
         av.templates.delete(name)
     with pytest.raises(agentvm.NotFound):

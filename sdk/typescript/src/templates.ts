@@ -22,6 +22,10 @@ export interface BuildOptions extends CallOptions {
   readyTimeout?: string
   /** The whole build's time limit, e.g. `30m` (default 2h). */
   timeout?: string
+  /** Also tag the build `name:tag` for each (a name of the form `name:tag` is one more). */
+  tags?: string[]
+  /** A login to the registry of an OCI base (`FROM registry.example.com/team/app:tag`), used for that pull only. */
+  registryAuth?: { username: string; password: string }
   /** Each step's heading and each line of output, as they happen. */
   onEvent?: (e: BuildEvent) => void
 }
@@ -63,11 +67,16 @@ export class Templates {
       disk: o.disk,
       ready_timeout: o.readyTimeout,
       timeout: o.timeout,
+      tag: o.tags ?? [],
+    }
+    const headers: Record<string, string> = { 'Content-Type': 'application/x-tar' }
+    if (o.registryAuth) {
+      headers['X-Registry-Auth'] = Buffer.from(`${o.registryAuth.username}:${o.registryAuth.password}`).toString('base64')
     }
     const resp = await this.t.fetch('POST', '/v1/templates/' + seg(name) + '/build', {
       raw: context,
       query,
-      headers: { 'Content-Type': 'application/x-tar' },
+      headers,
       signal: o.signal,
     })
     for await (const line of lines(resp)) {
@@ -90,7 +99,16 @@ export class Templates {
     return this.t.json('GET', '/v1/templates/' + seg(name), o)
   }
 
-  /** Removes a template and the cached steps no other template uses (VMs made from it keep running). */
+  /**
+   * Tags the build `ref` (`name`, its latest, or `name:tag`): `name:tag`
+   * then restores it, whatever `name` is built as later. A tag on another
+   * build moves; `latest` makes the build `name`'s latest.
+   */
+  tag(ref: string, tags: string[], o: CallOptions = {}): Promise<BuiltTemplate> {
+    return this.t.json('POST', '/v1/templates/' + seg(ref) + '/tags', { body: { tags }, ...o })
+  }
+
+  /** Removes a template (`name:tag`: that tag only) and the cached steps nothing else uses (VMs made from it keep running). */
   delete(name: string, o: CallOptions = {}): Promise<void> {
     return this.t.json('DELETE', '/v1/templates/' + seg(name), o)
   }

@@ -1,6 +1,6 @@
 // Templates: a build from a tar of a context with the progress streamed, a
 // VM made from the template with its service already answering, a failing
-// step as a BuildError, list, get, delete.
+// step as a BuildError, list, get, tags, delete.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
@@ -55,6 +55,15 @@ test('build, create from it, list, get, delete', { skip: needsDaemon, timeout: 9
     (e) => e instanceof BuildError && e.exitCode === 4 && e.step === 3 && e.line === 3 && e.output.includes('failing now'),
   )
   await assert.rejects(av.templates.build(uniq('tsbad'), tarOf({ Dockerfile: 'FROM default\nVOLUME /x\n' })), (e) => e.status === 400 && /line 2: VOLUME/.test(e.message))
+
+  // Tags: the same build again (every step cached) as name:v2 with v3, then v1 on it.
+  await av.templates.build(`${name}:v2`, ctx, { memory: '512M', buildArgs: { GREETING: 'by the sdk' }, tags: ['v3'] })
+  assert.equal((await av.templates.tag(`${name}:v2`, ['v1'])).name, `${name}:v2`)
+  for (const tag of ['v1', 'v2', 'v3']) {
+    assert.equal((await av.templates.get(`${name}:${tag}`)).snapshot, full.snapshot, tag)
+    await av.templates.delete(`${name}:${tag}`)
+  }
+  await assert.rejects(av.templates.get(`${name}:v1`), NotFoundError)
 
   // The failed build's first step stays cached until a prune (a delete prunes too).
   assert.ok((await av.templates.prune()) >= 1, 'prune removed nothing')

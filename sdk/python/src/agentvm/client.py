@@ -5,6 +5,7 @@ transport."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -125,6 +126,8 @@ class Templates:
         disk: str | None = None,
         ready_timeout: str | None = None,
         timeout: str | None = None,
+        tags: list[str] | None = None,
+        registry_auth: tuple[str, str] | None = None,
     ) -> Op[LineStream[dict[str, Any]]]:
         """Builds (or rebuilds) template name from context, a tar of the
         build context (bytes, a file object or an iterable of bytes). The
@@ -132,7 +135,9 @@ class Templates:
         step's heading (step, of, instruction, cached), a line of output
         (log), and last {"template": {...}} or {"error": {...}} (for a
         failed step: step, line, exit_code, output). A Dockerfile that does
-        not parse is refused at once (InvalidArgument)."""
+        not parse is refused at once (InvalidArgument). tags also name the
+        build name:tag; registry_auth, (username, password), logs in to the
+        registry of an OCI base for that pull only."""
         params = query(
             dockerfile=dockerfile, spec=spec, no_cache=no_cache or None, cpus=cpus, memory=memory, disk=disk,
             ready_timeout=ready_timeout, timeout=timeout,
@@ -140,9 +145,14 @@ class Templates:
         args = [f"{k}={v}" for k, v in (build_args or {}).items()]
         if args:
             params["build_arg"] = args
+        if tags:
+            params["tag"] = list(tags)
+        headers = {"Content-Type": "application/x-tar"}
+        if registry_auth:
+            headers["X-Registry-Auth"] = base64.b64encode(f"{registry_auth[0]}:{registry_auth[1]}".encode()).decode()
         r = yield Call(
             "POST", "/v1/templates/" + seg(name) + "/build", params=params, content=_body(self._t, context),
-            headers={"Content-Type": "application/x-tar"}, stream=True,
+            headers=headers, stream=True,
         )  # fmt: skip
         return LineStream(r, json.loads)
 
@@ -158,8 +168,16 @@ class Templates:
         return parse(BuiltTemplate, r.json())
 
     @op
+    def tag(self, ref: str, tags: list[str]) -> Op[BuiltTemplate]:
+        """Tags the build ref (name, its latest, or name:tag): name:tag then
+        restores it, whatever name is built as later."""
+        r = yield Call("POST", "/v1/templates/" + seg(ref) + "/tags", json={"tags": list(tags)})
+        return parse(BuiltTemplate, r.json())
+
+    @op
     def delete(self, name: str) -> Op[None]:
-        """Removes a template and the cached steps no other template uses."""
+        """Removes a template (name:tag: that tag only) and the cached steps
+        nothing else uses."""
         yield Call("DELETE", "/v1/templates/" + seg(name))
 
     @op

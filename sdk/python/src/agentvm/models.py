@@ -519,6 +519,16 @@ class SnapshotRequest(BaseModel):
     )
 
 
+class TagTemplateRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    tags: list[str] = Field(
+        ...,
+        description="Tags: letters, digits, '_', '.' and '-', 1-128, not starting with '.' or '-'.",
+    )
+
+
 class BuiltTemplate(BaseModel):
     model_config = ConfigDict(
         extra="allow",

@@ -629,9 +629,35 @@ export interface paths {
         post?: never;
         /**
          * Remove a template and the cached steps no other template uses (admin only)
-         * @description VMs made from the template keep running. A template another is built on is refused (409).
+         * @description {name} is NAME (its latest build: its tags stay) or NAME:TAG (that tag only). VMs made from the template keep running. A template another is built on is refused (409).
          */
         delete: operations["deleteTemplate"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}/tags": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The build to tag, NAME (the latest) or NAME:TAG. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Tag a template's build (admin only)
+         * @description Each tag names the build NAME:TAG from then on, whatever NAME is built
+         *     as later (a create or a FROM of NAME:TAG restores it). A tag already on
+         *     another build of NAME moves; the tag latest makes the build NAME's
+         *     latest.
+         */
+        post: operations["tagTemplate"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -642,7 +668,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The template's name (a rebuild replaces it once it succeeds). */
+                /** @description The template's name, or NAME:TAG to tag the build too (a rebuild replaces NAME once it succeeds; tags stay on their builds). */
                 name: string;
             };
             cookie?: never;
@@ -2418,6 +2444,10 @@ export interface components {
             /** @description Snapshot name (a DNS label), unique among snapshots. Defaults to the snapshot id. */
             name?: string;
         };
+        TagTemplateRequest: {
+            /** @description Tags: letters, digits, '_', '.' and '-', 1-128, not starting with '.' or '-'. */
+            tags: string[];
+        };
         BuiltTemplate: {
             name?: string;
             /** @description The snapshot a create restores. */
@@ -3713,6 +3743,39 @@ export interface operations {
             500: components["responses"]["Internal"];
         };
     };
+    tagTemplate: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The build to tag, NAME (the latest) or NAME:TAG. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TagTemplateRequest"];
+            };
+        };
+        responses: {
+            /** @description The build that was tagged. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BuiltTemplate"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+        };
+    };
     buildTemplate: {
         parameters: {
             query?: {
@@ -3734,10 +3797,15 @@ export interface operations {
                 ready_timeout?: string;
                 /** @description The whole build's time limit (default 2h): a build past it fails and its VM is deleted. */
                 timeout?: string;
+                /** @description Also tag the build NAME:TAG (repeatable). */
+                tag?: string[];
             };
-            header?: never;
+            header?: {
+                /** @description For a FROM of an OCI image in a private registry: base64 of username:password. Used for that pull only, not kept. */
+                "X-Registry-Auth"?: string;
+            };
             path: {
-                /** @description The template's name (a rebuild replaces it once it succeeds). */
+                /** @description The template's name, or NAME:TAG to tag the build too (a rebuild replaces NAME once it succeeds; tags stay on their builds). */
                 name: string;
             };
             cookie?: never;
