@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"log"
 	"net"
@@ -77,6 +78,23 @@ func debianImage(t *testing.T) v1.Image {
 		t.Fatal(err)
 	}
 	return withConfig(t, base, v1.Config{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cmd: []string{"bash"}})
+}
+
+// removeImage removes an image made from an OCI image from the cache, and
+// the templates (cold-booted machines) of it.
+func removeImage(name string) {
+	cache := image.DefaultCacheDir()
+	os.RemoveAll(filepath.Join(cache, "images", name))
+	dirs, _ := filepath.Glob(filepath.Join(cache, "templates", "*", "template.json"))
+	for _, j := range dirs {
+		var tj struct {
+			Image string `json:"image_hash"`
+		}
+		if b, err := os.ReadFile(j); err == nil && json.Unmarshal(b, &tj) == nil && tj.Image == name {
+			os.RemoveAll(filepath.Dir(j))
+			os.Remove(filepath.Dir(j) + ".lock")
+		}
+	}
 }
 
 // startRegistry serves an OCI registry (go-containerregistry's) on the
@@ -216,11 +234,11 @@ func TestTemplatesOCI(t *testing.T) {
 			t.Fatalf("build: %d\n%s", code, out)
 		}
 		m := regexp.MustCompile(`is now image (oci-[0-9a-f]{16})`).FindStringSubmatch(out)
-		if m == nil || !strings.Contains(out, "installing with the image's apt: systemd systemd-sysv udev") {
+		if m == nil || !strings.Contains(out, "installing with the image's apt: systemd systemd-sysv udev kmod") {
 			t.Fatalf("the build did not convert the image:\n%s", out)
 		}
 		imgName = m[1]
-		t.Cleanup(func() { os.RemoveAll(filepath.Join(image.DefaultCacheDir(), "images", imgName)) })
+		t.Cleanup(func() { removeImage(imgName) })
 		if _, errOut, code := s.CLI("", "create", "--template", "ociapp", "--name", "obox"); code != 0 {
 			t.Fatalf("create: %s", errOut)
 		}
@@ -228,6 +246,9 @@ func TestTemplatesOCI(t *testing.T) {
 		r := s.Exec(ctx, "obox", `cat /proc/1/comm /app/built.txt; bash -c 'exec 3<>/dev/tcp/127.0.0.1/8080; printf "GET / HTTP/1.0\r\n\r\n" >&3; tail -n 1 <&3'`)
 		if r.ExitCode != 0 || r.Stdout != "systemd\nbuilt in /app as root with hello-oci\nhello-oci from /app\n" {
 			t.Fatalf("the OCI template's VM: %+v", r)
+		}
+		if r := s.Exec(ctx, "obox", "systemctl is-system-running; systemctl --failed --no-legend --plain"); r.Stdout != "running\n" {
+			t.Errorf("the OCI image's systemd is not all well:\n%s%s", r.Stdout, r.Stderr)
 		}
 		tp, err := s.Client.GetTemplate(ctx, "ociapp")
 		if err != nil || tp.Base != reg+"/team/app:v1" || tp.Workdir != "/app" || len(tp.Expose) != 1 || tp.Expose[0] != 8080 {

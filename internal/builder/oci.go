@@ -59,8 +59,8 @@ var registryTimeout = time.Minute
 var registryBackoff = remote.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 3}
 
 // ociPackages are what a guest needs from its image: systemd as init, udev
-// for the agent's port, resize2fs for a bigger disk.
-var ociPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "e2fsprogs", "ca-certificates", "iproute2", "procps"}
+// for the agent's port, kmod to load modules, resize2fs for a bigger disk.
+var ociPackages = []string{"systemd", "systemd-sysv", "udev", "kmod", "dbus", "e2fsprogs", "ca-certificates", "iproute2", "procps"}
 
 // pullOCI reads an OCI image's manifest and config for linux/amd64.
 func pullOCI(ctx context.Context, ref string, auth *RegistryAuth) (*ociImage, *base, error) {
@@ -229,7 +229,7 @@ func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, d
 	if err != nil {
 		return "", err
 	}
-	imgName := image.OCIName(oi.digest, def)
+	imgName := image.OCIName(oi.digest, ociPrepare, def)
 	if _, err := b.m.ImageNamed(ctx, imgName); err == nil {
 		out(Event{Log: fmt.Sprintf("OCI image %s (%s): made into %s before\n", oi.ref, oi.digest, imgName)})
 		return imgName, nil

@@ -1,8 +1,12 @@
 package e2b
 
 import (
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentvm/agentvm/internal/builder"
 )
@@ -81,5 +85,30 @@ CMD ["/bin/bash","-c","python app.py"]
 		if _, err := translate(bad, func(string) string { return "" }); err == nil {
 			t.Errorf("%+v: translated", bad)
 		}
+	}
+}
+
+// TestAgeUploads: an upload no build asked for in a week goes; a recent
+// one, a partial one and other files stay.
+func TestAgeUploads(t *testing.T) {
+	dir := t.TempDir()
+	s := &Server{log: slog.New(slog.DiscardHandler), filesDir: dir}
+	old, recent := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	for _, n := range []string{old, recent, "notes.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := time.Now().Add(-uploadsKept - time.Hour)
+	os.Chtimes(filepath.Join(dir, old), long, long)
+	os.Chtimes(filepath.Join(dir, "notes.txt"), long, long)
+	s.ageUploads(time.Now())
+	for n, want := range map[string]bool{old: false, recent: true, "notes.txt": true} {
+		if _, err := os.Stat(filepath.Join(dir, n)); (err == nil) != want {
+			t.Errorf("%s: kept %v, want %v", n, err == nil, want)
+		}
+	}
+	if !s.builds.ageDue() || s.builds.ageDue() {
+		t.Fatal("ageDue: due once an hour")
 	}
 }

@@ -55,6 +55,27 @@ func (s *Server) SetTemplates(t Templates, dir string) {
 			os.Remove(p)
 		}
 	}
+	s.ageUploads(time.Now())
+}
+
+// uploadsKept is how long an upload no build has asked for stays: the SDK
+// asks for each COPY's files at every build (filesLink, which marks them
+// used) and uploads them again when they are gone.
+const uploadsKept = 7 * 24 * time.Hour
+
+// ageUploads removes the uploads no build asked for in uploadsKept.
+func (s *Server) ageUploads(now time.Time) {
+	ents, _ := os.ReadDir(s.filesDir)
+	for _, e := range ents {
+		if !hashRe.MatchString(e.Name()) {
+			continue
+		}
+		if info, err := e.Info(); err == nil && now.Sub(info.ModTime()) > uploadsKept {
+			if os.Remove(filepath.Join(s.filesDir, e.Name())) == nil {
+				s.log.Info("e2b template files removed: unused for a week", "hash", e.Name())
+			}
+		}
+	}
 }
 
 const (
@@ -110,8 +131,21 @@ func (b *e2bBuild) log(level, step, msg string) {
 }
 
 type templateBuilds struct {
-	mu sync.Mutex
-	m  map[string]*e2bBuild
+	mu   sync.Mutex
+	m    map[string]*e2bBuild
+	aged time.Time // the uploads' last ageing
+}
+
+// ageDue reports whether the uploads were last aged an hour ago or more
+// (and notes that they are now).
+func (tb *templateBuilds) ageDue() bool {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if time.Since(tb.aged) < time.Hour {
+		return false
+	}
+	tb.aged = time.Now()
+	return true
 }
 
 func (tb *templateBuilds) add(b *e2bBuild) bool {
@@ -361,6 +395,13 @@ func (s *Server) filesLink(w http.ResponseWriter, r *http.Request, _ *auth.Princ
 		return
 	}
 	_, err := os.Stat(s.filePath(hash))
+	if err == nil { // used: kept another week
+		now := time.Now()
+		os.Chtimes(s.filePath(hash), now, now)
+	}
+	if s.builds.ageDue() {
+		go s.ageUploads(time.Now())
+	}
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"

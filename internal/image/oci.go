@@ -31,12 +31,13 @@ var ociNameRe = regexp.MustCompile(`^oci-[0-9a-f]{16}$`)
 // IsOCIName reports whether name is an image made from an OCI image.
 func IsOCIName(name string) bool { return ociNameRe.MatchString(name) }
 
-// OCIName is the image an OCI image (by its manifest digest) becomes on
-// top of def, the default image (whose hash covers the recipe and the
-// agent): a new agent makes a new image.
-func OCIName(digest string, def *Image) string {
+// OCIName is the image an OCI image (by its manifest digest) becomes when
+// prepared by the script prep, on top of def, the default image (whose
+// hash covers the recipe and the agent): a new agent or a new preparation
+// makes a new image.
+func OCIName(digest, prep string, def *Image) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s\n", ociRecipeVersion, digest, def.Hash)
+	fmt.Fprintf(h, "%s\n%s\n%s\n%d\n%s\n", ociRecipeVersion, digest, def.Hash, len(prep), prep)
 	writeImageStage(h)
 	return "oci-" + hex.EncodeToString(h.Sum(nil))[:16]
 }
@@ -97,8 +98,9 @@ func FromTree(ctx context.Context, o Options, name, tree string) (*Image, error)
 		return nil, err
 	}
 
-	b := &builder{progress: o.Progress}
 	imagesDir := filepath.Join(o.CacheDir, "images")
+	b := &builder{progress: o.Progress, imagesDir: imagesDir, rootfsBase: filepath.Join(o.CacheDir, "rootfs")}
+	b.removeStaleTemps() // a daemon killed while packing left one
 	if err := os.MkdirAll(imagesDir, 0o755); err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
