@@ -228,6 +228,11 @@ func TestTemplatesOCI(t *testing.T) {
 	})
 
 	var imgName string
+	t.Cleanup(func() { // if the test did not get to remove it
+		if imgName != "" {
+			removeImage(imgName)
+		}
+	})
 	t.Run("an OCI base", func(t *testing.T) {
 		out, code := run(login("ociapp", dir, "--registry-user", "ci"))
 		if code != 0 {
@@ -238,7 +243,6 @@ func TestTemplatesOCI(t *testing.T) {
 			t.Fatalf("the build did not convert the image:\n%s", out)
 		}
 		imgName = m[1]
-		t.Cleanup(func() { removeImage(imgName) })
 		if _, errOut, code := s.CLI("", "create", "--template", "ociapp", "--name", "obox"); code != 0 {
 			t.Fatalf("create: %s", errOut)
 		}
@@ -267,6 +271,37 @@ func TestTemplatesOCI(t *testing.T) {
 		}
 		if after, _ := s.Client.GetTemplate(ctx, "ociapp"); after.Snapshot != before.Snapshot {
 			t.Fatal("a cached rebuild made a new machine")
+		}
+	})
+
+	t.Run("the image goes when nothing uses it", func(t *testing.T) {
+		dir := filepath.Join(image.DefaultCacheDir(), "images", imgName)
+		if _, errOut, code := s.CLI("", "template", "rm", "ociapp"); code != 0 {
+			t.Fatalf("template rm: %s", errOut)
+		}
+		if _, errOut, code := s.CLI("", "template", "prune"); code != 0 {
+			t.Fatalf("prune: %s", errOut)
+		}
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("the image went while a VM made from it runs: %v", err)
+		}
+		if r := s.Exec(ctx, "obox", "cat /app/built.txt"); r.ExitCode != 0 {
+			t.Fatalf("the VM after its template went: %+v", r)
+		}
+		if err := s.Client.DeleteVM(ctx, "obox"); err != nil {
+			t.Fatal(err)
+		}
+		if _, errOut, code := s.CLI("", "template", "prune"); code != 0 {
+			t.Fatalf("prune: %s", errOut)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("the image stayed with nothing using it: %v", err)
+		}
+		tpls, _ := filepath.Glob(filepath.Join(image.DefaultCacheDir(), "templates", "*", "template.json"))
+		for _, j := range tpls {
+			if b, _ := os.ReadFile(j); strings.Contains(string(b), imgName) {
+				t.Fatalf("its cold-booted machine stayed: %s", j)
+			}
 		}
 	})
 }

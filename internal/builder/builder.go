@@ -61,6 +61,8 @@ type Machines interface {
 	EnsureTemplate(ctx context.Context, imageName string, cpus int, memMiB int64) (*vm.Template, error)
 	ImageNamed(ctx context.Context, name string) (*image.Image, error)
 	MakeImage(ctx context.Context, name, tree string) (*image.Image, error)
+	OCIImages() []string
+	RemoveImage(ctx context.Context, name string) error
 }
 
 // Builder builds, lists and removes templates.

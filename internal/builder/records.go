@@ -120,7 +120,8 @@ func (b *Builder) Delete(ctx context.Context, ref string) error {
 }
 
 // Prune deletes every cached step (and its snapshot) that no template
-// uses, and returns how many.
+// uses, and returns how many; then the images made from OCI images that
+// nothing was made from.
 func (b *Builder) Prune(ctx context.Context) (int, error) {
 	if !b.gc.TryLock() {
 		return 0, fmt.Errorf("%w: a template build is under way; prune after it", ErrConflict)
@@ -156,6 +157,17 @@ func (b *Builder) Prune(ctx context.Context) (int, error) {
 			continue
 		}
 		n++
+	}
+	// The images made from OCI images that no VM or snapshot (a cached
+	// step's, a template's) was made from any more.
+	if b.m != nil {
+		for _, name := range b.m.OCIImages() {
+			if err := b.m.RemoveImage(ctx, name); err == nil {
+				b.log.Info("removed an image made from an OCI image: nothing uses it", "image", name)
+			} else if !errors.Is(err, vm.ErrConflict) {
+				errs = append(errs, fmt.Errorf("image %s: %w", name, err))
+			}
+		}
 	}
 	return n, errors.Join(errs...)
 }

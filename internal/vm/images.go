@@ -3,6 +3,8 @@ package vm
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/agentvm/agentvm/internal/image"
@@ -72,4 +74,56 @@ func (is *images) MakeImage(ctx context.Context, name, tree string) (*image.Imag
 		return nil, err
 	}
 	return is.ImageNamed(ctx, name)
+}
+
+// OCIImages lists the images made from OCI images in this host's cache.
+func (is *images) OCIImages() []string {
+	dirs, _ := filepath.Glob(filepath.Join(is.cacheDir, "images", "oci-*"))
+	var out []string
+	for _, d := range dirs {
+		if n := filepath.Base(d); image.IsOCIName(n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// RemoveImage deletes an image made from an OCI image, and its cold-booted
+// templates, when no VM or snapshot (of any node) was made from it: their
+// disks are layers over its files. ErrConflict names one that was.
+func (s *Service) RemoveImage(ctx context.Context, name string) error {
+	if !image.IsOCIName(name) {
+		return fmt.Errorf("%w: %s is not an image made from an OCI image", ErrInvalid, name)
+	}
+	vms, err := s.store.ListVMs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vms {
+		if v.Image == name {
+			return fmt.Errorf("%w: VM %s was made from image %s", ErrConflict, v.Name, name)
+		}
+	}
+	snaps, err := s.store.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sn := range snaps {
+		if sn.Image == name {
+			return fmt.Errorf("%w: snapshot %s was made from image %s", ErrConflict, sn.Name, name)
+		}
+	}
+	s.images.mu.Lock()
+	delete(s.images.slots, name)
+	s.images.mu.Unlock()
+	tpls, _ := s.tpl.list()
+	for _, t := range tpls {
+		if t.ImageHash == name {
+			if err := os.RemoveAll(t.Dir); err != nil {
+				return err
+			}
+			os.Remove(t.Dir + ".lock")
+		}
+	}
+	return os.RemoveAll(filepath.Join(s.images.cacheDir, "images", name))
 }
