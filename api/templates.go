@@ -9,8 +9,9 @@ const TemplateBuildLabel = "agentvm.build"
 
 // RegistryAuthHeader carries a template build's login to the registry of
 // its OCI base: base64 of "username:password", as HTTP basic
-// authentication writes it. It is used for that pull and not kept.
-const RegistryAuthHeader = "X-Registry-Auth"
+// authentication writes it (not Docker's X-Registry-Auth JSON). It is used
+// for that pull and not kept.
+const RegistryAuthHeader = "X-Agentvm-Registry-Auth"
 
 // HiddenDockerfile is the build-context entry a client sends a Dockerfile
 // from outside the context as; COPY does not see it.

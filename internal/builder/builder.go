@@ -287,6 +287,8 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	var parent *store.Template
 	var parentSnap *store.Snapshot
 	var oci *ociImage
+	var ociCmd string // the OCI base's command, when it is not a start command
+	booted := false   // the base's template was made
 	p, err := parsePlan(text, bctx, req.BuildArgs, func(name string) (*base, error) {
 		if _, err := image.Resolve(name); err == nil { // an image's name or alias (built, if need be, by the create)
 			return &base{}, nil
@@ -295,20 +297,23 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		if err != nil { // not a template's name: an OCI image's
 			ref = ""
 		}
+		if n, _, _ := SplitRef(ref); n == req.Name {
+			// A template cannot be built on its own builds: FROM python
+			// in the template python (or FROM python:3.12 with that tag
+			// on it) means the OCI image, on every build alike.
+			ref = ""
+		}
 		t, err := b.store.GetTemplate(ctx, ref)
 		if ref == "" || errors.Is(err, store.ErrNotFound) {
 			oi, ob, err := pullOCI(ctx, name, req.RegistryAuth)
 			if err != nil {
 				return nil, fmt.Errorf("%s is not an image (default, code-interpreter, browser) or a template, and as an OCI image: %v", name, err)
 			}
-			oci = oi
+			oci, ociCmd = oi, ob.notStarted
 			return ob, nil
 		}
 		if err != nil {
 			return nil, err
-		}
-		if ref == req.Name {
-			return nil, fmt.Errorf("a template cannot be built on its latest build (build it on one of its tags)")
 		}
 		if parentSnap, err = b.m.GetSnapshot(ctx, t.SnapshotID); err != nil {
 			return nil, fmt.Errorf("template %s: its snapshot is gone (%v); rebuild it", name, err)
@@ -356,14 +361,24 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		}
 		out(Event{Log: fmt.Sprintf("base image %s (%d vCPUs, %d MiB, %d MiB disk)\n", p.from, cpus, mem, disk>>20)})
 		if oci != nil {
-			if p.image, err = b.ociImageName(ctx, oci, req.Name, disk, out); err != nil {
+			if ociCmd != "" && len(p.start) == 0 {
+				out(Event{Log: fmt.Sprintf("the image's command (%s) is not started: the image exposes no port and has no health check; give CMD to start it\n", ociCmd)})
+			}
+			var made bool
+			if p.image, made, err = b.ociImageName(ctx, oci, req.Name, disk, out); err != nil {
 				return nil, err
 			}
+			defer func() {
+				if made && !booted { // an image that does not boot is not kept for the next build
+					b.m.RemoveImage(context.WithoutCancel(ctx), p.image)
+				}
+			}()
 		}
 		tpl, err := b.m.EnsureTemplate(ctx, p.image, cpus, mem)
 		if err != nil {
 			return nil, err
 		}
+		booted = true
 		baseKey = hashOf("image", tpl.Key, fmt.Sprint(disk))
 	}
 

@@ -153,6 +153,7 @@ type base struct {
 	// an OCI image's own ENTRYPOINT and CMD, combined with the
 	// Dockerfile's as Docker combines them (start is both)
 	entry, cmd []string
+	notStarted string // an OCI image's command that is not a service's (ociBase)
 }
 
 // parsePlan reads a Dockerfile and resolves it against the build context
@@ -370,7 +371,7 @@ func parsePlan(dockerfile []byte, bctx *buildContext, buildArgs map[string]strin
 			if _, err := parseFlags(n); err != nil {
 				return nil, err
 			}
-			if len(a) == 0 {
+			if len(a) == 0 && !n.Attributes["json"] { // [] clears it, as in Docker
 				return nil, lineErr(n, "%s needs a command", strings.ToUpper(cmd))
 			}
 			if cmd == "entrypoint" {

@@ -55,6 +55,10 @@ func images(name string) (*base, error) {
 	if name == "web" {
 		return &base{env: map[string]string{"FROM_BASE": "1"}, workdir: "/srv", user: "user", start: []string{"/srv/run"}, expose: []int{80}}, nil
 	}
+	if name == "nginx:1" { // an OCI image's, its ENTRYPOINT and CMD apart
+		return &base{entry: []string{"/docker-entrypoint.sh"}, cmd: []string{"nginx", "-g", "daemon off;"},
+			start: []string{"/docker-entrypoint.sh", "nginx", "-g", "daemon off;"}, expose: []int{80}}, nil
+	}
 	return nil, fmt.Errorf("%s is neither an image nor a template", name)
 }
 
@@ -249,13 +253,19 @@ func TestPlanStartCombinesEntrypointAndCmd(t *testing.T) {
 		"FROM default\nENTRYPOINT /app --shell\nCMD [\"ignored\"]\n":     {"/bin/sh", "-c", "/app --shell"},
 		"FROM default\nCMD exec /app\n":                                  {"/bin/sh", "-c", "exec /app"},
 		"FROM web\nRUN true\n":                                           {"/srv/run"},
+		"FROM nginx:1\n":                                                 {"/docker-entrypoint.sh", "nginx", "-g", "daemon off;"},
+		"FROM nginx:1\nCMD [\"nginx-debug\"]\n":                          {"/docker-entrypoint.sh", "nginx-debug"}, // the image's ENTRYPOINT stays
+		"FROM nginx:1\nENTRYPOINT [\"/run.sh\"]\n":                       {"/run.sh"},                              // and its CMD goes with it
+		"FROM nginx:1\nENTRYPOINT []\nCMD []\n":                          nil,                                      // [] clears each
 	} {
 		p, err := parsePlan([]byte(df), ctxOf(t, nil), nil, images)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(p.start, want) {
-			t.Errorf("%q: start %q, want %q", df, p.start, want)
+		if len(p.start) != 0 || len(want) != 0 {
+			if !reflect.DeepEqual(p.start, want) {
+				t.Errorf("%q: start %q, want %q", df, p.start, want)
+			}
 		}
 	}
 }

@@ -143,17 +143,24 @@ func registryError(r name.Reference, err error) error {
 // ociBase is what a Dockerfile on the image starts from: its environment,
 // working directory, user, ports, start command and health check.
 func ociBase(c *v1.Config) *base {
-	b := &base{env: map[string]string{}, workdir: c.WorkingDir, user: c.User}
+	user, _, _ := strings.Cut(c.User, ":") // USER user:group: the user, whose group applies
+	b := &base{env: map[string]string{}, workdir: c.WorkingDir, user: user}
 	for _, kv := range c.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && ValidEnvName(k) {
 			b.env[k] = v
 		}
 	}
-	b.entry, b.cmd = c.Entrypoint, c.Cmd
-	if len(c.Entrypoint) == 0 && len(c.Cmd) == 1 && isShell(c.Cmd[0]) {
-		b.cmd = nil // an interactive shell (debian's CMD ["bash"]) is no service to start
+	// An image that exposes a port or checks its health is a service: its
+	// ENTRYPOINT and CMD are the start command. Others (python's CMD
+	// python3, node's, debian's bash) are interactive: a service of them
+	// would exit at once, so they are not started (a CMD in the Dockerfile
+	// starts what it says).
+	if len(c.ExposedPorts) > 0 || c.Healthcheck != nil && len(c.Healthcheck.Test) > 1 {
+		b.entry, b.cmd = c.Entrypoint, c.Cmd
+		b.start = append(append([]string(nil), b.entry...), b.cmd...)
+	} else if len(c.Entrypoint)+len(c.Cmd) > 0 {
+		b.notStarted = strings.Join(append(append([]string(nil), c.Entrypoint...), c.Cmd...), " ")
 	}
-	b.start = append(append([]string(nil), b.entry...), b.cmd...)
 	for p := range c.ExposedPorts {
 		num, proto, _ := strings.Cut(p, "/")
 		if n, err := strconv.Atoi(num); err == nil && n > 0 && n < 65536 && (proto == "" || proto == "tcp") {
@@ -169,14 +176,6 @@ func ociBase(c *v1.Config) *base {
 		}
 	}
 	return b
-}
-
-func isShell(p string) bool {
-	switch p {
-	case "sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/usr/bin/sh":
-		return true
-	}
-	return false
 }
 
 // ociTree is where a build VM unpacks an image.
@@ -224,15 +223,15 @@ rm -rf "$R"/var/lib/apt/lists/*
 // ociImageName returns the guest image oi becomes, making it first if this
 // host has not: in a build VM (labelled for the template), its tree sent
 // back and packed by the image package.
-func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, disk int64, out func(Event)) (string, error) {
+func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, disk int64, out func(Event)) (string, bool, error) {
 	def, err := b.m.ImageNamed(ctx, image.Default)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	imgName := image.OCIName(oi.digest, ociPrepare, def)
 	if _, err := b.m.ImageNamed(ctx, imgName); err == nil {
 		out(Event{Log: fmt.Sprintf("OCI image %s (%s): made into %s before\n", oi.ref, oi.digest, imgName)})
-		return imgName, nil
+		return imgName, false, nil
 	}
 	out(Event{Log: fmt.Sprintf("OCI image %s (%s, %d MiB compressed): unpacking it in a build VM\n", oi.ref, oi.digest, oi.size>>20)})
 	o := vm.CreateOptions{Name: "build-" + randHex(5), DiskBytes: max(disk, 16<<30),
@@ -246,46 +245,54 @@ func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, d
 		}()
 	}
 	if err != nil {
-		return "", fmt.Errorf("starting the VM that unpacks the OCI image: %w", err)
+		return "", false, fmt.Errorf("starting the VM that unpacks the OCI image: %w", err)
 	}
 	_, g, err := b.m.Guest(ctx, v.ID)
 	if err != nil {
-		return "", fmt.Errorf("the VM that unpacks the OCI image: %w", err)
+		return "", false, fmt.Errorf("the VM that unpacks the OCI image: %w", err)
 	}
 	lines := &lineWriter{out: out}
 	// The image's layers, flattened (whiteouts applied), into the VM's tar.
 	files := mutate.Extract(oi.img)
 	defer files.Close()
 	if err := runIn(ctx, g, "mkdir -p "+ociTree+" && tar -x -C "+ociTree+" --numeric-owner -p --xattrs --xattrs-include='*' -f -", files, nil, lines); err != nil {
-		return "", fmt.Errorf("unpacking OCI image %s: %w", oi.ref, err)
+		return "", false, fmt.Errorf("unpacking OCI image %s: %w", oi.ref, err)
 	}
 	if err := runIn(ctx, g, ociPrepare, nil, lines, lines); err != nil {
-		return "", fmt.Errorf("preparing OCI image %s: %w", oi.ref, err)
+		return "", false, fmt.Errorf("preparing OCI image %s: %w", oi.ref, err)
 	}
 	lines.flush()
 	out(Event{Log: "packing the image's files with agentvm's kernel and guest agent\n"})
-	tree := filepath.Join(b.workDir, "oci-"+randHex(6))
-	defer os.RemoveAll(tree)
+	// The tree holds the image's set-id programs: its parent is the daemon's alone.
+	parent := filepath.Join(b.workDir, "oci-"+randHex(6))
+	defer os.RemoveAll(parent)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", false, err
+	}
+	tree := filepath.Join(parent, "root")
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		err := extractTree(pr, tree, max(disk, 16<<30))
-		pr.CloseWithError(err) // a failed extract ends the tar in the VM
+		err := extractTree(pr, tree, image.DiskSize)
+		if err == nil {
+			io.Copy(io.Discard, pr) // tar's end padding
+		}
+		pr.CloseWithError(err) // the tar's writes fail, which ends it in the VM (runIn)
 		done <- err
 	}()
 	err = runIn(ctx, g, "tar -c -C "+ociTree+" --one-file-system --numeric-owner --xattrs --xattrs-include=security.capability -f - .", nil, pw, lines)
 	pw.CloseWithError(err)
-	if xerr := <-done; xerr != nil && (err == nil || !errors.Is(xerr, io.ErrClosedPipe)) {
-		return "", fmt.Errorf("OCI image %s: %w", oi.ref, xerr)
+	if xerr := <-done; xerr != nil {
+		return "", false, fmt.Errorf("OCI image %s: %w", oi.ref, xerr)
 	}
 	if err != nil {
-		return "", fmt.Errorf("reading back OCI image %s: %w", oi.ref, err)
+		return "", false, fmt.Errorf("reading back OCI image %s: %w", oi.ref, err)
 	}
 	if _, err := b.m.MakeImage(ctx, imgName, tree); err != nil {
-		return "", fmt.Errorf("OCI image %s: %w", oi.ref, err)
+		return "", false, fmt.Errorf("OCI image %s: %w", oi.ref, err)
 	}
 	out(Event{Log: fmt.Sprintf("OCI image %s is now image %s\n", oi.ref, imgName)})
-	return imgName, nil
+	return imgName, true, nil
 }
 
 // runIn runs a shell script in the guest as root; a non-zero exit is an
@@ -315,6 +322,7 @@ func runIn(ctx context.Context, g *guest.Client, script string, stdin io.Reader,
 	if stdout == nil {
 		stdout = io.Discard
 	}
+	stdout = &cancelOnError{w: stdout, cancel: cancel}
 	var errOut io.Writer = io.Discard
 	if stderr != nil {
 		errOut = stderr
@@ -340,6 +348,21 @@ func runIn(ctx context.Context, g *guest.Client, script string, stdin io.Reader,
 		return errors.New(why)
 	}
 	return nil
+}
+
+// cancelOnError ends the exec when what it writes to cannot take more
+// (the guest's stream is read on, and dropped, by ExecStream.Wait).
+type cancelOnError struct {
+	w      io.Writer
+	cancel context.CancelCauseFunc
+}
+
+func (c *cancelOnError) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.cancel(err)
+	}
+	return n, err
 }
 
 // lineWriter sends what a command writes as build log lines and keeps its

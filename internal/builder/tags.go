@@ -78,17 +78,21 @@ func (b *Builder) Tag(ctx context.Context, src string, tags []string) (*store.Te
 			return nil, err
 		}
 	}
-	t, err := b.Get(ctx, src)
-	if err != nil {
-		return nil, err
-	}
 	b.mu.Lock()
 	busy := b.building[name] != nil
 	b.mu.Unlock()
 	if busy && hasLatest(tags) {
 		return nil, fmt.Errorf("%w: template %s is being built; tag it latest after that build", ErrConflict, name)
 	}
-	if err := b.putTags(ctx, t, name, tags); err != nil {
+	// Under the cache's lock, as a build's record: no prune removes the
+	// build between its read and its tags.
+	b.gc.RLock()
+	t, err := b.Get(ctx, src)
+	if err == nil {
+		err = b.putTags(ctx, t, name, tags)
+	}
+	b.gc.RUnlock()
+	if err != nil {
 		return nil, err
 	}
 	if _, err := b.Prune(ctx); err != nil && !errors.Is(err, ErrConflict) { // a moved tag's old build

@@ -14,16 +14,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxTreeEntries bounds the files of an OCI image's tree.
-const maxTreeEntries = 2_000_000
+// Bounds of an OCI image's tree: its entries, and a name's length (Linux's
+// PATH_MAX).
+const (
+	maxTreeEntries = 2_000_000
+	maxPath        = 4096
+)
 
 // extractTree writes the tar stream r, an OCI image's root filesystem as a
 // build VM sends it back, into dir (which must not exist), with its owners,
 // modes, times, links and file capabilities. The stream comes from a VM and
-// is not trusted: every write goes through an os.Root of dir, a path that
-// would leave it is refused, an entry is never written twice or through a
-// link, and the bytes written stop at limit. Device nodes are skipped (the
-// guest's /dev is a devtmpfs).
+// is not trusted: every write goes through an os.Root of dir, so a path or
+// link that would leave it is refused (links inside it are followed, as
+// the guest would); an entry is never written twice, and the bytes written
+// (names and a block per entry counted) stop at limit. Device nodes are
+// skipped (the guest's /dev is a devtmpfs). dir's parent must be closed to
+// others: the tree holds the image's set-id programs.
 func extractTree(r io.Reader, dir string, limit int64) error {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return err
@@ -52,6 +58,13 @@ func extractTree(r io.Reader, dir string, limit int64) error {
 		if n >= maxTreeEntries {
 			return fmt.Errorf("the image has more than %d files", maxTreeEntries)
 		}
+		if len(hdr.Name) > maxPath || len(hdr.Linkname) > maxPath {
+			return fmt.Errorf("the image's files: an entry's name or link is longer than %d bytes", maxPath)
+		}
+		// Every entry costs its names and a block, as on the disk it goes to.
+		if total += 512 + int64(len(hdr.Name)+len(hdr.Linkname)); total > limit {
+			return fmt.Errorf("the image's files are larger than its disk (%d MiB)", limit>>20)
+		}
 		name := path.Clean(strings.TrimPrefix(hdr.Name, "./"))
 		if strings.ContainsRune(hdr.Name, 0) || path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("the image's files: entry %q leaves the tree", hdr.Name)
@@ -70,9 +83,8 @@ func extractTree(r io.Reader, dir string, limit int64) error {
 			}
 			dirs = append(dirs, dirMeta{name, mode, hdr.ModTime})
 		case tar.TypeReg:
-			total += hdr.Size
-			if total > limit {
-				return fmt.Errorf("the image's files are larger than the disk (%d MiB)", limit>>20)
+			if total += hdr.Size; total > limit {
+				return fmt.Errorf("the image's files are larger than its disk (%d MiB)", limit>>20)
 			}
 			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 			if err != nil {

@@ -108,15 +108,23 @@ func TestExtractTreeHostile(t *testing.T) {
 			{hdr: tar.Header{Name: "f", Typeflag: tar.TypeSymlink, Linkname: outside + "/x"}},
 			{hdr: tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"},
 		}, "/f"},
+		"a long name": {[]tarEntry{{hdr: tar.Header{Name: strings.Repeat("d/", 2100) + "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}}, "longer than 4096"},
+		"names add up": {[]tarEntry{
+			{hdr: tar.Header{Name: "a", Typeflag: tar.TypeDir, Mode: 0o755}},
+			{hdr: tar.Header{Name: "b", Typeflag: tar.TypeDir, Mode: 0o755}},
+			{hdr: tar.Header{Name: "c", Typeflag: tar.TypeDir, Mode: 0o755}},
+			{hdr: tar.Header{Name: "d", Typeflag: tar.TypeDir, Mode: 0o755}},
+			{hdr: tar.Header{Name: "e", Typeflag: tar.TypeDir, Mode: 0o755}},
+		}, "larger than its disk"},
 		"hard link out": {[]tarEntry{{hdr: tar.Header{Name: "l", Typeflag: tar.TypeLink, Linkname: "../../../../etc/passwd"}}}, "out of the tree"},
 		"twice": {[]tarEntry{
 			{hdr: tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"},
 			{hdr: tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "y"},
 		}, "/f"},
-		"too big": {[]tarEntry{{hdr: tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644}, body: strings.Repeat("x", 2048)}}, "larger than the disk"},
+		"too big": {[]tarEntry{{hdr: tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644}, body: strings.Repeat("x", 4096)}}, "larger than its disk"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := extractTree(entriesTar(t, c.entries...), filepath.Join(t.TempDir(), "tree"), 1024)
+			err := extractTree(entriesTar(t, c.entries...), filepath.Join(t.TempDir(), "tree"), 2048)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want an error with %q", err, c.want)
 			}

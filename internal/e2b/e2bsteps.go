@@ -14,6 +14,8 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/google/go-containerregistry/pkg/name"
+
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/builder"
 	"github.com/agentvm/agentvm/internal/image"
@@ -83,7 +85,11 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 		if strings.ContainsFunc(sp.FromImage, unicode.IsSpace) {
 			return nil, fmt.Errorf("fromImage %q is not an image reference", sp.FromImage)
 		}
-		from, oci = sp.FromImage, true
+		ref, err := name.ParseReference(sp.FromImage)
+		if err != nil {
+			return nil, fmt.Errorf("fromImage %q: %v", sp.FromImage, err)
+		}
+		from, oci = ref.Name(), true // in full (index.docker.io/library/python:3.12): never a template's name
 	}
 	if len(sp.FromImageRegistry) > 0 && string(sp.FromImageRegistry) != "null" {
 		var reg struct {
@@ -109,8 +115,11 @@ func translate(sp *buildSpec, baseUser func(template string) string) (*translate
 		user = "user"
 		add("base", "USER user")
 		add("base", "WORKDIR /home/user")
-	case oci: // and so on an OCI image, as E2B's, with that user made
+	case oci: // and so on an OCI image, as E2B's, with that user made; E2B never starts an image's own command
 		user = "user"
+		add("base", "ENTRYPOINT []")
+		add("base", "CMD []")
+		add("base", "HEALTHCHECK NONE")
 		add("base", "USER root")
 		add("base", "RUN id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user")
 		add("base", "USER user")

@@ -66,7 +66,7 @@ CMD ["/bin/bash","-c","python app.py"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "FROM registry.example.com/team/app:v1\nUSER root\n" +
+	if want := "FROM registry.example.com/team/app:v1\nENTRYPOINT []\nCMD []\nHEALTHCHECK NONE\nUSER root\n" +
 		"RUN id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user\nUSER user\nWORKDIR /home/user\n"; !strings.HasPrefix(string(tr.dockerfile), want) ||
 		tr.auth == nil || *tr.auth != (builder.RegistryAuth{Username: "u", Password: "p:w"}) {
 		t.Fatalf("fromImage: %+v\n%s", tr.auth, tr.dockerfile)

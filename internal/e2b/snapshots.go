@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentvm/agentvm/internal/builder"
@@ -99,8 +100,24 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 		apiError(w, http.StatusBadRequest, "template %q is a built-in image and cannot be deleted", id)
 		return
 	}
+	if n, tag, err := builder.SplitRef(id); err == nil { // NAME:default is NAME
+		id = builder.Ref(n, tag)
+	}
 	cancelled := s.tpl != nil && s.tpl.Cancel(id, 2*time.Minute) // E2B deletes a template while it builds
 	if _, ok := s.builtTemplate(r.Context(), id); ok && s.tpl != nil {
+		// E2B's template goes with all its builds: its tags too (a tag's
+		// own id, NAME:TAG, removes that tag).
+		if !strings.Contains(id, ":") {
+			ts, _ := s.tpl.Tags(r.Context(), id)
+			for _, t := range ts {
+				if t.Name != id {
+					if err := s.tpl.Delete(r.Context(), t.Name); err != nil {
+						templateError(w, err)
+						return
+					}
+				}
+			}
+		}
 		if err := s.tpl.Delete(r.Context(), id); err != nil {
 			vmError(w, err)
 			return

@@ -42,6 +42,10 @@ func OCIName(digest, prep string, def *Image) string {
 	return "oci-" + hex.EncodeToString(h.Sum(nil))[:16]
 }
 
+// DiskSize is the size of an image's root filesystem: an OCI image's files
+// must fit it.
+const DiskSize = diskSize
+
 // ErrNotBuilt: an image made from an OCI image is not in this host's cache
 // (its template was built on another host, or the cache was cleared).
 var ErrNotBuilt = errors.New("not in this host's image cache")

@@ -2,9 +2,12 @@ package vm
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/agentvm/agentvm/internal/image"
@@ -21,6 +24,11 @@ type images struct {
 
 	mu    sync.Mutex
 	slots map[string]*imageSlot // by canonical name
+
+	// user names this daemon (its data dir) among the users of an image
+	// made from an OCI image: the image cache is the host's, shared by
+	// every daemon on it, and each keeps its own VMs' records.
+	user string
 }
 
 // imageSlot holds one image, built once.
@@ -63,6 +71,11 @@ func (is *images) ImageNamed(ctx context.Context, name string) (*image.Image, er
 	if err != nil {
 		return nil, fmt.Errorf("%s image: %w", canon, err)
 	}
+	if image.IsOCIName(canon) {
+		if err := is.markUsed(canon); err != nil {
+			return nil, fmt.Errorf("%s image: %w", canon, err)
+		}
+	}
 	slot.img = img
 	return img, nil
 }
@@ -88,9 +101,24 @@ func (is *images) OCIImages() []string {
 	return out
 }
 
+// usersDir holds a file per daemon that may have made VMs of an image
+// made from an OCI image.
+func (is *images) usersDir(name string) string {
+	return filepath.Join(is.cacheDir, "images", name+".users")
+}
+
+// markUsed notes this daemon among the users of an OCI image's image.
+func (is *images) markUsed(name string) error {
+	if err := os.MkdirAll(is.usersDir(name), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(is.usersDir(name), is.user), nil, 0o644)
+}
+
 // RemoveImage deletes an image made from an OCI image, and its cold-booted
 // templates, when no VM or snapshot (of any node) was made from it: their
-// disks are layers over its files. ErrConflict names one that was.
+// disks are layers over its files. ErrConflict names one that was, or says
+// that another daemon on this host uses the image.
 func (s *Service) RemoveImage(ctx context.Context, name string) error {
 	if !image.IsOCIName(name) {
 		return fmt.Errorf("%w: %s is not an image made from an OCI image", ErrInvalid, name)
@@ -113,9 +141,14 @@ func (s *Service) RemoveImage(ctx context.Context, name string) error {
 			return fmt.Errorf("%w: snapshot %s was made from image %s", ErrConflict, sn.Name, name)
 		}
 	}
-	s.images.mu.Lock()
-	delete(s.images.slots, name)
-	s.images.mu.Unlock()
+	is := s.images
+	is.mu.Lock()
+	delete(is.slots, name) // a next use marks this daemon again
+	is.mu.Unlock()
+	os.Remove(filepath.Join(is.usersDir(name), is.user))
+	if others, _ := os.ReadDir(is.usersDir(name)); len(others) > 0 {
+		return fmt.Errorf("%w: image %s is used by another daemon on this host (%s)", ErrConflict, name, others[0].Name())
+	}
 	tpls, _ := s.tpl.list()
 	for _, t := range tpls {
 		if t.ImageHash == name {
@@ -125,5 +158,22 @@ func (s *Service) RemoveImage(ctx context.Context, name string) error {
 			os.Remove(t.Dir + ".lock")
 		}
 	}
-	return os.RemoveAll(filepath.Join(s.images.cacheDir, "images", name))
+	if err := os.RemoveAll(filepath.Join(is.cacheDir, "images", name)); err != nil {
+		return err
+	}
+	return os.RemoveAll(is.usersDir(name))
+}
+
+// imageUser names a daemon among an image's users: its data dir, as a file
+// name ('/' as '%').
+func imageUser(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	if len(abs) > 200 { // a file name's limit is 255 bytes
+		sum := sha256.Sum256([]byte(abs))
+		return "sha256-" + hex.EncodeToString(sum[:])
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(abs, "%", "%25"), "/", "%")
 }

@@ -194,7 +194,8 @@ func New(cfg Config, st Store) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, store: durable{st}, log: cfg.Log, hv: hv, instances: map[string]*instance{}, activity: activity{started: time.Now()},
 		pool: newWarmPool(cfg.PoolSize)}
-	s.images = &images{ensure: cfg.EnsureImage, cacheDir: cfg.CacheDir, agentPath: cfg.AgentPath, progress: cfg.ImageProgress}
+	s.images = &images{ensure: cfg.EnsureImage, cacheDir: cfg.CacheDir, agentPath: cfg.AgentPath, progress: cfg.ImageProgress,
+		user: imageUser(cfg.DataDir)}
 	if s.images.ensure == nil {
 		s.images.ensure = image.Ensure
 	}

@@ -71,7 +71,7 @@ export class Templates {
     }
     const headers: Record<string, string> = { 'Content-Type': 'application/x-tar' }
     if (o.registryAuth) {
-      headers['X-Registry-Auth'] = Buffer.from(`${o.registryAuth.username}:${o.registryAuth.password}`).toString('base64')
+      headers['X-Agentvm-Registry-Auth'] = Buffer.from(`${o.registryAuth.username}:${o.registryAuth.password}`).toString('base64')
     }
     const resp = await this.t.fetch('POST', '/v1/templates/' + seg(name) + '/build', {
       raw: context,

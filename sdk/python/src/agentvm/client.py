@@ -149,7 +149,7 @@ class Templates:
             params["tag"] = list(tags)
         headers = {"Content-Type": "application/x-tar"}
         if registry_auth:
-            headers["X-Registry-Auth"] = base64.b64encode(f"{registry_auth[0]}:{registry_auth[1]}".encode()).decode()
+            headers["X-Agentvm-Registry-Auth"] = base64.b64encode(f"{registry_auth[0]}:{registry_auth[1]}".encode()).decode()
         r = yield Call(
             "POST", "/v1/templates/" + seg(name) + "/build", params=params, content=_body(self._t, context),
             headers=headers, stream=True,

@@ -3802,7 +3802,7 @@ export interface operations {
             };
             header?: {
                 /** @description For a FROM of an OCI image in a private registry: base64 of username:password. Used for that pull only, not kept. */
-                "X-Registry-Auth"?: string;
+                "X-Agentvm-Registry-Auth"?: string;
             };
             path: {
                 /** @description The template's name, or NAME:TAG to tag the build too (a rebuild replaces NAME once it succeeds; tags stay on their builds). */
