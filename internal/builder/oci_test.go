@@ -75,7 +75,10 @@ func TestPullOCI(t *testing.T) {
 	}
 
 	// Not a service (no port, no health check): its command is not started.
-	plain := withConfigTest(t, img, v1.Config{User: "1000:1000", Cmd: []string{"python3"}})
+	plain, err := mutate.Config(img, v1.Config{User: "1000:1000", Cmd: []string{"python3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	pref, _ := name.ParseReference(host + "/team/python:3")
 	if err := remote.Write(pref, plain, remote.WithAuth(&authn.Basic{Username: "ci", Password: "s3cret"})); err != nil {
 		t.Fatal(err)
@@ -131,19 +134,4 @@ func TestPullOCITimeout(t *testing.T) {
 	if ctx.Err() != nil {
 		t.Fatal("the pull waited for the test's deadline, not its own")
 	}
-}
-
-func withConfigTest(t *testing.T, img v1.Image, c v1.Config) v1.Image {
-	t.Helper()
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture, cf.Config = "linux", "amd64", c
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
 }

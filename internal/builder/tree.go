@@ -70,7 +70,7 @@ func extractTree(r io.Reader, dir string, limit int64) error {
 			return fmt.Errorf("the image's files: entry %q leaves the tree", hdr.Name)
 		}
 		fail := func(err error) error { return fmt.Errorf("the image's /%s: %w", name, err) }
-		mode := fs.FileMode(hdr.Mode).Perm() | modeBits(hdr.Mode)
+		mode := hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			if name != "." {
@@ -165,21 +165,6 @@ func writeTreeFile(f *os.File, r io.Reader, hdr *tar.Header, mode fs.FileMode) e
 		}
 	}
 	return nil
-}
-
-// modeBits maps a tar mode's set-id and sticky bits to fs.FileMode's.
-func modeBits(m int64) fs.FileMode {
-	var out fs.FileMode
-	if m&0o4000 != 0 {
-		out |= fs.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		out |= fs.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		out |= fs.ModeSticky
-	}
-	return out
 }
 
 // mkfifoIn makes a named pipe name in root: its parent is opened through
