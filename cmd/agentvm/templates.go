@@ -42,8 +42,8 @@ running machine: agentvm create --template NAME restores it with the start comma
 
 FROM names an image (default, code-interpreter, browser), another template, or an OCI image in a
 registry (FROM python:3.12-slim, FROM registry.example.com/team/app:tag; Debian- and Ubuntu-based):
-its files get agentvm's kernel, systemd and guest agent, and its ENV, WORKDIR, USER, EXPOSE and
-CMD carry over. NAME is the latest build; NAME:TAG (and each --tag) also names this build, and
+its files get agentvm's kernel, systemd and guest agent, and its ENV, WORKDIR, USER and EXPOSE
+carry over, its ENTRYPOINT and CMD too (started when the image exposes a port or checks its health). NAME is the latest build; NAME:TAG (and each --tag) also names this build, and
 stays on it when NAME is built again. A private registry's login: --registry-user, with the password in
 $AGENTVM_REGISTRY_PASSWORD or on stdin (--registry-password-stdin).`,
 		Args: cobra.RangeArgs(1, 2),

@@ -298,10 +298,8 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 			ref = ""
 		}
 		if n, _, _ := SplitRef(ref); n == req.Name {
-			// A template cannot be built on its own builds: FROM python
-			// in the template python (or FROM python:3.12 with that tag
-			// on it) means the OCI image, on every build alike.
-			ref = ""
+			// Neither its own build nor, silently, an image of that name.
+			return nil, fmt.Errorf("a template is not built on its own builds, and %s in template %s is not taken for an OCI image either: name the image in full (docker.io/library/%s) or build the template under another name", name, req.Name, name)
 		}
 		t, err := b.store.GetTemplate(ctx, ref)
 		if ref == "" || errors.Is(err, store.ErrNotFound) {
@@ -370,7 +368,7 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 			}
 			defer func() {
 				if made && !booted { // an image that does not boot is not kept for the next build
-					b.m.RemoveImage(context.WithoutCancel(ctx), p.image)
+					go b.removeUnbooted(p.image)
 				}
 			}()
 		}

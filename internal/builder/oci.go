@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -155,11 +156,14 @@ func ociBase(c *v1.Config) *base {
 	// python3, node's, debian's bash) are interactive: a service of them
 	// would exit at once, so they are not started (a CMD in the Dockerfile
 	// starts what it says).
-	if len(c.ExposedPorts) > 0 || c.Healthcheck != nil && len(c.Healthcheck.Test) > 1 {
-		b.entry, b.cmd = c.Entrypoint, c.Cmd
-		b.start = append(append([]string(nil), b.entry...), b.cmd...)
-	} else if len(c.Entrypoint)+len(c.Cmd) > 0 {
-		b.notStarted = strings.Join(append(append([]string(nil), c.Entrypoint...), c.Cmd...), " ")
+	// The ENTRYPOINT goes in front of a Dockerfile's CMD either way.
+	b.entry, b.cmd = c.Entrypoint, c.Cmd
+	all := append(append([]string(nil), c.Entrypoint...), c.Cmd...)
+	shell := len(c.Entrypoint) == 0 && len(c.Cmd) == 1 && (path.Base(c.Cmd[0]) == "bash" || path.Base(c.Cmd[0]) == "sh")
+	if (len(c.ExposedPorts) > 0 || c.Healthcheck != nil && len(c.Healthcheck.Test) > 1) && !shell {
+		b.start = all
+	} else if len(all) > 0 {
+		b.notStarted = strings.Join(all, " ")
 	}
 	for p := range c.ExposedPorts {
 		num, proto, _ := strings.Cut(p, "/")
@@ -273,9 +277,9 @@ func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, d
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		err := extractTree(pr, tree, image.DiskSize)
+		err := extractTree(ctx, pr, tree, image.DiskSize)
 		if err == nil {
-			io.Copy(io.Discard, pr) // tar's end padding
+			io.CopyN(io.Discard, pr, 1<<20) // tar's end padding
 		}
 		pr.CloseWithError(err) // the tar's writes fail, which ends it in the VM (runIn)
 		done <- err
@@ -293,6 +297,25 @@ func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, d
 	}
 	out(Event{Log: fmt.Sprintf("OCI image %s is now image %s\n", oi.ref, imgName)})
 	return imgName, true, nil
+}
+
+// removeUnbooted removes an image a build made whose first cold boot
+// failed, once no build holds the cache (one may have found it made and
+// be booting it), trying for a minute; else a prune removes it.
+func (b *Builder) removeUnbooted(name string) {
+	for range 60 {
+		if b.gc.TryLock() {
+			err := b.m.RemoveImage(b.ctx, name)
+			b.gc.Unlock()
+			b.log.Info("removed an image made from an OCI image that did not boot", "image", name, "err", err)
+			return
+		}
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // runIn runs a shell script in the guest as root; a non-zero exit is an

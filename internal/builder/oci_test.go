@@ -84,7 +84,7 @@ func TestPullOCI(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, pb, err := pullOCI(ctx, host+"/team/python:3", &RegistryAuth{Username: "ci", Password: "s3cret"})
-	if err != nil || len(pb.start) != 0 || pb.cmd != nil || pb.notStarted != "python3" || pb.user != "1000" {
+	if err != nil || len(pb.start) != 0 || !slices.Equal(pb.cmd, []string{"python3"}) || pb.notStarted != "python3" || pb.user != "1000" {
 		t.Fatalf("a plain image: %+v %v", pb, err)
 	}
 

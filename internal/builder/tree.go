@@ -2,6 +2,7 @@ package builder
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,11 +15,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Bounds of an OCI image's tree: its entries, and a name's length (Linux's
-// PATH_MAX).
+// Bounds of an OCI image's tree: its entries, a name's length (Linux's
+// PATH_MAX) and depth (each component of a path costs a lookup).
 const (
 	maxTreeEntries = 2_000_000
 	maxPath        = 4096
+	maxDepth       = 256
 )
 
 // extractTree writes the tar stream r, an OCI image's root filesystem as a
@@ -30,7 +32,7 @@ const (
 // (names and a block per entry counted) stop at limit. Device nodes are
 // skipped (the guest's /dev is a devtmpfs). dir's parent must be closed to
 // others: the tree holds the image's set-id programs.
-func extractTree(r io.Reader, dir string, limit int64) error {
+func extractTree(ctx context.Context, r io.Reader, dir string, limit int64) error {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return err
 	}
@@ -58,8 +60,11 @@ func extractTree(r io.Reader, dir string, limit int64) error {
 		if n >= maxTreeEntries {
 			return fmt.Errorf("the image has more than %d files", maxTreeEntries)
 		}
-		if len(hdr.Name) > maxPath || len(hdr.Linkname) > maxPath {
-			return fmt.Errorf("the image's files: an entry's name or link is longer than %d bytes", maxPath)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if len(hdr.Name) > maxPath || len(hdr.Linkname) > maxPath || strings.Count(hdr.Name, "/") > maxDepth {
+			return fmt.Errorf("the image's files: an entry's name or link is longer than %d bytes or %d directories deep", maxPath, maxDepth)
 		}
 		// Every entry costs its names and a block, as on the disk it goes to.
 		if total += 512 + int64(len(hdr.Name)+len(hdr.Linkname)); total > limit {
@@ -82,6 +87,7 @@ func extractTree(r io.Reader, dir string, limit int64) error {
 				return fail(err)
 			}
 			dirs = append(dirs, dirMeta{name, mode, hdr.ModTime})
+			total += int64(len(name)) // kept until the end: counted again
 		case tar.TypeReg:
 			if total += hdr.Size; total > limit {
 				return fmt.Errorf("the image's files are larger than its disk (%d MiB)", limit>>20)
@@ -135,6 +141,9 @@ func extractTree(r io.Reader, dir string, limit int64) error {
 	// Directories last, deepest first, so their modes (read-only ones too)
 	// and times hold.
 	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		d := dirs[i]
 		if err := root.Chmod(d.name, d.mode); err != nil {
 			return fmt.Errorf("the image's /%s: %w", d.name, err)

@@ -3,6 +3,7 @@ package builder
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,7 +52,7 @@ func TestExtractTree(t *testing.T) {
 		tarEntry{hdr: tar.Header{Name: "./etc/fifo", Typeflag: tar.TypeFifo, Mode: 0o600}},
 		tarEntry{hdr: tar.Header{Name: "./etc/null", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3}},
 	)
-	if err := extractTree(in, dir, 1<<20); err != nil {
+	if err := extractTree(context.Background(), in, dir, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	st, err := os.Stat(filepath.Join(dir, "usr/bin/su"))
@@ -109,6 +110,7 @@ func TestExtractTreeHostile(t *testing.T) {
 			{hdr: tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"},
 		}, "/f"},
 		"a long name": {[]tarEntry{{hdr: tar.Header{Name: strings.Repeat("d/", 2100) + "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}}, "longer than 4096"},
+		"too deep":    {[]tarEntry{{hdr: tar.Header{Name: strings.Repeat("d/", 300) + "f", Typeflag: tar.TypeReg, Mode: 0o644}, body: "x"}}, "directories deep"},
 		"names add up": {[]tarEntry{
 			{hdr: tar.Header{Name: "a", Typeflag: tar.TypeDir, Mode: 0o755}},
 			{hdr: tar.Header{Name: "b", Typeflag: tar.TypeDir, Mode: 0o755}},
@@ -124,7 +126,7 @@ func TestExtractTreeHostile(t *testing.T) {
 		"too big": {[]tarEntry{{hdr: tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644}, body: strings.Repeat("x", 4096)}}, "larger than its disk"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := extractTree(entriesTar(t, c.entries...), filepath.Join(t.TempDir(), "tree"), 2048)
+			err := extractTree(context.Background(), entriesTar(t, c.entries...), filepath.Join(t.TempDir(), "tree"), 2048)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want an error with %q", err, c.want)
 			}

@@ -104,23 +104,21 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 		id = builder.Ref(n, tag)
 	}
 	cancelled := s.tpl != nil && s.tpl.Cancel(id, 2*time.Minute) // E2B deletes a template while it builds
-	if _, ok := s.builtTemplate(r.Context(), id); ok && s.tpl != nil {
-		// E2B's template goes with all its builds: its tags too (a tag's
-		// own id, NAME:TAG, removes that tag).
-		if !strings.Contains(id, ":") {
-			ts, _ := s.tpl.Tags(r.Context(), id)
-			for _, t := range ts {
-				if t.Name != id {
-					if err := s.tpl.Delete(r.Context(), t.Name); err != nil {
-						templateError(w, err)
-						return
-					}
-				}
+	// E2B's template goes with all its builds: its latest, then its tags (a
+	// tag's own id, NAME:TAG, removes that tag). A build another template
+	// is built on stops it there (409), the ones before it gone.
+	var builds []*store.Template
+	if s.tpl != nil && !strings.Contains(id, ":") {
+		builds, _ = s.tpl.Tags(r.Context(), id) // the name's record first (Ref sorts before Ref:tag)
+	} else if t, ok := s.builtTemplate(r.Context(), id); ok && s.tpl != nil {
+		builds = []*store.Template{t}
+	}
+	if len(builds) > 0 {
+		for _, t := range builds {
+			if err := s.tpl.Delete(r.Context(), t.Name); err != nil {
+				templateError(w, err)
+				return
 			}
-		}
-		if err := s.tpl.Delete(r.Context(), id); err != nil {
-			vmError(w, err)
-			return
 		}
 		w.WriteHeader(http.StatusNoContent)
 		return

@@ -46,6 +46,12 @@ func OCIName(digest, prep string, def *Image) string {
 // must fit it.
 const DiskSize = diskSize
 
+// LockCache takes the image cache's lock (an flock: across the daemons of
+// the host), for what changes an image made from an OCI image.
+func LockCache(ctx context.Context, cacheDir string) (unlock func(), err error) {
+	return lockCache(ctx, filepath.Join(cacheDir, "lock"), func(string) {})
+}
+
 // ErrNotBuilt: an image made from an OCI image is not in this host's cache
 // (its template was built on another host, or the cache was cleared).
 var ErrNotBuilt = errors.New("not in this host's image cache")

@@ -156,8 +156,12 @@ func (s *Service) create(ctx context.Context, o CreateOptions) (*store.VM, bool,
 		return nil, false, err
 	}
 	// Top the warm pool of this shape up once this create is done, so the refill
-	// does not compete with it.
-	defer s.refillPool(poolKey{o.Image, o.CPUs, o.MemoryMiB})
+	// does not compete with it. Images made from OCI images are a template
+	// build's (its first step's VM): a pool of them would only hold memory,
+	// and the image, which prune removes once no VM is made from it.
+	if !image.IsOCIName(o.Image) {
+		defer s.refillPool(poolKey{o.Image, o.CPUs, o.MemoryMiB})
+	}
 	if o.Name != "" {
 		if _, err := s.store.GetVMFresh(ctx, o.Name); err == nil {
 			return nil, false, fmt.Errorf("%w: a VM named %q already exists", ErrConflict, o.Name)

@@ -72,7 +72,7 @@ func (is *images) ImageNamed(ctx context.Context, name string) (*image.Image, er
 		return nil, fmt.Errorf("%s image: %w", canon, err)
 	}
 	if image.IsOCIName(canon) {
-		if err := is.markUsed(canon); err != nil {
+		if err := is.markUsed(ctx, canon); err != nil {
 			return nil, fmt.Errorf("%s image: %w", canon, err)
 		}
 	}
@@ -107,8 +107,17 @@ func (is *images) usersDir(name string) string {
 	return filepath.Join(is.cacheDir, "images", name+".users")
 }
 
-// markUsed notes this daemon among the users of an OCI image's image.
-func (is *images) markUsed(name string) error {
+// markUsed notes this daemon among the users of an OCI image's image,
+// under the cache's lock (a prune elsewhere checks the users under it).
+func (is *images) markUsed(ctx context.Context, name string) error {
+	unlock, err := image.LockCache(ctx, is.cacheDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := os.Stat(filepath.Join(is.cacheDir, "images", name)); err != nil {
+		return fmt.Errorf("%w (removed by another daemon?)", err)
+	}
 	if err := os.MkdirAll(is.usersDir(name), 0o755); err != nil {
 		return err
 	}
@@ -142,6 +151,11 @@ func (s *Service) RemoveImage(ctx context.Context, name string) error {
 		}
 	}
 	is := s.images
+	unlock, err := image.LockCache(ctx, is.cacheDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	is.mu.Lock()
 	delete(is.slots, name) // a next use marks this daemon again
 	is.mu.Unlock()
