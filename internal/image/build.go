@@ -240,6 +240,28 @@ func (b *builder) buildImage(ctx context.Context) (err error) {
 		}
 	}
 
+	if err := b.packDisk(ctx, root, tmp, filepath.Join(src, kernelName), filepath.Join(src, initrdName)); err != nil {
+		return err
+	}
+	manifest, _ := json.MarshalIndent(map[string]any{
+		"hash":         b.hash,
+		"image":        b.name(),
+		"recipe_hash":  b.recipe,
+		"agent_sha256": b.agentSum,
+		"suite":        suite,
+		"size_bytes":   diskSize,
+		"created":      time.Now().UTC().Format(time.RFC3339),
+	}, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "manifest.json"), append(manifest, '\n'), 0o444); err != nil {
+		return fmt.Errorf("image: %w", err)
+	}
+	return publish(tmp, filepath.Join(b.imagesDir, b.hash))
+}
+
+// packDisk makes tmp's disk, kernel and initrd: root (removed once
+// copied) as a sparse ext4 filesystem of diskSize on the whole device,
+// converted to qcow2, and copies of kernel and initrd, all read-only.
+func (b *builder) packDisk(ctx context.Context, root, tmp, kernel, initrd string) error {
 	raw := filepath.Join(tmp, "rootfs.raw")
 	b.progress(fmt.Sprintf("image: creating %d GiB ext4 filesystem", diskSize>>30))
 	f, err := os.Create(raw)
@@ -254,6 +276,9 @@ func (b *builder) buildImage(ctx context.Context) (err error) {
 	mkfs, _ := lookPath("mkfs.ext4")
 	if err := b.run(ctx, nil, mkfs, "-q", "-F", "-L", fsLabel, "-d", root, raw,
 		fmt.Sprintf("%dk", diskSize>>10)); err != nil {
+		if strings.Contains(err.Error(), "Could not allocate") || strings.Contains(err.Error(), "No space left") {
+			return fmt.Errorf("image: the image's files do not fit a %d GiB root filesystem", diskSize>>30)
+		}
 		return err
 	}
 	if err := removeTree(root); err != nil {
@@ -269,27 +294,16 @@ func (b *builder) buildImage(ctx context.Context) (err error) {
 	if err := os.Remove(raw); err != nil {
 		return fmt.Errorf("image: %w", err)
 	}
-	for _, n := range []string{kernelName, initrdName} {
-		if err := copyFile(filepath.Join(src, n), filepath.Join(tmp, n), 0o444); err != nil {
-			return err
-		}
+	if err := copyFile(kernel, filepath.Join(tmp, kernelName), 0o444); err != nil {
+		return err
+	}
+	if err := copyFile(initrd, filepath.Join(tmp, initrdName), 0o444); err != nil {
+		return err
 	}
 	if err := os.Chmod(disk, 0o444); err != nil {
 		return fmt.Errorf("image: %w", err)
 	}
-	manifest, _ := json.MarshalIndent(map[string]any{
-		"hash":         b.hash,
-		"image":        b.name(),
-		"recipe_hash":  b.recipe,
-		"agent_sha256": b.agentSum,
-		"suite":        suite,
-		"size_bytes":   diskSize,
-		"created":      time.Now().UTC().Format(time.RFC3339),
-	}, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, "manifest.json"), append(manifest, '\n'), 0o444); err != nil {
-		return fmt.Errorf("image: %w", err)
-	}
-	return publish(tmp, filepath.Join(b.imagesDir, b.hash))
+	return nil
 }
 
 // publish atomically renames tmp to dst, replacing an existing dst.

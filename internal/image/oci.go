@@ -73,7 +73,7 @@ func ensureOCI(o Options) (*Image, error) {
 // FromTree packs tree, an OCI image's root filesystem prepared by a build
 // VM, as the image name (OCIName). The tree's contents are not trusted:
 // every write into it goes through an os.Root, so no symlink in it leads
-// out. tree is consumed (the caller removes it).
+// out. tree is removed once packed (the caller removes it on an error).
 func FromTree(ctx context.Context, o Options, name, tree string) (*Image, error) {
 	if !IsOCIName(name) {
 		return nil, fmt.Errorf("image: %q is not an OCI image's name", name)
@@ -122,40 +122,8 @@ func FromTree(ctx context.Context, o Options, name, tree string) (*Image, error)
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
-	raw := filepath.Join(tmp, "rootfs.raw")
-	o.Progress(fmt.Sprintf("image: creating a %d GiB ext4 filesystem", diskSize>>30))
-	f, err := os.Create(raw)
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
-	err = f.Truncate(diskSize)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
-	mkfs, _ := lookPath("mkfs.ext4")
-	if err := b.run(ctx, nil, mkfs, "-q", "-F", "-L", fsLabel, "-d", tree, raw, fmt.Sprintf("%dk", diskSize>>10)); err != nil {
-		if strings.Contains(err.Error(), "Could not allocate") || strings.Contains(err.Error(), "No space left") {
-			return nil, fmt.Errorf("image: the image's files do not fit a %d GiB root filesystem", diskSize>>30)
-		}
+	if err := b.packDisk(ctx, tree, tmp, def.Kernel, def.Initrd); err != nil {
 		return nil, err
-	}
-	o.Progress("image: converting to qcow2")
-	qimg, _ := lookPath("qemu-img")
-	if err := b.run(ctx, nil, qimg, "convert", "-f", "raw", "-O", "qcow2", raw, filepath.Join(tmp, diskName)); err != nil {
-		return nil, err
-	}
-	if err := os.Remove(raw); err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
-	if err := copyFile(def.Kernel, filepath.Join(tmp, kernelName), 0o444); err != nil {
-		return nil, err
-	}
-	if err := copyFile(def.Initrd, filepath.Join(tmp, initrdName), 0o444); err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(filepath.Join(tmp, diskName), 0o444); err != nil {
-		return nil, fmt.Errorf("image: %w", err)
 	}
 	manifest, _ := json.MarshalIndent(map[string]any{
 		"hash": name, "image": name, "base_image": def.Hash, "recipe": ociRecipeVersion,
