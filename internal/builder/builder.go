@@ -400,6 +400,7 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 	layers = append(layers, final)
 
 	r := &run{b: b, req: req, p: p, files: bctx, out: out, total: len(p.steps) + 2}
+	r.lines.emit = r.note
 	snap, err := r.execute(ctx, parentSnap, baseKey, final, cpus, mem, disk)
 	if err != nil && ctx.Err() != nil { // past its time limit, cancelled, or the daemon stopping: said once, the same way
 		err = r.ended(ctx, r.cur)

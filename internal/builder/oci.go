@@ -1,7 +1,6 @@
 package builder
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -255,7 +254,7 @@ func (b *Builder) ociImageName(ctx context.Context, oi *ociImage, tmpl string, d
 	if err != nil {
 		return "", false, fmt.Errorf("the VM that unpacks the OCI image: %w", err)
 	}
-	lines := &lineWriter{out: out}
+	lines := &lineWriter{emit: func(l string) { out(Event{Log: l}) }}
 	// The image's layers, flattened (whiteouts applied), into the VM's tar.
 	files := mutate.Extract(oi.img)
 	defer files.Close()
@@ -387,44 +386,3 @@ func (c *cancelOnError) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// lineWriter sends what a command writes as build log lines and keeps its
-// last ones.
-type lineWriter struct {
-	out   func(Event)
-	part  []byte
-	lines []string
-}
-
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.part = append(w.part, b...)
-	for {
-		i := bytes.IndexByte(w.part, '\n')
-		if i < 0 {
-			break
-		}
-		w.line(string(w.part[:i]))
-		w.part = w.part[i+1:]
-	}
-	if len(w.part) > 4096 {
-		w.flush()
-	}
-	return len(b), nil
-}
-
-func (w *lineWriter) line(l string) {
-	w.out(Event{Log: l + "\n"})
-	w.lines = append(w.lines, l)
-	if len(w.lines) > tailLines {
-		w.lines = w.lines[len(w.lines)-tailLines:]
-	}
-}
-
-func (w *lineWriter) flush() {
-	if len(w.part) > 0 {
-		w.line(string(w.part))
-		w.part = nil
-	}
-}
-
-func (w *lineWriter) tail() string { return strings.Join(w.lines, "\n") }

@@ -25,12 +25,11 @@ type run struct {
 	out   func(Event)
 	total int // steps shown: FROM, each step, the start
 
-	step int    // the step under way (1-based)
-	cur  *step  // and its plan (nil: FROM, or the start command)
-	log  []byte // the build's output, its last maxLog bytes
-	tail []string
-	part []byte // a line not ended yet
-	made map[string]bool
+	step  int        // the step under way (1-based)
+	cur   *step      // and its plan (nil: FROM, or the start command)
+	log   []byte     // the build's output, its last maxLog bytes
+	lines lineWriter // a step's output, its lines sent as notes (emit: note)
+	made  map[string]bool
 }
 
 const (
@@ -41,7 +40,7 @@ const (
 // heading sends a step's heading.
 func (r *run) heading(step int, text string, cached bool) {
 	r.step = step
-	r.tail = nil
+	r.lines.lines = nil
 	r.out(Event{Step: step, Of: r.total, Instruction: text, Cached: cached})
 	mark := ""
 	if cached {
@@ -51,39 +50,53 @@ func (r *run) heading(step int, text string, cached bool) {
 }
 
 // Write takes a step's output (stdout and stderr), sent a line at a time.
-func (r *run) Write(b []byte) (int, error) {
-	r.part = append(r.part, b...)
+func (r *run) Write(b []byte) (int, error) { return r.lines.Write(b) }
+
+func (r *run) flush() { r.lines.flush() }
+
+// lineWriter splits a command's output into lines (one longer than 4 KiB
+// is cut), gives each, "\n"-ended, to emit, and keeps the last tailLines
+// for an error to show.
+type lineWriter struct {
+	emit  func(line string)
+	part  []byte // a line not ended yet
+	lines []string
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.part = append(w.part, b...)
 	for {
-		i := bytes.IndexByte(r.part, '\n')
-		if i < 0 && len(r.part) < 4096 {
+		i := bytes.IndexByte(w.part, '\n')
+		if i < 0 && len(w.part) < 4096 {
 			break
 		}
 		if i < 0 {
-			i = len(r.part) - 1
+			i = len(w.part) - 1
 		}
-		line := string(r.part[:i+1])
-		r.part = r.part[i+1:]
-		r.line(line)
+		line := string(w.part[:i+1])
+		w.part = w.part[i+1:]
+		w.line(line)
 	}
 	return len(b), nil
 }
 
-func (r *run) flush() {
-	if len(r.part) > 0 {
-		r.line(string(r.part) + "\n")
-		r.part = nil
+func (w *lineWriter) flush() {
+	if len(w.part) > 0 {
+		w.line(string(w.part) + "\n")
+		w.part = nil
 	}
 }
 
-// line is a line of a step's own output: sent, kept, and in the tail a
-// failure shows.
-func (r *run) line(l string) {
-	r.note(l)
-	r.tail = append(r.tail, strings.TrimRight(l, "\n"))
-	if len(r.tail) > tailLines {
-		r.tail = r.tail[len(r.tail)-tailLines:]
+func (w *lineWriter) line(l string) {
+	w.emit(l)
+	w.lines = append(w.lines, strings.TrimRight(l, "\n"))
+	if len(w.lines) > tailLines {
+		w.lines = w.lines[len(w.lines)-tailLines:]
 	}
 }
+
+// tail is the last lines written.
+func (w *lineWriter) tail() string { return strings.Join(w.lines, "\n") }
 
 // note is a line of the builder's own.
 func (r *run) note(l string) {
@@ -106,7 +119,7 @@ func (r *run) fail(s *step, exit int, reason string) error {
 	if s != nil {
 		text, line = s.text, s.line
 	}
-	return &StepError{Step: r.step, Line: line, Instruction: text, ExitCode: exit, Output: strings.Join(r.tail, "\n"), Reason: reason}
+	return &StepError{Step: r.step, Line: line, Instruction: text, ExitCode: exit, Output: r.lines.tail(), Reason: reason}
 }
 
 // ended is the error of a build whose context ended during step s (nil:
