@@ -293,7 +293,7 @@ func (b *Builder) Build(ctx context.Context, req Request, out func(Event)) (*sto
 		if _, err := image.Resolve(name); err == nil { // an image's name or alias (built, if need be, by the create)
 			return &base{}, nil
 		}
-		ref, err := canonical(name)
+		ref, err := Canonical(name)
 		if err != nil { // not a template's name: an OCI image's
 			ref = ""
 		}

@@ -74,7 +74,7 @@ func (b *Builder) List(ctx context.Context) ([]*store.Template, error) {
 
 // Get returns a template by name, or a tagged build by NAME:TAG.
 func (b *Builder) Get(ctx context.Context, ref string) (*store.Template, error) {
-	name, err := canonical(ref)
+	name, err := Canonical(ref)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (b *Builder) Get(ctx context.Context, ref string) (*store.Template, error) 
 // Delete removes a template (its latest build; NAME:TAG removes only that
 // tag) and every cached step no other template uses.
 func (b *Builder) Delete(ctx context.Context, ref string) error {
-	name, err := canonical(ref)
+	name, err := Canonical(ref)
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func (b *Builder) Delete(ctx context.Context, ref string) error {
 		return err
 	}
 	for _, t := range ts {
-		if base, err := canonical(t.Base); err == nil && base == name {
+		if base, err := Canonical(t.Base); err == nil && base == name {
 			return fmt.Errorf("%w: template %s is built on %s; remove it first", ErrConflict, t.Name, name)
 		}
 	}

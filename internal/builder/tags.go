@@ -53,8 +53,9 @@ func Ref(name, tag string) string {
 	return name + ":" + tag
 }
 
-// canonical is ref's record name, or an error for a malformed ref.
-func canonical(ref string) (string, error) {
+// Canonical is ref's record name (NAME:latest and NAME:default are
+// NAME), or an error for a malformed ref.
+func Canonical(ref string) (string, error) {
 	name, tag, err := SplitRef(ref)
 	if err != nil {
 		return "", err

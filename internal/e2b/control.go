@@ -295,8 +295,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, p *auth.Principa
 	if tmpl == "" {
 		tmpl = baseTemplate
 	}
-	if n, tag, err := builder.SplitRef(tmpl); err == nil { // NAME:default is NAME
-		tmpl = builder.Ref(n, tag)
+	if c, err := builder.Canonical(tmpl); err == nil { // NAME:default is NAME
+		tmpl = c
 	}
 	o := vm.CreateOptions{Name: newSandboxID(), Env: req.EnvVars}
 	if h := r.Header.Get("Idempotency-Key"); h != "" {

@@ -100,8 +100,8 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 		apiError(w, http.StatusBadRequest, "template %q is a built-in image and cannot be deleted", id)
 		return
 	}
-	if n, tag, err := builder.SplitRef(id); err == nil { // NAME:default is NAME
-		id = builder.Ref(n, tag)
+	if c, err := builder.Canonical(id); err == nil { // NAME:default is NAME
+		id = c
 	}
 	cancelled := s.tpl != nil && s.tpl.Cancel(id, 2*time.Minute) // E2B deletes a template while it builds
 	// E2B's template goes with all its builds: its latest, then its tags (a
@@ -144,8 +144,8 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ *auth.
 // that name exists (a built-in image, a template built from a Dockerfile,
 // or an agentvm snapshot).
 func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request, alias string) {
-	if n, tag, err := builder.SplitRef(alias); err == nil { // NAME:default is NAME
-		alias = builder.Ref(n, tag)
+	if c, err := builder.Canonical(alias); err == nil { // NAME:default is NAME
+		alias = c
 	}
 	if _, err := image.Resolve(alias); err != nil {
 		_, terr := s.cfg.Store.GetTemplate(r.Context(), alias)
