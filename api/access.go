@@ -52,6 +52,11 @@ type Token struct {
 	CreatedAt time.Time `json:"created_at"`
 	ExpiresAt time.Time `json:"expires_at"`
 	SSHKeys   []string  `json:"ssh_keys,omitempty"`
+	// Repo and Branches: a repository token's repository (VMID is then
+	// "", Allow "read" or "read","write") and the glob the branches it
+	// may push to must match ("" = any).
+	Repo     string `json:"repo,omitempty"`
+	Branches string `json:"branches,omitempty"`
 }
 
 // ListTokensResponse is the body of GET /v1/tokens.

@@ -179,6 +179,12 @@ type CreateVMRequest struct {
 	// any create). A preference: two such creates at the same moment may
 	// still meet on one node.
 	AntiAffinity string `json:"anti_affinity,omitempty"`
+	// Repo clones a hosted repository (NAME or NAME@BRANCH) into RepoDir
+	// (default /home/agent/NAME) as the VM is made; the VM then pushes to
+	// and pulls from it at http://git.agentvm.internal/NAME.git with no
+	// credential. A clone that fails fails the create.
+	Repo    string `json:"repo,omitempty"`
+	RepoDir string `json:"repo_dir,omitempty"`
 }
 
 // PolicyRequest is the body of POST /v1/vms/{id}/policy (absent fields

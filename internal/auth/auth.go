@@ -55,6 +55,10 @@ type Principal struct {
 	// ExpiresAt is when the token stops working (zero for the admin): long
 	// connections opened with it are closed then (see Track).
 	ExpiresAt time.Time
+	// Repo is a repository token's repository (it opens no VM), Allow
+	// "read" or "read","write", Branches the glob pushes must match.
+	Repo     string
+	Branches string
 }
 
 // Admin is the principal of the admin token.
@@ -65,7 +69,7 @@ func (p *Principal) Can(vmID, perm string) error {
 	if p.Admin {
 		return nil
 	}
-	if p.VMID != vmID {
+	if p.VMID != vmID || p.Repo != "" {
 		return fmt.Errorf("%w: this token is for another VM", ErrForbidden)
 	}
 	if perm != "" && !slices.Contains(p.Allow, perm) {
@@ -111,7 +115,7 @@ func (p *Principal) CanAny(vmID string, perms ...string) error {
 	if p.Admin {
 		return nil
 	}
-	if p.VMID != vmID {
+	if p.VMID != vmID || p.Repo != "" {
 		return fmt.Errorf("%w: this token is for another VM", ErrForbidden)
 	}
 	for _, perm := range perms {
@@ -180,7 +184,23 @@ func principalOf(t *store.Token) *Principal {
 	if t.VMID == "" && slices.Equal(t.Allow, []string{AdminKeyAllow}) {
 		return &Principal{Admin: true, TokenID: t.ID, ExpiresAt: t.ExpiresAt}
 	}
-	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, ExpiresAt: t.ExpiresAt}
+	return &Principal{TokenID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, ExpiresAt: t.ExpiresAt, Repo: t.Repo, Branches: t.Branches}
+}
+
+// CanRepo reports whether p may read (write false) or push to (write
+// true) the repository repo. The admin may; a repository token may on its
+// own repository with its access; no VM token may.
+func (p *Principal) CanRepo(repo string, write bool) error {
+	if p.Admin {
+		return nil
+	}
+	if p.Repo != repo {
+		return fmt.Errorf("%w: this token does not open repository %s", ErrForbidden, repo)
+	}
+	if write && !slices.Contains(p.Allow, api.RepoWrite) {
+		return fmt.Errorf("%w: this token may only read repository %s (it has no write access)", ErrForbidden, repo)
+	}
+	return nil
 }
 
 // Claim is how a node tells the node it forwards a request to who sent
@@ -286,15 +306,9 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 	if req.E2B {
 		ttl = MaxTTL
 	}
-	if req.TTL != "" {
-		d, err := time.ParseDuration(req.TTL)
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("%w: ttl %q: want a positive duration such as 30m, 1h or 720h", ErrInvalid, req.TTL)
-		}
-		if d > MaxTTL {
-			return nil, fmt.Errorf("%w: ttl %s is longer than the maximum %s", ErrInvalid, d, MaxTTL)
-		}
-		ttl = d
+	ttl, err := parseTTL(req.TTL, ttl)
+	if err != nil {
+		return nil, err
 	}
 	if req.User != "" && !ValidUser(req.User) {
 		return nil, fmt.Errorf("%w: user %q is not a valid user name", ErrInvalid, req.User)
@@ -314,13 +328,9 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 		}
 		keys = append(keys, line)
 	}
-	b := make([]byte, 24)
-	rand.Read(b)
-	id := make([]byte, 6)
-	rand.Read(id)
-	secret := TokenPrefix + hex.EncodeToString(b)
+	secret, id := newSecret()
 	if req.E2B {
-		b = make([]byte, 20)
+		b := make([]byte, 20)
 		rand.Read(b)
 		secret = E2BPrefix + hex.EncodeToString(b)
 	}
@@ -328,7 +338,7 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 		clean = []string{AdminKeyAllow}
 	}
 	now := s.now().UTC()
-	t := &store.Token{ID: "tok_" + hex.EncodeToString(id), Hash: hash(secret), VMID: vmID, Allow: clean, User: req.User,
+	t := &store.Token{ID: id, Hash: hash(secret), VMID: vmID, Allow: clean, User: req.User,
 		Name: req.Name, CreatedAt: now, ExpiresAt: now.Add(ttl), SSHKeys: keys}
 	if err := s.store.CreateToken(ctx, t); err != nil {
 		return nil, err
@@ -338,10 +348,94 @@ func (s *Service) Create(ctx context.Context, vmID string, req api.CreateTokenRe
 	return &out, nil
 }
 
+// CreateRepo issues a token for the repository repo. The secret is only
+// in the returned value.
+func (s *Service) CreateRepo(ctx context.Context, repo string, req api.CreateRepoTokenRequest) (*api.Token, error) {
+	allow := []string{api.RepoRead}
+	switch req.Access {
+	case "", api.RepoRead:
+	case api.RepoWrite:
+		allow = append(allow, api.RepoWrite)
+	default:
+		return nil, fmt.Errorf("%w: access %q: read or write", ErrInvalid, req.Access)
+	}
+	if err := ValidBranches(req.Branches); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if req.Branches != "" && len(allow) == 1 {
+		return nil, fmt.Errorf("%w: branches limits pushes: it needs write access", ErrInvalid)
+	}
+	ttl, err := parseTTL(req.TTL, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Name) > 64 {
+		return nil, fmt.Errorf("%w: name is longer than 64 characters", ErrInvalid)
+	}
+	secret, id := newSecret()
+	now := s.now().UTC()
+	t := &store.Token{ID: id, Hash: hash(secret), Allow: allow, Name: req.Name, CreatedAt: now, ExpiresAt: now.Add(ttl),
+		Repo: repo, Branches: req.Branches}
+	if err := s.store.CreateToken(ctx, t); err != nil {
+		return nil, err
+	}
+	out := ToAPI(t)
+	out.Secret = secret
+	return &out, nil
+}
+
+// ValidBranches checks a branch glob: the characters of branch names and
+// *, ? and [...], nothing that a shell pattern would take otherwise.
+func ValidBranches(glob string) error {
+	if len(glob) > 200 {
+		return errors.New("branches: longer than 200 characters")
+	}
+	for _, c := range glob {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("/._-*?[]!+@", c)) {
+			return fmt.Errorf("branches %q: %q cannot be in a branch glob (letters, digits, / . _ - + @ and the wildcards * ? [])", glob, c)
+		}
+	}
+	return nil
+}
+
+// parseTTL reads a token's lifetime, def when it is "".
+func parseTTL(ttl string, def time.Duration) (time.Duration, error) {
+	if ttl == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(ttl)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%w: ttl %q: want a positive duration such as 30m, 1h or 720h", ErrInvalid, ttl)
+	}
+	if d > MaxTTL {
+		return 0, fmt.Errorf("%w: ttl %s is longer than the maximum %s", ErrInvalid, d, MaxTTL)
+	}
+	return d, nil
+}
+
+// newSecret is a fresh token secret and id.
+func newSecret() (secret, id string) {
+	b := make([]byte, 24)
+	rand.Read(b)
+	i := make([]byte, 6)
+	rand.Read(i)
+	return TokenPrefix + hex.EncodeToString(b), "tok_" + hex.EncodeToString(i)
+}
+
+// RevokeRepo revokes every token of the repository repo (its deletion):
+// their open clones and pushes end.
+func (s *Service) RevokeRepo(ctx context.Context, repo string) {
+	ids, _ := s.store.RepoTokens(ctx, repo)
+	for _, id := range ids {
+		s.conns.revoke(id, s.now())
+		s.tell(ctx, "token:"+id)
+	}
+}
+
 // ToAPI is the public view of a token (without its secret).
 func ToAPI(t *store.Token) api.Token {
 	return api.Token{ID: t.ID, VMID: t.VMID, Allow: t.Allow, User: t.User, Name: t.Name,
-		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, SSHKeys: t.SSHKeys}
+		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, SSHKeys: t.SSHKeys, Repo: t.Repo, Branches: t.Branches}
 }
 
 // List returns the live tokens (of one VM when vmID is set).

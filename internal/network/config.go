@@ -42,6 +42,12 @@ type Config struct {
 	// Limits caps the connections, flows and DNS queries the guest can
 	// have open at once (zero fields: the Default* constants).
 	Limits Limits
+	// Serve, when set, answers the guest's TCP connections to ServiceAddr
+	// (the .253 of its subnet, named git.agentvm.internal): it returns the
+	// port's handler, which owns the connection and is called on its own
+	// goroutine, or nil to refuse it. Whatever the egress policy says:
+	// these are the daemon's services for this VM, not the way out.
+	Serve func(port uint16) func(net.Conn)
 	// OnLimit, when set, is told that the guest hit a cap (kind is one of
 	// LimitKinds) and was refused; at most once a minute per kind, from
 	// its own goroutine.

@@ -135,6 +135,9 @@ func (d *dnsServer) local(name string) (netip.Addr, bool) {
 	if name == HostName {
 		return d.n.cfg.HostAddr(), true
 	}
+	if name == GitName && d.n.cfg.Serve != nil {
+		return d.n.cfg.ServiceAddr(), true
+	}
 	// VM names are single DNS labels: other names (the usual internet
 	// lookups) skip the peer list, a database read.
 	if short, _ := strings.CutSuffix(name, ".agentvm.internal"); d.n.cfg.Names != nil && !strings.Contains(short, ".") {

@@ -2,6 +2,7 @@ package network
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -90,6 +91,18 @@ func (c Config) HostAddr() netip.Addr {
 // HostName is the DNS name of HostAddr.
 const HostName = "host.agentvm.internal"
 
+// ServiceAddr is the guest-visible address of the daemon's services for
+// this VM (the .253 of its subnet, see Config.Serve).
+func (c Config) ServiceAddr() netip.Addr {
+	a := c.Subnet.Masked().Addr().As4()
+	a[3] = 253
+	return netip.AddrFrom4(a)
+}
+
+// GitName is the DNS name of ServiceAddr: the VM's hosted git repository
+// is http://git.agentvm.internal/NAME.git.
+const GitName = "git.agentvm.internal"
+
 // SetEgress replaces the egress policy; existing connections stay.
 func (n *Network) SetEgress(e Egress) error {
 	if err := e.Validate(); err != nil {
@@ -142,9 +155,10 @@ func (r *resolvedSet) reset() {
 
 // route is where a guest connection to dst goes.
 type route struct {
-	dial netip.AddrPort // host-side address to dial
-	peer *Network       // or: the guest of a peer network (private networks)
-	why  string         // when denied
+	dial  netip.AddrPort // host-side address to dial
+	peer  *Network       // or: the guest of a peer network (private networks)
+	serve func(net.Conn) // or: a daemon service for this VM (Config.Serve)
+	why   string         // when denied
 }
 
 // decide applies the policy to a guest connection towards dst (proto tcp
@@ -152,6 +166,14 @@ type route struct {
 func (n *Network) decide(dst netip.AddrPort, proto string) (route, bool) {
 	a := dst.Addr().Unmap()
 	e := n.EgressPolicy()
+	if a == n.cfg.ServiceAddr() {
+		if proto == "tcp" && n.cfg.Serve != nil {
+			if h := n.cfg.Serve(dst.Port()); h != nil {
+				return route{serve: h}, true
+			}
+		}
+		return route{why: "no agentvm service on that port"}, false
+	}
 	if a == n.cfg.HostAddr() {
 		p := int(dst.Port())
 		if proto == "tcp" && slices.Contains(e.AllowHost, p) && !n.cfg.Policy.deniesHostPort(p) {

@@ -78,6 +78,10 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
+	if rt.serve != nil {
+		n.serveLocal(r, rt.serve, dst)
+		return
+	}
 	// The slot is held for the connection's life: this handler returns
 	// only when the proxied connection ends.
 	if !n.acquire(n.lim.tcp) {
@@ -122,6 +126,32 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 	defer n.untrack(in, out)
 	n.log.Debug("egress", "proto", "tcp", "dst", dst.String(), "src", src.String())
 	n.proxyTCP(in, out)
+}
+
+// serveLocal completes the guest's handshake and hands the connection to
+// one of the daemon's services for this VM, under the same connection cap
+// as its egress.
+func (n *Network) serveLocal(r *tcp.ForwarderRequest, h func(net.Conn), dst netip.AddrPort) {
+	if !n.acquire(n.lim.tcp) {
+		r.Complete(true)
+		return
+	}
+	defer n.lim.tcp.release()
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	r.Complete(false)
+	if terr != nil {
+		n.log.Debug("guest handshake failed", "proto", "tcp", "dst", dst.String(), "err", terr.String())
+		return
+	}
+	in := gonet.NewTCPConn(&wq, ep)
+	if !n.track(in) {
+		_ = in.Close()
+		return
+	}
+	defer n.untrack(in)
+	defer in.Close()
+	h(in)
 }
 
 // proxyTCP copies both ways, propagating half-closes; an error in either

@@ -102,7 +102,7 @@ func New(cfg Config, log *slog.Logger) (*Network, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network: gateway MAC: %w", err)
 	}
-	n.link = newLink(gwMAC, cfg.mtu(), tcpipAddr(cfg.Gateway()), tcpipAddr(cfg.HostAddr()))
+	n.link = newLink(gwMAC, cfg.mtu(), tcpipAddr(cfg.Gateway()), tcpipAddr(cfg.HostAddr()), tcpipAddr(cfg.ServiceAddr()))
 
 	if err := n.createStack(n.link); err != nil {
 		_ = n.Close()
@@ -176,6 +176,13 @@ func (n *Network) createStack(ep stack.LinkEndpoint) error {
 		AddressWithPrefix: tcpipAddr(n.cfg.HostAddr()).WithPrefix(),
 	}, stack.AddressProperties{}); err != nil {
 		return fmt.Errorf("network: add host gateway address: %s", err)
+	}
+	// The service address (.253) answers ARP too (Config.Serve).
+	if err := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpipAddr(n.cfg.ServiceAddr()).WithPrefix(),
+	}, stack.AddressProperties{}); err != nil {
+		return fmt.Errorf("network: add service address: %s", err)
 	}
 	// Spoofing + promiscuous: the gateway terminates connections to any
 	// destination address; the forwarders then decide whether to dial out.

@@ -117,7 +117,7 @@ func (s *Server) scopedAny(perms []string, h http.HandlerFunc) http.HandlerFunc 
 		}
 		v, err := s.svc.Get(r.Context(), r.PathValue("id"))
 		if err != nil {
-			if p.VMID != "" {
+			if p.VMID != "" || p.Repo != "" {
 				// do not reveal which other VMs exist
 				writeError(w, http.StatusForbidden, api.CodeForbidden, "this token is for another VM")
 				return

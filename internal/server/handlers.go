@@ -75,6 +75,8 @@ func (s *Server) router() (http.Handler, []string) {
 		w.Header().Set("Content-Type", "application/x-pem-file")
 		w.Write(b)
 	})
+	// Hosted git (git's smart HTTP protocol), with git's own credentials.
+	mux.HandleFunc("/git/", s.serveGit)
 	authed := patternMux{http.NewServeMux(), &patterns}
 	authed.HandleFunc("POST /v1/vms", admin(s.createVM))
 	authed.HandleFunc("GET /v1/vms", admin(s.listVMs))
@@ -117,6 +119,7 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("GET /v1/vms/{id}/debug/pprof/{name}", admin(s.relayGuest("/debug/pprof/{name}", "")))
 	s.portRoutes(authed)
 	s.networkRoutes(authed)
+	s.repoRoutes(authed)
 	s.serviceRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
@@ -216,6 +219,21 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	var repo, branch, repoDir string
+	if req.Repo != "" || req.RepoDir != "" {
+		var err error
+		if req.Repo == "" {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, "repo_dir needs repo")
+			return
+		}
+		if repo, branch, repoDir, err = repoSpec(req.Repo, req.RepoDir); err == nil {
+			err = s.repos.HasBranch(r.Context(), repo, branch)
+		}
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
 	if req.From == "" || req.Image == "" {
 		if s.placeCreate(w, r, &req, key, body) {
 			return
@@ -236,6 +254,16 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeErr(w, err)
 		return
+	}
+	if created && repo != "" {
+		if err := s.cloneRepo(r.Context(), actor(r), v.ID, repo, branch, repoDir); err != nil {
+			// No VM without the clone it was asked for.
+			if derr := s.svc.Delete(context.WithoutCancel(r.Context()), v.ID); derr != nil {
+				s.log.Warn("delete a VM whose repository clone failed", "vm", v.ID, "err", derr)
+			}
+			writeErr(w, err)
+			return
+		}
 	}
 	status := http.StatusOK // an idempotent replay returns the existing VM
 	if created {

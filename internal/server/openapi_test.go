@@ -26,6 +26,7 @@ var notInSpec = map[string]string{
 	"GET /console/session":    "the web console's cookie session: who is signed in and the CSRF token, for the console's own page only (cross-origin requests are refused)",
 	"POST /console/session":   "the web console's sign-in: sets the HttpOnly session cookie from a token; browsers only",
 	"DELETE /console/session": "the web console's sign-out; browsers only",
+	"/git/":                   "hosted git: git's own smart HTTP protocol (git http-backend), for git clients, not an API (docs/git.md)",
 }
 
 var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}

@@ -34,6 +34,7 @@ import (
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/proxy"
+	"github.com/agentvm/agentvm/internal/repos"
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
@@ -81,6 +82,8 @@ type Config struct {
 	// KSM turns the host's page merging on and offers it the VMs' RAM
 	// (serve --ksm, ksm.go).
 	KSM bool
+	// GitMaxPush bounds one push to a hosted repository (0: 1 GiB).
+	GitMaxPush int64
 	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
 	// mode reads saved states into QEMU ("": plain cat).
 	StateCat string
@@ -117,16 +120,19 @@ func DefaultDataDir() string {
 
 // Server is a running daemon.
 type Server struct {
-	cfg     Config
-	svc     *vm.Service
-	store   *store.Store
-	token   string
-	tokens  *auth.Service
-	ssh     *sshgw.Gateway
-	proxy   *proxy.Proxy
-	e2b     *e2b.Server
-	builds  *builder.Builder // templates built from Dockerfiles
-	metrics metrics
+	cfg    Config
+	svc    *vm.Service
+	store  *store.Store
+	token  string
+	tokens *auth.Service
+	ssh    *sshgw.Gateway
+	proxy  *proxy.Proxy
+	e2b    *e2b.Server
+	builds *builder.Builder // templates built from Dockerfiles
+	repos  *repos.Service   // hosted git repositories (repos.go)
+	// guestGit serves the VMs' own connections to their repositories.
+	guestGit *guestListener
+	metrics  metrics
 	// mem is the daemon-wide memory budget of what requests hold (nil:
 	// unlimited; serve --memory-budget).
 	mem     *budget.Memory
@@ -351,6 +357,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.svc.Networks().SetDaemonListeners(own)
+	if err := s.startRepos(); err != nil {
+		return nil, err
+	}
 	s.svc.OnDelete(s.forgetDeletedVM)
 	s.svc.OnOp(s.metrics.observe) // lifecycle latencies; exec and other relays observe their own
 	if cfg.Cluster {
@@ -489,6 +498,12 @@ func (s *Server) closeResources() {
 	if s.builds != nil { // before the VM service: a build ends by deleting its VM
 		s.builds.Close()
 	}
+	if s.guestGit != nil {
+		s.guestGit.close()
+	}
+	if s.repos != nil {
+		s.repos.Close()
+	}
 	s.leaveCluster()
 	if s.peers != nil {
 		s.peers.close()
@@ -574,6 +589,11 @@ func (s *Server) forgetDeletedVM(id string) {
 	if s.e2b != nil {
 		s.e2b.Forget(id)
 	}
+	if s.repos != nil {
+		if err := s.repos.ForgetVM(context.Background(), id); err != nil {
+			s.log.Warn("forget the repository of a deleted VM", "vm", id, "err", err)
+		}
+	}
 }
 
 func findAgent() string {
@@ -645,15 +665,20 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusConflict, api.CodeConflict
 	case errors.Is(err, vm.ErrInsufficient):
 		status, code = http.StatusInsufficientStorage, api.CodeInsufficient
-	case errors.Is(err, auth.ErrInvalid):
+	case errors.Is(err, auth.ErrInvalid), errors.Is(err, repos.ErrInvalid):
 		status, code = http.StatusBadRequest, api.CodeInvalid
+	case errors.Is(err, repos.ErrNotFound):
+		status, code = http.StatusNotFound, api.CodeNotFound
+	case errors.Is(err, repos.ErrConflict):
+		status, code = http.StatusConflict, api.CodeConflict
 	case errors.Is(err, auth.ErrForbidden):
 		status, code = http.StatusForbidden, api.CodeForbidden
-	case errors.Is(err, vm.ErrUnavailable), errors.Is(err, store.ErrUnreachable):
+	case errors.Is(err, vm.ErrUnavailable), errors.Is(err, store.ErrUnreachable), errors.Is(err, repos.ErrUnavailable):
 		status, code = http.StatusServiceUnavailable, api.CodeUnavailable
 	}
 	msg := err.Error()
-	for _, p := range []string{vm.ErrOtherNode.Error() + ": ", vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": ", auth.ErrInvalid.Error() + ": ", auth.ErrForbidden.Error() + ": "} {
+	for _, p := range []string{vm.ErrOtherNode.Error() + ": ", vm.ErrInvalid.Error() + ": ", vm.ErrNotFound.Error() + ": ", vm.ErrConflict.Error() + ": ", vm.ErrInsufficient.Error() + ": ", vm.ErrUnavailable.Error() + ": ", auth.ErrInvalid.Error() + ": ", auth.ErrForbidden.Error() + ": ",
+		repos.ErrInvalid.Error() + ": ", repos.ErrNotFound.Error() + ": ", repos.ErrConflict.Error() + ": ", repos.ErrUnavailable.Error() + ": "} {
 		msg = strings.TrimPrefix(msg, p)
 	}
 	writeError(w, status, code, msg)

@@ -34,7 +34,8 @@ func fullRecords() (*VM, *Snapshot, *Network, *Token, *Event, *Node) {
 		StoredAt: at.Add(time.Minute), StoredManifest: "abc"}
 	n := &Network{Name: "net-a", Egress: &Egress{Mode: "allow", Allow: []string{"10.0.0.0/8"}}, CreatedAt: at}
 	tk := &Token{ID: "tok-1", Hash: "hash-1", VMID: "vm1", Allow: []string{"exec", "files"}, User: "dev", Name: "ci",
-		CreatedAt: at, ExpiresAt: at.Add(100 * 365 * 24 * time.Hour), SSHKeys: []string{"ssh-ed25519 AAAA test"}}
+		CreatedAt: at, ExpiresAt: at.Add(100 * 365 * 24 * time.Hour), SSHKeys: []string{"ssh-ed25519 AAAA test"},
+		Repo: "app", Branches: "agent/*"} // a real token has a VM or a repository, not both
 	ev := &Event{Seq: 1, VMID: "vm1", Time: at, Type: "lifecycle", Actor: "admin", Message: "created", Data: map[string]string{"ms": "812"}}
 	nd := &Node{ID: "node-1", Name: "a", Address: "10.0.0.1:7070", PeerAddress: "10.0.0.1:7071", CPUs: 16, MemoryMiB: 65536, QEMUVersion: "10.0.2",
 		MachineType: "pc-q35-10.0", CPUModel: "host", Accel: "kvm"}
@@ -60,6 +61,7 @@ func checkRecords(t *testing.T, ctx context.Context, s *Store, legacy bool) {
 	if legacy {
 		sn.Node, sn.StoredAt, sn.StoredManifest = "", time.Time{}, "" // none existed at schema 5
 		v.StoredAt, v.StoredManifest = time.Time{}, ""
+		tk.Repo, tk.Branches = "", "" // none existed at schema 5
 	}
 	if got, err := s.GetVM(ctx, v.ID); err != nil || !reflect.DeepEqual(got, v) {
 		t.Fatalf("VM read back:\n got %+v (%v)\nwant %+v", got, err, v)

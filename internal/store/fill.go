@@ -37,7 +37,9 @@ func fillColumns(ctx context.Context, tx *sql.Tx, pg bool) error {
 			return snapshotArgs(sn)[:strings.Count(snapshotCols6, ",")+1]
 		})},
 		{"networks", "name", networkQ, fillRecord(networkArgs)},
-		{"tokens", "id", tokenQ, fillRecord(tokenArgs)},
+		{"tokens", "id", queriesFor("tokens", tokenCols6), fillRecord(func(t *Token) []any {
+			return tokenArgs(t)[:strings.Count(tokenCols6, ",")+1]
+		})},
 	}
 	for _, tb := range tables {
 		if err := fillTable(ctx, tx, bind, `SELECT `+tb.key+`, data FROM `+tb.name, tb.q.update, tb.args); err != nil {

@@ -211,6 +211,19 @@ CREATE TABLE template_layers (
 	step TEXT NOT NULL,
 	created_at INTEGER NOT NULL
 );`,
+	// 13: hosted git repositories, their webhooks, the VMs that push to
+	// them without a credential, and repository tokens.
+	`CREATE TABLE repos (
+	name TEXT PRIMARY KEY,
+	hooks TEXT NOT NULL,
+	created_at INTEGER NOT NULL
+);
+CREATE TABLE repo_vms (
+	vm_id TEXT PRIMARY KEY,
+	repo TEXT NOT NULL
+);
+ALTER TABLE tokens ADD COLUMN repo TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN branches TEXT NOT NULL DEFAULT '';`,
 }
 
 // migrate brings db to the newest schema version, and refuses a database

@@ -221,6 +221,18 @@ CREATE TABLE template_layers (
 	step TEXT NOT NULL,
 	created_at BIGINT NOT NULL
 );`,
+	// 13: hosted git repositories (see migrate.go).
+	`CREATE TABLE repos (
+	name TEXT PRIMARY KEY,
+	hooks TEXT NOT NULL,
+	created_at BIGINT NOT NULL
+);
+CREATE TABLE repo_vms (
+	vm_id TEXT PRIMARY KEY,
+	repo TEXT NOT NULL
+);
+ALTER TABLE tokens ADD COLUMN repo TEXT NOT NULL DEFAULT '';
+ALTER TABLE tokens ADD COLUMN branches TEXT NOT NULL DEFAULT '';`,
 }
 
 // pgMigrateLock is the advisory lock key ("agentvm" in ASCII) that

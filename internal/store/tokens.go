@@ -20,15 +20,23 @@ type Token struct {
 	// SSHKeys are public keys (authorized_keys format) that authenticate to
 	// the SSH gateway with this token's scope.
 	SSHKeys []string `json:"ssh_keys,omitempty"`
+	// Repo, for a repository token, is the hosted git repository it opens
+	// (VMID is then ""), Allow holding read or read and write; Branches,
+	// when set, is the glob the branches it may push to must match.
+	Repo     string `json:"repo,omitempty"`
+	Branches string `json:"branches,omitempty"`
 }
 
 // tokenCols are the tokens table's columns, the key first.
-const tokenCols = `id, hash, vm_id, allow, user_name, name, created_at, expires_at, ssh_keys`
+const tokenCols = tokenCols6 + `, repo, branches`
+
+// tokenCols6 are the columns of tokens at schema 6 (see vmCols6).
+const tokenCols6 = `id, hash, vm_id, allow, user_name, name, created_at, expires_at, ssh_keys`
 
 var tokenQ = queriesFor("tokens", tokenCols)
 
 func tokenArgs(t *Token) []any {
-	return []any{t.ID, t.Hash, t.VMID, jsonText(t.Allow), t.User, t.Name, nanos(t.CreatedAt), nanos(t.ExpiresAt), jsonText(t.SSHKeys)}
+	return []any{t.ID, t.Hash, t.VMID, jsonText(t.Allow), t.User, t.Name, nanos(t.CreatedAt), nanos(t.ExpiresAt), jsonText(t.SSHKeys), t.Repo, t.Branches}
 }
 
 // CreateToken inserts a token.
@@ -44,7 +52,7 @@ func scanTokens(rows *sql.Rows) ([]*Token, error) {
 		var t Token
 		var allow, keys string
 		var created, expires int64
-		if err := rows.Scan(&t.ID, &t.Hash, &t.VMID, &allow, &t.User, &t.Name, &created, &expires, &keys); err != nil {
+		if err := rows.Scan(&t.ID, &t.Hash, &t.VMID, &allow, &t.User, &t.Name, &created, &expires, &keys, &t.Repo, &t.Branches); err != nil {
 			return nil, err
 		}
 		t.CreatedAt, t.ExpiresAt = fromNanos(created), fromNanos(expires)
@@ -132,11 +140,29 @@ func (s *Store) ListTokens(ctx context.Context, vmID string, now time.Time) ([]*
 // ListVMTokens lists the unexpired tokens of VM vmID and those of no VM
 // (admin keys): what may act on that VM, without reading every VM's.
 func (s *Store) ListVMTokens(ctx context.Context, vmID string, now time.Time) ([]*Token, error) {
-	rows, err := s.query(ctx, tokenQ.list+` WHERE expires_at>? AND (vm_id=? OR vm_id='') ORDER BY created_at, id`, now.UnixNano(), vmID)
+	rows, err := s.query(ctx, tokenQ.list+` WHERE expires_at>? AND (vm_id=? OR (vm_id='' AND repo='')) ORDER BY created_at, id`, now.UnixNano(), vmID)
 	if err != nil {
 		return nil, err
 	}
 	return scanTokens(rows)
+}
+
+// RepoTokens lists the ids of a repository's tokens (expired ones too).
+func (s *Store) RepoTokens(ctx context.Context, repo string) ([]string, error) {
+	rows, err := s.query(ctx, `SELECT id FROM tokens WHERE repo=? ORDER BY id`, repo)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
 }
 
 // DeleteToken removes a token; ErrNotFound if there is none.

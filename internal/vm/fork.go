@@ -157,6 +157,12 @@ func (h *held) forkOnce(ctx context.Context, children []*store.VM, out *ForkResu
 				errs[i] = err
 				return
 			}
+			s.mu.Lock()
+			hooks := append([]func(string, string){}, s.onFork...)
+			s.mu.Unlock()
+			for _, fn := range hooks {
+				fn(parent.ID, v.ID)
+			}
 			children[i] = v
 		}()
 	}

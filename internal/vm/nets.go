@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -31,6 +32,9 @@ type Networks struct {
 	// with every running VM's id and network until fn returns false.
 	live func(id string) *network.Network
 	each func(fn func(id string, n *network.Network) bool)
+	// serve answers a VM's connections to its service address (see
+	// SetGuestServices).
+	serve func(vmID string, port uint16) func(net.Conn)
 	// event records a network event of VM id (its limits reached).
 	event func(id string, data map[string]string, format string, args ...any)
 }
@@ -57,6 +61,15 @@ func (ns *Networks) SetDaemonListeners(addrs []netip.AddrPort) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	ns.policy.Listeners = append([]netip.AddrPort(nil), addrs...)
+}
+
+// SetGuestServices makes fn answer each VM's TCP connections to its
+// service address (network.Config.Serve), given the VM's id. Call it
+// before Reconcile.
+func (ns *Networks) SetGuestServices(fn func(vmID string, port uint16) func(net.Conn)) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	ns.serve = fn
 }
 
 // Create creates a private network.
@@ -156,6 +169,11 @@ func (ns *Networks) vmConfig(v *store.VM) network.Config {
 	id := v.ID
 	c.Peer = func(a netip.Addr) *network.Network { return ns.peerFor(id, a) }
 	c.Names = func() map[string]netip.Addr { return ns.namesFor(id) }
+	ns.mu.Lock()
+	if serve := ns.serve; serve != nil {
+		c.Serve = func(port uint16) func(net.Conn) { return serve(id, port) }
+	}
+	ns.mu.Unlock()
 	c.OnLimit = func(kind string, limit int) {
 		ns.event(id, map[string]string{"limit": kind, "max": strconv.Itoa(limit)},
 			"the guest reached its limit of %d concurrent %s; more are refused", limit, limitNoun(kind))

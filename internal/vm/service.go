@@ -146,6 +146,7 @@ type Service struct {
 	instances map[string]*instance // running VMs by id
 	ops       opLocks
 	onDelete  []func(vmID string)                   // see OnDelete
+	onFork    []func(parentID, childID string)      // see OnFork
 	onOp      []func(op string, took time.Duration) // see OnOp
 	snapLocks map[string]*sync.RWMutex
 
@@ -239,6 +240,15 @@ func (s *Service) OnDelete(fn func(vmID string)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.onDelete = append(s.onDelete, fn)
+}
+
+// OnFork registers fn to be called with a parent's and a child's id once
+// a fork's child is made (whoever forked it), e.g. to give the child what
+// the parent has outside the VM service.
+func (s *Service) OnFork(fn func(parentID, childID string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onFork = append(s.onFork, fn)
 }
 
 func (s *Service) instance(id string) *instance {
