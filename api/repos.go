@@ -83,3 +83,30 @@ type RefUpdate struct {
 	Before string `json:"before"`
 	After  string `json:"after"`
 }
+
+// Recording describes one recording of a VM: a terminal session
+// (asciicast v2) or an exec (one JSON line).
+type Recording struct {
+	ID         string    `json:"id"`
+	Kind       string    `json:"kind"` // terminal or exec
+	Title      string    `json:"title"`
+	User       string    `json:"user,omitempty"`
+	Actor      string    `json:"actor,omitempty"`
+	Start      time.Time `json:"start"`
+	DurationMs int64     `json:"duration_ms"`
+	Bytes      int64     `json:"bytes"`
+	ExitCode   *int      `json:"exit_code,omitempty"`
+	Cut        bool      `json:"cut,omitempty"`
+}
+
+// ListRecordingsResponse is the body of GET /v1/vms/{id}/recordings.
+type ListRecordingsResponse struct {
+	// Enabled says whether the VM's terminals and execs are recorded.
+	Enabled    bool        `json:"enabled"`
+	Recordings []Recording `json:"recordings"`
+}
+
+// RecordingSettings is the body of POST /v1/vms/{id}/recordings/settings.
+type RecordingSettings struct {
+	Enabled bool `json:"enabled"`
+}

@@ -185,6 +185,9 @@ type CreateVMRequest struct {
 	// credential. A clone that fails fails the create.
 	Repo    string `json:"repo,omitempty"`
 	RepoDir string `json:"repo_dir,omitempty"`
+	// NoRecord turns off the recording of the VM's terminals and execs
+	// (and its forks'); see POST /v1/vms/{id}/recordings/settings.
+	NoRecord bool `json:"no_record,omitempty"`
 }
 
 // PolicyRequest is the body of POST /v1/vms/{id}/policy (absent fields

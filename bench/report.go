@@ -133,6 +133,8 @@ type Report struct {
 	Browser   *BrowserReport   `json:"browser,omitempty"`
 	MemGrow   *MemGrowReport   `json:"memgrow,omitempty"`
 	Templates *TemplatesReport `json:"templates,omitempty"`
+	Git       *GitReport       `json:"git,omitempty"`
+	Record    *RecordReport    `json:"record,omitempty"`
 	Memory    *MemoryReport    `json:"memory,omitempty"`
 	CrashLoop *CrashLoopReport `json:"crashloop,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`

@@ -77,6 +77,7 @@ func TestConsole(t *testing.T) {
 	vm := c.createVM("web1")
 	c.liveUpdates(vm)
 	c.terminal(vm)
+	c.recordings(vm)
 	c.files(vm)
 	c.ports(vm)
 	c.otherTabs(vm)

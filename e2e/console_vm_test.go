@@ -188,6 +188,24 @@ func (c *consoleRun) keystrokeEcho(v *api.VM) {
 	c.measure("keystroke_echo_cli_term_ms_p90", round1(cli[len(cli)*9/10]))
 }
 
+// recordings plays back, in the recordings tab, the terminal session the
+// terminal flow typed into (docs/recordings.md).
+func (c *consoleRun) recordings(v *api.VM) {
+	c.tab("recordings")
+	c.waitJS("a recording of terminal main", `[...document.querySelectorAll('table[aria-label="Recordings"] tr')].some((r) => r.textContent.includes('terminal main'))`, time.Minute)
+	c.eval(`(() => {
+		const row = [...document.querySelectorAll('table[aria-label="Recordings"] tr')].find((r) => r.textContent.includes('terminal main'));
+		row.querySelector('button[data-recording]').click();
+		return true;
+	})()`, new(bool))
+	c.waitJS("the playback shows the command's output", `(() => {
+		const rows = document.querySelector('.player [data-playback] .xterm-rows');
+		return !!rows && rows.textContent.replace(/\u00a0/g, ' ').includes('hello-42');
+	})()`, 2*time.Minute)
+	c.a11y("recordings tab")
+	c.screenshot("recordings")
+}
+
 func (c *consoleRun) files(v *api.VM) {
 	c.tab("files")
 	c.waitJS("the file list", `!!document.querySelector('table.files tbody tr')`, time.Minute)

@@ -25,6 +25,8 @@ command -v mkfs.ext4 >/dev/null || pkgs+=(e2fsprogs)
 command -v ssh >/dev/null || pkgs+=(openssh-client)
 command -v curl >/dev/null || pkgs+=(curl)
 command -v rsync >/dev/null || pkgs+=(rsync)
+# The recordings' test plays a terminal's recording with Debian's asciinema.
+command -v asciinema >/dev/null || pkgs+=(asciinema)
 # Hosted repositories are served by git's own http-backend (docs/git.md).
 [ -x "$(git --exec-path 2>/dev/null)/git-http-backend" ] || pkgs+=(git)
 # The compatibility tests install the published E2B and MCP clients (npm,

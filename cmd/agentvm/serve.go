@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/image"
@@ -24,7 +25,7 @@ func serveCmd() *cobra.Command {
 	var cfg server.Config
 	var noWarm bool
 	var warmImages []string
-	var tlsMode, memBudget, gitMaxPush string
+	var tlsMode, memBudget, gitMaxPush, recordMax string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the agentvm daemon",
@@ -58,6 +59,10 @@ func serveCmd() *cobra.Command {
 				return fmt.Errorf("--git-max-push %q: a size of at least 1M, e.g. 512M or 2G", gitMaxPush)
 			}
 			cfg.GitMaxPush = int64(n)
+			if n, err = api.ParseSize(recordMax); err != nil || n < 64<<10 {
+				return fmt.Errorf("--record-max %q: a size of at least 64K, e.g. 64M", recordMax)
+			}
+			cfg.RecordMax = int64(n)
 			for _, name := range warmImages {
 				if _, err := image.Resolve(name); err != nil {
 					return fmt.Errorf("--warm-images: %w", err)
@@ -132,6 +137,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.PeerListen, "peer-listen", os.Getenv("AGENTVM_PEER_LISTEN"), "with --cluster: the node-to-node listener other nodes forward requests to, TLS with the cluster CA's certificates both ways (default 127.0.0.1:0; listen on an address the other nodes reach, e.g. 0.0.0.0:7071, whose host part is then --advertise's)")
 	f.StringVar(&cfg.Objects, "objects", os.Getenv("AGENTVM_OBJECTS"), "keep snapshots in an S3-compatible object store too, s3://BUCKET[/PREFIX][?endpoint=http://HOST:PORT&region=R] (keys from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; endpoint default AWS_ENDPOINT_URL or AWS): any node of a cluster with the same QEMU and accelerator then restores them, also after their node is lost")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 0, "the node's lease in the cluster (default 15s): renewed every third of it; the node kills its VMs a quarter of it before a lease it could not renew may run out")
+	f.StringVar(&recordMax, "record-max", envOr("AGENTVM_RECORD_MAX", "64M"), "the most each VM's terminal and exec recordings may hold; past it the oldest go, and a recording that alone exceeds it is cut (env AGENTVM_RECORD_MAX)")
+	f.DurationVar(&cfg.RecordRetention, "record-retention", 30*24*time.Hour, "how long recordings are kept")
 	f.StringVar(&gitMaxPush, "git-max-push", envOr("AGENTVM_GIT_MAX_PUSH", "1G"), "the most one push to a hosted repository may send (git's receive.maxInputSize), e.g. 200M (env AGENTVM_GIT_MAX_PUSH)")
 	f.StringVar(&memBudget, "memory-budget", envOr("AGENTVM_MEMORY_BUDGET", "1G"), "the most that requests may hold in the daemon's memory at once, across all tokens (buffered exec output, screenshots), e.g. 512M or 2G; past it they are refused with 503 or keep less, saying why (0 or off: unlimited)")
 	f.BoolVar(&noWarm, "no-warm", os.Getenv("AGENTVM_NO_WARM") != "", "do not build the templates of --warm-images at start-up")

@@ -102,6 +102,7 @@ func createCmd() *cobra.Command {
 	f.DurationVar(&del, "delete-after", 0, "delete this long after creation; 0 = never")
 	f.StringVar(&req.Restart, "restart", "", "restart policy when QEMU dies: never (default), on-failure, always")
 	f.StringVar(&req.Repo, "repo", "", "clone a hosted repository, NAME or NAME@BRANCH, into the VM (it then pushes and pulls there with no credential; see agentvm repo)")
+	f.BoolVar(&req.NoRecord, "no-record", false, "do not record the VM's terminal sessions and execs (see agentvm record)")
 	f.StringVar(&req.RepoDir, "repo-dir", "", "where --repo is cloned (default /home/agent/NAME)")
 	f.StringVar(&req.AntiAffinity, "anti-affinity", "", "on a cluster: a label key (set with --label); the VM prefers a node where no running VM has the same value of it, when one has room")
 	eg.add(c)

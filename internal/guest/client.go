@@ -228,6 +228,9 @@ func (c *Client) ApplyIdentity(ctx context.Context, id Identity) (*IdentityResul
 type ExecStream struct {
 	// OnExit, when set, is called with the exit status as it arrives.
 	OnExit func(ExitStatus)
+	// Tap, when set, sees the stdin written and the output read
+	// (recordings). Set it before the first Write or Next.
+	Tap Tap
 
 	rwc       io.ReadWriteCloser
 	wmu       sync.Mutex
@@ -286,10 +289,21 @@ func (s *ExecStream) Write(p []byte) (int, error) {
 		if err := s.writeFrame(api.FrameStdin, chunk); err != nil {
 			return n, err
 		}
+		if s.Tap != nil {
+			s.Tap.Input(chunk)
+		}
 		n += len(chunk)
 		p = p[len(chunk):]
 	}
 	return n, nil
+}
+
+// A Tap sees what passes through a stream, as the recordings keep it.
+// Its methods are called from the stream's reader and writers at once.
+type Tap interface {
+	Input(p []byte)               // stdin, typed keys
+	Output(p []byte, stderr bool) // stdout or stderr
+	Resize(cols, rows int)        // a terminal's new size
 }
 
 // CloseStdin sends stdin EOF.
@@ -304,6 +318,9 @@ func (s *ExecStream) Signal(sig syscall.Signal) error {
 // api.FrameError, api.FrameExit). api.FrameExit is the last frame.
 func (s *ExecStream) Next() (api.Frame, error) {
 	f, err := api.ReadFrame(s.rwc)
+	if err == nil && s.Tap != nil && (f.Type == api.FrameStdout || f.Type == api.FrameStderr) {
+		s.Tap.Output(f.Data, f.Type == api.FrameStderr)
+	}
 	if err == nil && f.Type == api.FrameExit && s.OnExit != nil {
 		var st ExitStatus
 		if json.Unmarshal(f.Data, &st) == nil {

@@ -140,6 +140,9 @@ func (c *Client) upgrade(ctx context.Context, path, proto string, body any) (*ya
 // called concurrently with Next. Closing the stream detaches; the terminal
 // keeps running (unless it is ephemeral and this was its last client).
 type TermStream struct {
+	// Tap, when set, sees the input written, the output read and the
+	// resizes (recordings). Set it before the first Write or Next.
+	Tap       Tap
 	st        *yamux.Stream
 	br        *bufio.Reader
 	wmu       sync.Mutex
@@ -174,6 +177,9 @@ func (s *TermStream) Write(p []byte) (int, error) {
 		if err := s.writeFrame(api.FrameStdin, chunk); err != nil {
 			return n, err
 		}
+		if s.Tap != nil {
+			s.Tap.Input(chunk)
+		}
 		n += len(chunk)
 		p = p[len(chunk):]
 	}
@@ -185,6 +191,9 @@ func (s *TermStream) Resize(cols, rows int) error {
 	b, err := json.Marshal(TermSize{Cols: cols, Rows: rows})
 	if err != nil {
 		return err
+	}
+	if s.Tap != nil {
+		s.Tap.Resize(cols, rows)
 	}
 	return s.writeFrame(FrameResize, b)
 }
@@ -202,6 +211,9 @@ func (s *TermStream) Next() (api.Frame, error) {
 	f, err := api.ReadFrame(s.br)
 	if err != nil && s.closed.Load() {
 		err = net.ErrClosed
+	}
+	if err == nil && s.Tap != nil && f.Type == api.FrameStdout {
+		s.Tap.Output(f.Data, false)
 	}
 	return f, err
 }

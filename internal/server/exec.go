@@ -20,6 +20,7 @@ import (
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/budget"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/vm"
 )
 
@@ -110,7 +111,13 @@ func (s *Server) execVM(w http.ResponseWriter, r *http.Request) {
 	defer stream.Close()
 	vmID, who, cmdline := vmRec.ID, actor(r), describeCmd(&req)
 	start := time.Now()
+	rec := s.rec.Exec(vmID, record.Exec{Command: cmdline, Argv: greq.Argv, Shell: greq.Shell, User: greq.User, Cwd: greq.Cwd, Actor: who, Via: "api"})
+	if rec != nil {
+		stream.Tap = rec
+		defer rec.Done(-1, "", false) // a stream lost before its exit
+	}
 	stream.OnExit = func(st guest.ExitStatus) {
+		rec.Done(st.ExitCode, st.Signal, st.TimedOut)
 		data := map[string]string{"cmd": cmdline, "exit_code": strconv.Itoa(st.ExitCode), "ms": strconv.FormatInt(time.Since(start).Milliseconds(), 10)}
 		if st.Signal != "" {
 			data["signal"] = st.Signal

@@ -120,6 +120,7 @@ func (s *Server) router() (http.Handler, []string) {
 	s.portRoutes(authed)
 	s.networkRoutes(authed)
 	s.repoRoutes(authed)
+	s.recordingRoutes(authed)
 	s.serviceRoutes(authed)
 	s.fileRoutes(authed)
 	s.termRoutes(authed)
@@ -254,6 +255,11 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeErr(w, err)
 		return
+	}
+	if created && req.NoRecord {
+		if err := s.rec.SetEnabled(v.ID, false); err != nil {
+			s.log.Warn("turn a new VM's recording off", "vm", v.ID, "err", err)
+		}
 	}
 	if created && repo != "" {
 		if err := s.cloneRepo(r.Context(), actor(r), v.ID, repo, branch, repoDir); err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/agentvm/agentvm/internal/network"
 	"github.com/agentvm/agentvm/internal/objects"
 	"github.com/agentvm/agentvm/internal/proxy"
+	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/repos"
 	"github.com/agentvm/agentvm/internal/sshgw"
 	"github.com/agentvm/agentvm/internal/store"
@@ -84,6 +85,10 @@ type Config struct {
 	KSM bool
 	// GitMaxPush bounds one push to a hosted repository (0: 1 GiB).
 	GitMaxPush int64
+	// RecordMax bounds each VM's recordings in bytes, RecordRetention
+	// how long they are kept (0: the record package's defaults).
+	RecordMax       int64
+	RecordRetention time.Duration
 	// StateCat is vm.Config.StateCat: the agentvm binary, whose state-cat
 	// mode reads saved states into QEMU ("": plain cat).
 	StateCat string
@@ -130,6 +135,9 @@ type Server struct {
 	e2b    *e2b.Server
 	builds *builder.Builder // templates built from Dockerfiles
 	repos  *repos.Service   // hosted git repositories (repos.go)
+	rec    *record.Store    // terminal and exec recordings (recordings.go)
+	// stopPrune ends the recordings' hourly prune.
+	stopPrune chan struct{}
 	// guestGit serves the VMs' own connections to their repositories.
 	guestGit *guestListener
 	metrics  metrics
@@ -267,6 +275,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.New("--keep-running cannot go with --cluster: a node that stops gives up its lease, and its VMs must not run on without one")
 	}
 	s.tokens = auth.New(s.store, s.token)
+	s.rec = record.New(record.Config{Dir: filepath.Join(cfg.DataDir, "recordings"), MaxPerVM: cfg.RecordMax, Retention: cfg.RecordRetention, Log: cfg.Log})
 	if cfg.Cluster { // a revoke here ends the token's connections on every node
 		s.tokens.SetBroadcast(s.broadcast)
 	}
@@ -306,7 +315,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.SSHListen != "" {
 		gw := sshgw.Config{Listen: cfg.SSHListen, HostKeyPath: filepath.Join(cfg.DataDir, "ssh_host_ed25519_key"),
-			Auth: s.tokens, VMs: s.svc, Log: cfg.Log}
+			Auth: s.tokens, VMs: s.svc, Log: cfg.Log, Record: s.rec}
 		if cfg.Cluster { // one host key for the cluster; logins go on to the VM's node
 			if gw.HostKey, err = clusterSSHKey(ctx, s.store, gw.HostKeyPath); err != nil {
 				return nil, err
@@ -360,6 +369,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.startRepos(); err != nil {
 		return nil, err
 	}
+	s.startRecordings()
 	s.svc.OnDelete(s.forgetDeletedVM)
 	s.svc.OnOp(s.metrics.observe) // lifecycle latencies; exec and other relays observe their own
 	if cfg.Cluster {
@@ -501,6 +511,10 @@ func (s *Server) closeResources() {
 	if s.guestGit != nil {
 		s.guestGit.close()
 	}
+	if s.stopPrune != nil {
+		close(s.stopPrune)
+		s.stopPrune = nil
+	}
 	if s.repos != nil {
 		s.repos.Close()
 	}
@@ -589,6 +603,7 @@ func (s *Server) forgetDeletedVM(id string) {
 	if s.e2b != nil {
 		s.e2b.Forget(id)
 	}
+	s.rec.Forget(id)
 	if s.repos != nil {
 		if err := s.repos.ForgetVM(context.Background(), id); err != nil {
 			s.log.Warn("forget the repository of a deleted VM", "vm", id, "err", err)

@@ -178,6 +178,10 @@ func (s *Server) getOrAttachTerm(w http.ResponseWriter, r *http.Request) {
 	if v, err := s.svc.Get(r.Context(), vmID); err == nil {
 		vmID = v.ID
 	}
+	if cast := s.rec.Terminal(vmID, t.Name, t.User, who, at.Cols, at.Rows); cast != nil {
+		st.Tap = cast
+		defer cast.Close()
+	}
 	s.svc.Event(vmID, "terminal", who, "attached to terminal %s (user %s)", t.Name, t.User)
 	bridgeTerm(ctx, ws, st)
 	s.svc.Event(vmID, "terminal", who, "detached from terminal %s after %s", t.Name, time.Since(start).Round(time.Second))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/store"
 	"golang.org/x/crypto/ssh"
 )
@@ -52,7 +53,9 @@ type Config struct {
 	Forward func(ctx context.Context, vmID, user string, p *auth.Principal, origin string) (net.Conn, error)
 	// AgentPath is the guest agent binary inside the VM (sftp-server mode).
 	AgentPath string
-	Log       *slog.Logger
+	// Record, when set, records the sessions' terminals and commands.
+	Record *record.Store
+	Log    *slog.Logger
 }
 
 // Gateway is a running SSH gateway.
@@ -340,7 +343,7 @@ func (g *Gateway) handleConn(nc net.Conn, cfg *ssh.ServerConfig, origin string, 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s := &session{g: g, vmID: vmID, user: user, ch: ch, env: map[string]string{}}
+				s := &session{g: g, vmID: vmID, user: user, who: who, ch: ch, env: map[string]string{}}
 				s.serve(creqs)
 			}()
 		case "direct-tcpip":

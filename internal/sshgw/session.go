@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentvm/agentvm/api"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/record"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 )
@@ -23,6 +24,7 @@ type session struct {
 	g    *Gateway
 	vmID string
 	user string
+	who  string // the actor, for recordings
 	ch   ssh.Channel
 	env  map[string]string
 
@@ -32,6 +34,8 @@ type session struct {
 	term    *guest.TermStream // running with a PTY
 	exec    *guest.ExecStream // running without one
 	sftp    net.Conn          // the sftp subsystem
+	cast    *record.Cast      // the PTY's recording
+	execRec *record.ExecTap   // the command's recording
 }
 
 type ptyReq struct {
@@ -238,8 +242,14 @@ func (s *session) start(argv []string) error {
 			gc.DeleteTerm(ctx, t.Name)
 			return err
 		}
+		var cast *record.Cast
+		if s.g.cfg.Record != nil {
+			if cast = s.g.cfg.Record.Terminal(s.vmID, "ssh", s.user, s.who, int(p.Cols), int(p.Rows)); cast != nil {
+				st.Tap = cast
+			}
+		}
 		s.mu.Lock()
-		s.term = st
+		s.term, s.cast = st, cast
 		s.mu.Unlock()
 		return nil
 	}
@@ -250,8 +260,15 @@ func (s *session) start(argv []string) error {
 	if err != nil {
 		return err
 	}
+	var rec *record.ExecTap
+	if s.g.cfg.Record != nil {
+		if rec = s.g.cfg.Record.Exec(s.vmID, record.Exec{Command: strings.Join(argv, " "), Argv: argv, User: s.user, Actor: s.who, Via: "ssh"}); rec != nil {
+			st.Tap = rec
+			st.OnExit = func(x guest.ExitStatus) { rec.Done(x.ExitCode, x.Signal, x.TimedOut) }
+		}
+	}
 	s.mu.Lock()
-	s.exec = st
+	s.exec, s.execRec = st, rec
 	s.mu.Unlock()
 	return nil
 }
@@ -259,8 +276,10 @@ func (s *session) start(argv []string) error {
 // wait relays data until the program exits, then sends its exit status.
 func (s *session) wait() {
 	s.mu.Lock()
-	t, e, sc := s.term, s.exec, s.sftp
+	t, e, sc, cast, rec := s.term, s.exec, s.sftp, s.cast, s.execRec
 	s.mu.Unlock()
+	defer cast.Close()
+	defer rec.Done(-1, "", false) // a stream lost before its exit
 	var st *guest.ExitStatus
 	if sc != nil {
 		go func() {

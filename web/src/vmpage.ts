@@ -8,6 +8,7 @@ import { clear, fmtAge, fmtBytes, fmtTime, h, toast } from './dom';
 import { renderDisplay } from './display';
 import { renderFiles } from './files';
 import { renderPorts } from './ports';
+import { renderRecordings } from './recordings';
 import { renderServices } from './services';
 import { renderTerminal } from './terminal';
 import { stateBadge } from './vmlist';
@@ -22,6 +23,7 @@ const TABS: Tab[] = [
   { id: 'ports', label: 'Ports', render: renderPorts },
   { id: 'services', label: 'Services', render: renderServices, perm: ['exec'] },
   { id: 'events', label: 'Events', render: renderEvents, perm: ['exec', 'term', 'ssh', 'files'] },
+  { id: 'recordings', label: 'Recordings', render: renderRecordings, adminOnly: true },
   { id: 'log', label: 'Serial log', render: renderLog, adminOnly: true },
   { id: 'metrics', label: 'Metrics', render: renderMetrics },
 ];
