@@ -61,7 +61,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(serveCmd(), nodeCmd(), caCmd(), mcpCmd(), createCmd(), lsCmd(), inspectCmd(), rmCmd(), startCmd(), stopCmd(),
 		execCmd(), logsCmd(), imageCmd(), connectCmd(), versionCmd(),
 		pauseCmd(), resumeCmd(), suspendCmd(), resizeCmd(), forkCmd(), snapshotCmd(), snapshotsCmd(),
-		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd(), screenshotCmd(), templateCmd(), repoCmd(), recordCmd())
+		tokenCmd(), sshCmd(), termCmd(), cpCmd(), exposeCmd(), unexposeCmd(), portsCmd(), egressCmd(), networkCmd(), eventsCmd(), policyCmd(), serviceCmd(), psCmd(), killCmd(), jobCmd(), runCodeCmd(), codeContextCmd(), screenshotCmd(), templateCmd(), repoCmd(), recordCmd(), diffCmd())
 	return root
 }
 

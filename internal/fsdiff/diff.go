@@ -2,6 +2,7 @@ package fsdiff
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"path"
 	"sort"
@@ -54,10 +55,9 @@ type Options struct {
 	Diffs        bool
 	MaxDiffFile  int64
 	MaxDiffTotal int64
+	// Context, when set, ends the compare early with its error.
+	Context context.Context
 }
-
-// DefaultIgnore are the caches left out unless asked for.
-var DefaultIgnore = []string{"/var/lib/apt/lists", "/var/cache/apt", "__pycache__", "node_modules/.cache", "/var/log/journal"}
 
 const (
 	maxDepth   = 256
@@ -192,6 +192,11 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 			continue
 		}
 		c.res.Scanned++
+		if c.opts.Context != nil && c.res.Scanned%1024 == 0 {
+			if err := c.opts.Context.Err(); err != nil {
+				return err
+			}
+		}
 		if c.res.Scanned > maxScanned {
 			return corrupt("more than %d entries", maxScanned)
 		}

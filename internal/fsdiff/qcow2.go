@@ -289,11 +289,18 @@ func (c *Chain) WrittenAbove(base int, off int64) (bool, error) {
 	return false, nil
 }
 
-// Index is the position of path in the chain (top first), or -1.
+// Index is the position of the file at path in the chain (top first),
+// or -1.
 func (c *Chain) Index(path string) int {
+	want, err := os.Stat(path)
 	for i, q := range c.files {
-		if q.path == path {
+		if q.path == filepath.Clean(path) {
 			return i
+		}
+		if err == nil {
+			if fi, err := q.f.Stat(); err == nil && os.SameFile(fi, want) {
+				return i
+			}
 		}
 	}
 	return -1

@@ -138,6 +138,16 @@ func (f *fakeAPI) routes() http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
+	mux.HandleFunc("GET /v1/vms/{id}/diff", f.scoped(api.PermFiles, func(w http.ResponseWriter, r *http.Request, v *api.VM) {
+		d := api.DiffResponse{VM: v.Name, Since: cmp.Or(r.URL.Query().Get("since"), "create"), Base: "the template it was made from",
+			Added:   []api.DiffEntry{{Path: "/opt/app", Kind: "dir"}, {Path: "/opt/app/run.sh", Kind: "file", Size: 3}},
+			Changed: []api.DiffEntry{{Path: "/etc/hosts", Kind: "file", What: []string{"content"}}},
+			Removed: []api.DiffEntry{{Path: "/etc/motd", Kind: "file"}}}
+		if r.URL.Query().Get("diffs") == "1" {
+			d.Changed[0].Diff = "--- a/etc/hosts\n+++ b/etc/hosts\n@@ -1 +1 @@\n-old\n+new\n"
+		}
+		writeJSON(w, 200, d)
+	}))
 	mux.HandleFunc("POST /v1/vms/{id}/suspend", f.admin(f.vmOnly(func(w http.ResponseWriter, r *http.Request, v *api.VM) {
 		v.State = api.StateSuspended
 		writeJSON(w, 200, v)

@@ -62,6 +62,13 @@ type writeIn struct {
 	Mode    string `json:"mode,omitempty" jsonschema:"permission bits in octal, e.g. 755 for a script (default 644)"`
 }
 
+type diffIn struct {
+	VM     string   `json:"vm,omitempty" jsonschema:"the VM's name or id"`
+	Since  string   `json:"since,omitempty" jsonschema:"compare with the VM as created (default) or with this snapshot's name"`
+	Patch  bool     `json:"patch,omitempty" jsonschema:"include unified diffs of changed text files"`
+	Ignore []string `json:"ignore,omitempty" jsonschema:"more paths or patterns to leave out (caches such as apt lists and __pycache__ are left out already)"`
+}
+
 type listIn struct {
 	VM   string `json:"vm,omitempty" jsonschema:"the VM's name or id"`
 	Path string `json:"path" jsonschema:"a directory"`
@@ -123,6 +130,7 @@ func (t *tools) register(s *sdk.Server) {
 	add(t, s, false, &sdk.Tool{Name: "write_file", Description: "Create or replace a file in a VM with the given content (atomically; parent directories are created).",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: boolp(true), IdempotentHint: true}}, t.write)
 	add(t, s, false, &sdk.Tool{Name: "list_files", Description: "List a directory in a VM: name, type, size, mode, modification time.", Annotations: ro}, t.listFiles)
+	add(t, s, false, &sdk.Tool{Name: "diff_vm", Description: "What changed on a VM's disk since it was created (or since a snapshot): files added (A), changed (M) and removed (D), read from its disk from outside, with unified diffs of text files when patch is set. Use it to review what a session did to a machine.", Annotations: ro}, t.diff)
 	add(t, s, true, &sdk.Tool{Name: "fork_vm", Description: "Copy a running VM, memory and running processes included, into new running VMs (to try alternatives in parallel). The original keeps running. Returns the copies' names.",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: boolp(false)}}, t.fork)
 	add(t, s, true, &sdk.Tool{Name: "snapshot_vm", Description: "Save a VM (memory, processes, disk) as a named snapshot; create_vm with from_snapshot makes new VMs from it. The VM keeps running.",
@@ -409,6 +417,51 @@ func (t *tools) listFiles(ctx context.Context, in listIn) (*sdk.CallToolResult, 
 			name += " -> " + e.LinkTarget
 		}
 		fmt.Fprintf(&b, "%-8s %04o %10d %s %s\n", e.Type, e.Mode, e.Size, e.ModTime.UTC().Format("2006-01-02 15:04"), name)
+	}
+	return text(b.String()), nil
+}
+
+// maxDiffText bounds diff_vm's answer.
+const maxDiffText = 64 << 10
+
+func (t *tools) diff(ctx context.Context, in diffIn) (*sdk.CallToolResult, error) {
+	id, err := t.vm(in.VM)
+	if err != nil {
+		return nil, err
+	}
+	d, err := t.c.Diff(ctx, id, client.DiffOptions{Since: in.Since, Diffs: in.Patch, Ignore: in.Ignore})
+	if err != nil {
+		return nil, toolError("diff_vm", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s since %s (%s): %d added, %d changed, %d removed\n", d.VM, d.Since, d.Base, len(d.Added), len(d.Changed), len(d.Removed))
+	for _, l := range []struct {
+		mark string
+		es   []api.DiffEntry
+	}{{"A", d.Added}, {"M", d.Changed}, {"D", d.Removed}} {
+		for _, e := range l.es {
+			if b.Len() > maxDiffText {
+				b.WriteString("[cut: the diff is longer than 64 KiB; ask with ignore patterns or without patch]\n")
+				return text(b.String()), nil
+			}
+			line := l.mark + " " + e.Path
+			if e.Kind == "dir" {
+				line += "/"
+			}
+			if len(e.What) > 0 {
+				line += " (" + strings.Join(e.What, ", ") + ")"
+			}
+			if e.Binary {
+				line += fmt.Sprintf(" binary, %d bytes", e.Size)
+			}
+			b.WriteString(line + "\n")
+			if e.Diff != "" {
+				b.WriteString(e.Diff)
+			}
+		}
+	}
+	if d.Truncated {
+		b.WriteString("[more entries differ than listed]\n")
 	}
 	return text(b.String()), nil
 }

@@ -73,7 +73,7 @@ func TestToolsOfScope(t *testing.T) {
 	f, base := newFakeAPI(t)
 	f.tokens["avm_box"] = fakeToken{vm: "id0001", allow: []string{api.PermExec}}
 	admin := toolNames(t, session(t, base, adminToken, Scope{}))
-	vmTools := []string{"get_vm", "exec", "read_file", "write_file", "list_files", "create_service", "service_logs",
+	vmTools := []string{"get_vm", "exec", "read_file", "write_file", "list_files", "diff_vm", "create_service", "service_logs",
 		"terminal_send", "terminal_read", "run_code", "screenshot", "browser_navigate", "browser_click", "browser_type", "browser_evaluate"}
 	if len(admin) != len(adminOnly)+len(vmTools) {
 		t.Errorf("admin tools %v: want %d", admin, len(adminOnly)+len(vmTools))
@@ -412,4 +412,22 @@ func TestScopedToken(t *testing.T) {
 		t.Errorf("refused calls ran: %d execs, %d files", len(f.execs), len(f.files))
 	}
 	fails(t, session(t, base, "avm_revoked", Scope{VM: "id0001"}), "exec", map[string]any{"command": "true"}, "exec failed: missing or unknown token (HTTP 401 unauthorized)")
+}
+
+// diff_vm lists what changed as A/M/D lines, with the unified diffs when
+// patch is set, and a token without files gets the API's refusal.
+func TestDiffTool(t *testing.T) {
+	f, base := newFakeAPI(t)
+	f.vms = []api.VM{{ID: "id0001", Name: "box", State: api.StateRunning}}
+	cs := session(t, base, adminToken, Scope{})
+	want := "box since create (the template it was made from): 2 added, 1 changed, 1 removed\nA /opt/app/\nA /opt/app/run.sh\nM /etc/hosts (content)\nD /etc/motd\n"
+	if out := ok(t, cs, "diff_vm", map[string]any{"vm": "box"}); out != want {
+		t.Errorf("diff_vm = %q, want %q", out, want)
+	}
+	if out := ok(t, cs, "diff_vm", map[string]any{"vm": "box", "patch": true, "since": "snap1"}); !strings.Contains(out, "since snap1") || !strings.Contains(out, "M /etc/hosts (content)\n--- a/etc/hosts\n+++ b/etc/hosts\n@@ -1 +1 @@\n-old\n+new\n") {
+		t.Errorf("diff_vm with patch = %q", out)
+	}
+	f.tokens["avt_exec"] = fakeToken{vm: "id0001", allow: []string{"exec"}}
+	scoped := session(t, base, "avt_exec", Scope{VM: "box"})
+	fails(t, scoped, "diff_vm", map[string]any{}, "diff_vm failed")
 }

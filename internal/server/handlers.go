@@ -96,6 +96,7 @@ func (s *Server) router() (http.Handler, []string) {
 	authed.HandleFunc("GET /v1/snapshots/{id}", admin(s.getSnapshot))
 	authed.HandleFunc("DELETE /v1/snapshots/{id}", admin(s.deleteSnapshot))
 	authed.HandleFunc("GET /v1/vms/{id}/tcp/{port}", s.scoped(api.PermExec, s.tcpVM))
+	authed.HandleFunc("GET /v1/vms/{id}/diff", s.scoped(api.PermFiles, s.diffVM))
 	authed.HandleFunc("POST /v1/templates/{name}/build", admin(s.buildTemplate))
 	authed.HandleFunc("GET /v1/templates", admin(s.listTemplates))
 	authed.HandleFunc("GET /v1/templates/{name}", admin(s.getTemplate))

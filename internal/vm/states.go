@@ -26,6 +26,7 @@ const (
 	opFork     = "fork"
 	opResize   = "resize"
 	opDelete   = "delete"
+	opDiff     = "diff"
 )
 
 // rule is one operation's row of the state table.
@@ -54,6 +55,7 @@ var table = map[string]rule{
 	opSnapshot: {from: []store.State{store.StateRunning, store.StatePaused}},
 	opFork:     {from: []store.State{store.StateRunning, store.StatePaused}},
 	opResize:   {from: []store.State{store.StateRunning, store.StatePaused, store.StateStopped, store.StateCrashed}},
+	opDiff:     {from: []store.State{store.StateRunning, store.StatePaused, store.StateStopped, store.StateCrashed, store.StateSuspended}},
 	opDelete:   {from: []store.State{store.StateRunning, store.StatePaused, store.StateStopped, store.StateCrashed, store.StateError, store.StateSuspended}, during: store.StateDeleting},
 }
 
