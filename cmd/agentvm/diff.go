@@ -46,7 +46,6 @@ func diffCmd() *cobra.Command {
 	return c
 }
 
-
 func printDiff(d *api.DiffResponse, patch bool) {
 	fmt.Fprintf(os.Stderr, "%s since %s (%s): %d added, %d changed, %d removed; %d entries scanned in %d ms\n",
 		d.VM, d.Since, d.Base, len(d.Added), len(d.Changed), len(d.Removed), d.Scanned, d.TookMs)
