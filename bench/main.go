@@ -60,6 +60,7 @@ type options struct {
 	templates    bool
 	git          bool
 	record       bool
+	diff         bool
 	memory       bool
 	crashLoop    bool
 	compare      string
@@ -91,6 +92,7 @@ func main() {
 	flag.BoolVar(&o.crashLoop, "crashloop", false, "run only the restore crash loop (-crashloop-creates creates from the template, each deleted at once, on the distribution's QEMU and on AGENTVM_QEMU, counting restores whose QEMU crashed and creates that failed); implies -keep-template unless it is given")
 	flag.BoolVar(&o.templates, "templates", false, "run only the template benchmark (a Dockerfile's full build against a rebuild with its last step changed and one with every step cached; create from the template until its service answers HTTP against a boot of the same machine from disk); implies -keep-template unless it is given")
 	flag.BoolVar(&o.git, "git", false, "run only the hosted-git benchmark (push and clone of a 100 MiB repository through /git/ against git over ssh to the host's sshd on the same disk; needs openssh-server)")
+	flag.BoolVar(&o.diff, "diff", false, "run only the diff benchmark (agentvm diff of a VM with 10,000 files written, running and suspended, against a VM just made); implies -keep-template unless it is given")
 	flag.BoolVar(&o.record, "record", false, "run only the recording benchmark (a terminal printing 50 MiB with the VM's recording on and off); implies -keep-template unless it is given")
 	flag.IntVar(&crashLoopCreates, "crashloop-creates", 500, "creates per QEMU for -crashloop")
 	flag.IntVar(&stressVMs, "stress-vms", 50, "VMs running at the end of -stress")
@@ -99,7 +101,7 @@ func main() {
 	flag.BoolVar(&o.restore, "restore", false, "run only the restore benchmark (suspend, wake, create --from a snapshot, fork 1/2/8, on 1 GiB and 4 GiB VMs, with the state saved as a stream and as a mapped RAM file: one server per --state-format); implies -keep-template unless it is given")
 	flag.StringVar(&o.compare, "compare", "", "run only the before/after benchmark against this git revision (built in the run): create, exec, fork, an E2B commands.run and a preview request, p50 on SQLite and on PostgreSQL, with ratios to the revision's; implies -keep-template unless it is given")
 	flag.Parse()
-	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.pysdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop || o.templates || o.git || o.record {
+	if o.compare != "" || o.lifecycle || o.restore || o.access || o.net || o.stress || o.e2b || o.code || o.tssdk || o.pysdk || o.browser || o.memgrow || o.cluster || o.memory || o.crashLoop || o.templates || o.git || o.record || o.diff {
 		explicit := false
 		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "keep-template" })
 		if !explicit {
@@ -218,6 +220,9 @@ func run(ctx context.Context, o options) (code int) {
 	if o.record {
 		phases = b.runRecord
 	}
+	if o.diff {
+		phases = b.runDiff
+	}
 	if o.crashLoop {
 		phases = b.runCrashLoop
 	}
@@ -271,6 +276,9 @@ func run(ctx context.Context, o options) (code int) {
 	case o.record:
 		r.PrintRecord(os.Stdout)
 		out = modeJSON(r, "record", r.Record)
+	case o.diff:
+		r.PrintDiff(os.Stdout)
+		out = modeJSON(r, "diff", r.Diff)
 	case o.memgrow:
 		r.PrintMemGrow(os.Stdout)
 		out = modeJSON(r, "memgrow", r.MemGrow)

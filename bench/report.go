@@ -135,6 +135,7 @@ type Report struct {
 	Templates *TemplatesReport `json:"templates,omitempty"`
 	Git       *GitReport       `json:"git,omitempty"`
 	Record    *RecordReport    `json:"record,omitempty"`
+	Diff      *DiffReport      `json:"diff,omitempty"`
 	Memory    *MemoryReport    `json:"memory,omitempty"`
 	CrashLoop *CrashLoopReport `json:"crashloop,omitempty"`
 	Stress    *StressReport    `json:"stress,omitempty"`

@@ -2,6 +2,7 @@
 // tokens, networks, domains) and server-wide calls.
 import { type CallOptions, type ClientOptions, Transport, seg } from './http.js'
 import { Domains } from './ports.js'
+import { Repos } from './repos.js'
 import { Templates } from './templates.js'
 import type {
   CreateNetworkRequest,
@@ -139,6 +140,8 @@ export class AgentVM {
   readonly vms: VMs
   readonly snapshots: Snapshots
   readonly templates: Templates
+  /** Hosted git repositories. */
+  readonly repos: Repos
   readonly tokens: Tokens
   readonly networks: Networks
   readonly domains: Domains
@@ -150,6 +153,7 @@ export class AgentVM {
     this.vms = new VMs(this.transport)
     this.snapshots = new Snapshots(this.transport)
     this.templates = new Templates(this.transport)
+    this.repos = new Repos(this.transport)
     this.tokens = new Tokens(this.transport)
     this.networks = new Networks(this.transport)
     this.domains = new Domains(this.transport)

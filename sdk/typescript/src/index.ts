@@ -9,6 +9,8 @@ export { Services, Processes, Jobs, type JobLogOptions } from './services.js'
 export { Events, type EventListOptions } from './events.js'
 export { Code, type RunCodeOptions, type Execution } from './code.js'
 export { Templates, BuildError, type BuildOptions } from './templates.js'
+export { Repos, type RepoTokenOptions } from './repos.js'
+export { Recordings } from './recordings.js'
 export type { ClientOptions, CallOptions, BodySource } from './http.js'
 export {
   AgentVMError,

@@ -17,9 +17,10 @@ import {
 import { Files } from './files.js'
 import { type CallOptions, type Transport, seg } from './http.js'
 import { Ports } from './ports.js'
+import { Recordings } from './recordings.js'
 import { Jobs, Processes, Services } from './services.js'
 import { Terminals } from './terminals.js'
-import type { Egress, ExecEvent, ExecRequest, ExecResult, ForkResponse, PolicyRequest, ResizeRequest, Snapshot, VMInfo, VMState } from './types.js'
+import type { DiffResponse, Egress, ExecEvent, ExecRequest, ExecResult, ForkResponse, PolicyRequest, ResizeRequest, Snapshot, VMInfo, VMState } from './types.js'
 
 /** Options of run. */
 export interface RunOptions extends SpawnOptions {
@@ -53,6 +54,8 @@ export class VM {
   readonly events: Events
   /** Live kernels of a code-interpreter VM (`image: 'code-interpreter'`). */
   readonly code: Code
+  /** Its terminal sessions and execs as the daemon recorded them (admin only). */
+  readonly recordings: Recordings
 
   /** @internal */
   constructor(
@@ -69,6 +72,19 @@ export class VM {
     this.jobs = new Jobs(t, this.id)
     this.events = new Events(t, this.id)
     this.code = new Code(t, this.id)
+    this.recordings = new Recordings(t, this.id)
+  }
+
+  /**
+   * What changed on the VM's disk since its creation (or `since` a snapshot):
+   * paths added, changed and removed, read from its disk layers; `diffs` adds
+   * unified diffs of text files.
+   */
+  diff(o: CallOptions & { since?: string; diffs?: boolean; ignore?: string[]; defaultIgnores?: boolean; maxEntries?: number } = {}): Promise<DiffResponse> {
+    return this.t.json('GET', this.path('/diff'), {
+      query: { since: o.since, diffs: o.diffs, ignore: o.ignore, default_ignores: o.defaultIgnores === false ? 'false' : undefined, max_entries: o.maxEntries },
+      signal: o.signal,
+    })
   }
 
   /** The VM's name (its id until fetched, when opened by id). */

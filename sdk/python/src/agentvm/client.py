@@ -12,7 +12,7 @@ from typing import Any
 from ._streams import LineStream, json_lines, parse, parse_list
 from ._transport import AsyncTransport, Call, Op, SyncTransport, drop_none, op, query, seg
 from .models import VM as VMInfo
-from .models import BuiltTemplate, Event, Health, HostInfo, NetworkInfo, Node, Snapshot, SSHInfo, Token
+from .models import BuiltTemplate, Event, Health, HostInfo, NetworkInfo, Node, Repo, RepoHook, Snapshot, SSHInfo, Token
 from .resources import Domains, _body
 from .vm import VM
 
@@ -44,16 +44,22 @@ class VMs:
         egress: dict[str, Any] | None = None,
         anti_affinity: str | None = None,
         idempotency_key: str | None = None,
+        repo: str | None = None,
+        repo_dir: str | None = None,
+        no_record: bool = False,
     ) -> Op[VM]:
         """Creates a VM and returns it once it is running: from an image
         ("default", "code-interpreter", "browser"), from a snapshot
         (``from_snapshot``, its id or name) or from a template built from a
         Dockerfile (``template``: its start command already running). memory and disk are MiB or
-        sizes such as "2G". A retry with the same idempotency_key returns
-        the VM the first call created."""
+        sizes such as "2G". ``repo`` ("NAME" or "NAME@BRANCH") clones a hosted
+        repository into ``repo_dir`` (default /home/agent/NAME); ``no_record``
+        turns off the recording of its terminals and execs. A retry with the
+        same idempotency_key returns the VM the first call created."""
         body = drop_none(
             name=name, image=image, template=template, cpus=cpus, memory=memory, disk=disk, labels=labels, env=env, idle_timeout=idle_timeout,
             delete_after=delete_after, restart=restart, network=network, egress=egress, anti_affinity=anti_affinity,
+            repo=repo, repo_dir=repo_dir, no_record=no_record or None,
         )  # fmt: skip
         if from_snapshot is not None:
             body["from"] = from_snapshot
@@ -265,12 +271,65 @@ class Nodes:
         yield Call("DELETE", "/v1/nodes/" + seg(node))
 
 
+class Repos:
+    """Hosted git repositories (admin only). Clone and push with git at the
+    server's URL plus ``repo.url``, a token as the password."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    @op
+    def create(self, name: str, *, from_url: str | None = None, allow_private: bool = False) -> Op[Repo]:
+        """Empty, or a copy of every branch and tag at ``from_url`` (http or https)."""
+        r = yield Call("POST", "/v1/repos", json=drop_none(name=name, from_url=from_url, allow_private=allow_private or None))
+        return parse(Repo, r.json())
+
+    @op
+    def list(self) -> Op[list[Repo]]:
+        r = yield Call("GET", "/v1/repos")
+        return parse_list(Repo, r.json(), "repos")
+
+    @op
+    def get(self, name: str) -> Op[Repo]:
+        r = yield Call("GET", "/v1/repos/" + seg(name))
+        return parse(Repo, r.json())
+
+    @op
+    def delete(self, name: str) -> Op[None]:
+        """Deletes it; its tokens end, with their clones and pushes under way."""
+        yield Call("DELETE", "/v1/repos/" + seg(name))
+
+    @op
+    def token(self, name: str, *, access: str | None = None, branches: str | None = None, ttl: str | None = None, token_name: str | None = None) -> Op[Token]:
+        """A token that opens this repository only: ``read`` (default) or
+        ``write``, pushes limited to ``branches`` (a glob) when given."""
+        r = yield Call("POST", "/v1/repos/" + seg(name) + "/tokens", json=drop_none(access=access, branches=branches, ttl=ttl, name=token_name))
+        return parse(Token, r.json())
+
+    @op
+    def add_hook(self, name: str, url: str, *, allow_private: bool = False) -> Op[RepoHook]:
+        """A webhook POSTed after each push, signed with the secret in the answer."""
+        r = yield Call("POST", "/v1/repos/" + seg(name) + "/hooks", json=drop_none(url=url, allow_private=allow_private or None))
+        return parse(RepoHook, r.json())
+
+    @op
+    def remove_hook(self, name: str, hook: str) -> Op[None]:
+        yield Call("DELETE", "/v1/repos/" + seg(name) + "/hooks/" + seg(hook))
+
+    @op
+    def events(self, name: str, *, after: int | None = None) -> Op[list[Event]]:
+        """The pushes (who, each ref's old and new commit) and webhook deliveries."""
+        r = yield Call("GET", "/v1/repos/" + seg(name) + "/events", params=query(after=after))
+        return parse_list(Event, r.json(), "events")
+
+
 class _Client:
     def __init__(self, t: Any) -> None:
         self._t = t
         self.vms = VMs(t)
         self.snapshots = Snapshots(t)
         self.templates = Templates(t)
+        self.repos = Repos(t)
         self.tokens = Tokens(t)
         self.networks = Networks(t)
         self.domains = Domains(t)

@@ -239,6 +239,80 @@ class Token(BaseModel):
     created_at: AwareDatetime | None = None
     expires_at: AwareDatetime | None = None
     ssh_keys: list[str] | None = None
+    repo: str | None = Field(
+        None, description="a repository token's repository (it opens no VM)"
+    )
+    branches: str | None = Field(
+        None,
+        description="a repository token's push limit: the glob branches must match",
+    )
+
+
+class DiffEntry(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    path: str | None = None
+    kind: Literal["file", "dir", "symlink", "other"] | str | None = None
+    size: int | None = None
+    old_size: int | None = None
+    mode: int | None = Field(None, description="st_mode (type and permission bits)")
+    old_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    what: list[Literal["content", "mode", "owner", "target"] | str] | None = None
+    target: str | None = None
+    binary: bool | None = None
+    diff: str | None = Field(None, description="unified diff of a text file")
+    diff_note: str | None = None
+
+
+class DiffResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    vm: str | None = None
+    since: str | None = None
+    base: str | None = Field(None, description="what the compared point is")
+    added: list[DiffEntry] | None = None
+    changed: list[DiffEntry] | None = None
+    removed: list[DiffEntry] | None = None
+    truncated: bool | None = None
+    scanned: int | None = None
+    ignored: list[str] | None = None
+    took_ms: int | None = None
+
+
+class Recording(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    id: str | None = None
+    kind: Literal["terminal", "exec"] | str | None = None
+    title: str | None = None
+    user: str | None = None
+    actor: str | None = None
+    start: AwareDatetime | None = None
+    duration_ms: int | None = None
+    bytes: int | None = None
+    exit_code: int | None = None
+    cut: bool | None = Field(
+        None, description="the recording stopped at the VM's bound"
+    )
+
+
+class RepoHook(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    id: str | None = None
+    url: str | None = None
+    secret: str | None = Field(
+        None,
+        description="the HMAC-SHA256 key of X-Agentvm-Signature; only in the add response",
+    )
+    allow_private: bool | None = None
+    created_at: AwareDatetime | None = None
 
 
 class SSHInfo(BaseModel):
@@ -441,6 +515,18 @@ class CreateVMRequest(BaseModel):
     restart: Literal["never", "on-failure", "always"] | str | None = None
     network: str | None = Field(None, description="put the VM on this private network")
     egress: Egress | None = None
+    repo: str | None = Field(
+        None,
+        description="A hosted repository, `NAME` or `NAME@BRANCH`, cloned into\n`repo_dir` as the VM is made (a failed clone fails the create and\nleaves no VM). Inside, the VM pushes to and pulls from\n`http://git.agentvm.internal/NAME.git` with no credential; its\nforks too.\n",
+    )
+    no_record: bool | None = Field(
+        None,
+        description="do not record the VM's terminals and execs (its forks' neither)",
+    )
+    repo_dir: str | None = Field(
+        None,
+        description="where to clone `repo` (absolute; default /home/agent/NAME); the clone belongs to the owner of its parent directory",
+    )
     anti_affinity: str | None = Field(
         None,
         description="On a cluster: one of the VM's `labels`. The VM prefers a node on\nwhich no VM holding memory (creating, running, paused) has the\nsame value of that label, when such a node has room; else the\nroomiest node, as any create. A preference, not a guarantee: two\nsuch creates at the same moment may meet on one node. Outside a\ncluster it is accepted and has no effect.\n",
@@ -824,6 +910,23 @@ class HostInfo(BaseModel):
     suspended: int | None = None
     warm_pool: dict[str, int] | None = None
     templates: list[Template] | None = None
+
+
+class Repo(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    name: str | None = None
+    url: str | None = Field(
+        None,
+        description="the clone URL's path on the API listener",
+        examples=["/git/app.git"],
+    )
+    branches: dict[str, str] | None = Field(None, description="each branch's commit")
+    head: str | None = Field(None, description="the default branch")
+    size_bytes: int | None = None
+    hooks: list[RepoHook] | None = None
+    created_at: AwareDatetime | None = None
 
 
 class DrainResponse(BaseModel):

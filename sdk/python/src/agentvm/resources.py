@@ -14,7 +14,7 @@ from ._streams import ByteStream, LineStream, json_lines, parse, parse_list
 from ._transport import Call, Op, drop_none, op, query, seg
 from .errors import AgentVMError, NotFound, Unavailable
 from .exec import Command, exec_request
-from .models import CodeContext, CodeEvent, Domain, Event, FileInfo, JobInfo, Port, ServiceInfo
+from .models import CodeContext, CodeEvent, Domain, Event, FileInfo, JobInfo, Port, Recording, ServiceInfo
 
 
 
@@ -345,6 +345,40 @@ class Events(_VMPart):
         """The events after ``after``, then each new one as it happens."""
         r = yield Call("GET", self._p("/events"), params=query(follow=True, after=after), stream=True)
         return LineStream(r, json_lines(Event))
+
+
+class Recordings(_VMPart):
+    """The VM's terminal sessions (asciicast v2) and execs (JSON lines) as
+    the daemon recorded them (admin only)."""
+
+    @op
+    def list(self) -> Op[list[Recording]]:
+        """The recordings, oldest first."""
+        r = yield Call("GET", self._p("/recordings"))
+        return parse_list(Recording, r.json(), "recordings")
+
+    @op
+    def enabled(self) -> Op[bool]:
+        """Whether the VM's terminals and execs are recorded."""
+        r = yield Call("GET", self._p("/recordings"))
+        return bool(r.json().get("enabled"))
+
+    @op
+    def get(self, id: str) -> Op[str]:
+        """One recording: a terminal's asciicast v2 text, or an exec's JSON line."""
+        r = yield Call("GET", self._p("/recordings/" + seg(id)))
+        return r.text
+
+    @op
+    def export(self) -> Op[bytes]:
+        """Every recording and the VM's events as a .tar.gz."""
+        r = yield Call("GET", self._p("/recordings/export"))
+        return r.content
+
+    @op
+    def set_enabled(self, enabled: bool) -> Op[None]:
+        """Turns the recording on or off (kept recordings stay)."""
+        yield Call("POST", self._p("/recordings/settings"), json={"enabled": enabled})
 
 
 @dataclass

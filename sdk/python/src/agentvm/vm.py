@@ -13,8 +13,8 @@ from ._transport import Call, Op, drop_none, op, query, seg
 from .exec import AsyncConnection, AsyncProcess, Command, Connection, Feeder, Process, RunResult, exec_request
 from .models import VM as VMInfo
 from .errors import StreamLost
-from .models import ExecEvent, ExecResult, Snapshot
-from .resources import Code, Events, Files, Jobs, Ports, Processes, Services
+from .models import DiffResponse, ExecEvent, ExecResult, Snapshot
+from .resources import Code, Events, Files, Jobs, Ports, Processes, Recordings, Services
 from .terminals import Terminals
 
 
@@ -50,6 +50,8 @@ class VM:
         self.events = Events(t, self.id)
         #: live kernels of a code-interpreter VM (image="code-interpreter")
         self.code = Code(t, self.id)
+        #: its terminal sessions and execs as the daemon recorded them (admin only)
+        self.recordings = Recordings(t, self.id)
 
     def __repr__(self) -> str:
         return f"VM(id={self.id!r}, name={self.name!r}, state={self.state!r})"
@@ -128,6 +130,17 @@ class VM:
         """Captures memory, processes and disk while the VM keeps running."""
         r = yield Call("POST", self._p("/snapshot"), json=drop_none(name=name))
         return parse(Snapshot, r.json())
+
+    @op
+    def diff(self, *, since: str | None = None, diffs: bool = False, ignore: list[str] | None = None, default_ignores: bool = True, max_entries: int | None = None) -> Op[DiffResponse]:
+        """What changed on the VM's disk since its creation (or ``since`` a
+        snapshot): paths added, changed and removed, read from its disk
+        layers; ``diffs`` adds unified diffs of text files."""
+        params = query(since=since, diffs=diffs, ignore=ignore, max_entries=max_entries)
+        if not default_ignores:
+            params["default_ignores"] = "false"
+        r = yield Call("GET", self._p("/diff"), params=params)
+        return parse(DiffResponse, r.json())
 
     @op
     def fork(self, count: int = 1) -> Op[ForkResult]:

@@ -1173,6 +1173,264 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/vms/{id}/diff": {
+        parameters: {
+            query?: {
+                /** @description `create`, or a snapshot (name or id; a token may name only its own VM's) */
+                since?: string;
+                /** @description patterns left out besides the default caches: /abs/path, or a name or a/b run anywhere; * ? [] per component */
+                ignore?: string[];
+                default_ignores?: boolean;
+                /** @description unified diffs of text files (up to 256 KiB each */
+                diffs?: boolean;
+                max_entries?: number;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * What changed on the VM's disk since its creation or a snapshot
+         * @description Read from the VM's disk layers on the host: nothing runs in the guest.
+         *     A running or paused VM's writable layer is frozen first (as a
+         *     snapshot does: what the guest's kernel has written by then); a
+         *     suspended or stopped VM is read as it is. Needs the admin, or a
+         *     token with `files` and no user limit (any file's content can be in
+         *     the answer). Default caches left out: /var/lib/apt/lists,
+         *     /var/cache/apt, __pycache__, node_modules/.cache, /var/log/journal.
+         */
+        get: operations["diffVM"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/vms/{id}/recordings": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** A VM's recordings, oldest first, and whether it is recorded (admin only) */
+        get: operations["listRecordings"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/vms/{id}/recordings/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * Every recording and the VM's events as one .tar.gz (admin only)
+         * @description `index.json`, `terminals/ID.cast`, `execs.jsonl` (oldest first) and `events.jsonl`.
+         */
+        get: operations["exportRecordings"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/vms/{id}/recordings/{rec}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                rec: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * One recording (admin only)
+         * @description A terminal's asciicast v2 file (plays in `asciinema play`), or an exec's JSON line.
+         */
+        get: operations["getRecording"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/vms/{id}/recordings/settings": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Turn a VM's recording on or off (admin only; recordings kept stay) */
+        post: operations["setRecording"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/repos": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List the hosted repositories (admin only) */
+        get: operations["listRepos"];
+        put?: never;
+        /**
+         * Create a hosted git repository (admin only)
+         * @description Empty (default branch `main`), or a copy of every branch and tag of
+         *     `from_url` (http or https, fetched by the daemon; a URL on a
+         *     loopback, private or link-local address needs `allow_private`).
+         *     A name is 1-63 lower-case letters, digits, `-` and `_`.
+         */
+        post: operations["createRepo"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/repos/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** A repository, its branches and webhooks (admin only) */
+        get: operations["getRepo"];
+        put?: never;
+        post?: never;
+        /** Delete a repository, its tokens (their clones and pushes under way end) and its VMs' access (admin only) */
+        delete: operations["deleteRepo"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/repos/{name}/tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Issue a repository token (admin only)
+         * @description Opens this repository only, over `/git/`: `read` clones and fetches,
+         *     `write` pushes too, optionally only to branches matching `branches`
+         *     (a glob; `*` matches `/`). It opens no VM and no API endpoint.
+         *     Revoke it with `DELETE /v1/tokens/{id}`: its clones and pushes under
+         *     way end at once (a push cut off changes no ref).
+         */
+        post: operations["createRepoToken"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/repos/{name}/hooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add a webhook, POSTed after each push (admin only)
+         * @description The body is `{"repo","pusher","vm","refs":[{"ref","before","after"}],"time"}`,
+         *     signed in `X-Agentvm-Signature: sha256=HEX` (HMAC-SHA256 of the body
+         *     under the secret returned here). A delivery that fails (no 2xx in
+         *     10 s) is tried 6 times, 1 to 16 s apart; redirects are not followed;
+         *     loopback, private and link-local targets need `allow_private`.
+         */
+        post: operations["addRepoHook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/repos/{name}/hooks/{hook}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                hook: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Remove a webhook (admin only) */
+        delete: operations["removeRepoHook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/repos/{name}/events": {
+        parameters: {
+            query?: {
+                after?: number;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** A repository's pushes (who, each ref's old and new commit) and webhook deliveries (admin only) */
+        get: operations["listRepoEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/networks": {
         parameters: {
             query?: never;
@@ -2078,6 +2336,89 @@ export interface components {
             /** Format: date-time */
             expires_at?: string;
             ssh_keys?: string[];
+            /** @description a repository token's repository (it opens no VM) */
+            repo?: string;
+            /** @description a repository token's push limit: the glob branches must match */
+            branches?: string;
+        };
+        Repo: {
+            name?: string;
+            /**
+             * @description the clone URL's path on the API listener
+             * @example /git/app.git
+             */
+            url?: string;
+            /** @description each branch's commit */
+            branches?: {
+                [key: string]: string;
+            };
+            /** @description the default branch */
+            head?: string;
+            /** Format: int64 */
+            size_bytes?: number;
+            hooks?: components["schemas"]["RepoHook"][];
+            /** Format: date-time */
+            created_at?: string;
+        };
+        DiffEntry: {
+            path?: string;
+            /** @enum {string} */
+            kind?: "file" | "dir" | "symlink" | "other";
+            /** Format: int64 */
+            size?: number;
+            /** Format: int64 */
+            old_size?: number;
+            /** @description st_mode (type and permission bits) */
+            mode?: number;
+            old_mode?: number;
+            uid?: number;
+            gid?: number;
+            what?: ("content" | "mode" | "owner" | "target")[];
+            target?: string;
+            binary?: boolean;
+            /** @description unified diff of a text file */
+            diff?: string;
+            diff_note?: string;
+        };
+        DiffResponse: {
+            vm?: string;
+            since?: string;
+            /** @description what the compared point is */
+            base?: string;
+            added?: components["schemas"]["DiffEntry"][];
+            changed?: components["schemas"]["DiffEntry"][];
+            removed?: components["schemas"]["DiffEntry"][];
+            truncated?: boolean;
+            scanned?: number;
+            ignored?: string[];
+            /** Format: int64 */
+            took_ms?: number;
+        };
+        Recording: {
+            id?: string;
+            /** @enum {string} */
+            kind?: "terminal" | "exec";
+            title?: string;
+            user?: string;
+            actor?: string;
+            /** Format: date-time */
+            start?: string;
+            /** Format: int64 */
+            duration_ms?: number;
+            /** Format: int64 */
+            bytes?: number;
+            exit_code?: number;
+            /** @description the recording stopped at the VM's bound */
+            cut?: boolean;
+        };
+        RepoHook: {
+            id?: string;
+            url?: string;
+            /** @description the HMAC-SHA256 key of X-Agentvm-Signature; only in the add response */
+            secret?: string;
+            allow_private?: boolean;
+            /** Format: date-time */
+            created_at?: string;
         };
         SSHInfo: {
             enabled?: boolean;
@@ -2377,6 +2718,18 @@ export interface components {
             /** @description put the VM on this private network */
             network?: string;
             egress?: components["schemas"]["Egress"];
+            /**
+             * @description A hosted repository, `NAME` or `NAME@BRANCH`, cloned into
+             *     `repo_dir` as the VM is made (a failed clone fails the create and
+             *     leaves no VM). Inside, the VM pushes to and pulls from
+             *     `http://git.agentvm.internal/NAME.git` with no credential; its
+             *     forks too.
+             */
+            repo?: string;
+            /** @description do not record the VM's terminals and execs (its forks' neither) */
+            no_record?: boolean;
+            /** @description where to clone `repo` (absolute; default /home/agent/NAME); the clone belongs to the owner of its parent directory */
+            repo_dir?: string;
             /**
              * @description On a cluster: one of the VM's `labels`. The VM prefers a node on
              *     which no VM holding memory (creating, running, paused) has the
@@ -4629,6 +4982,359 @@ export interface operations {
                 content?: never;
             };
             404: components["responses"]["NotFound"];
+        };
+    };
+    diffVM: {
+        parameters: {
+            query?: {
+                /** @description `create`, or a snapshot (name or id; a token may name only its own VM's) */
+                since?: string;
+                /** @description patterns left out besides the default caches: /abs/path, or a name or a/b run anywhere; * ? [] per component */
+                ignore?: string[];
+                default_ignores?: boolean;
+                /** @description unified diffs of text files (up to 256 KiB each */
+                diffs?: boolean;
+                max_entries?: number;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The entries added, changed and removed, by path. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DiffResponse"];
+                };
+            };
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    listRecordings: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The recordings. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        enabled?: boolean;
+                        recordings?: components["schemas"]["Recording"][];
+                    };
+                };
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    exportRecordings: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The archive. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/gzip": string;
+                };
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    getRecording: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                rec: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The recording. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-asciicast": string;
+                    "application/json": Record<string, never>;
+                };
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    setRecording: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    enabled: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description The setting. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        enabled?: boolean;
+                    };
+                };
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listRepos: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The repositories. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        repos?: components["schemas"]["Repo"][];
+                    };
+                };
+            };
+        };
+    };
+    createRepo: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    name: string;
+                    from_url?: string;
+                    allow_private?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description The repository. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Repo"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    getRepo: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The repository. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Repo"];
+                };
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    deleteRepo: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    createRepoToken: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /**
+                     * @default read
+                     * @enum {string}
+                     */
+                    access?: "read" | "write";
+                    /** @example agent/* */
+                    branches?: string;
+                    /** @example 1h */
+                    ttl?: string;
+                    name?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description The token, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Token"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    addRepoHook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    url: string;
+                    allow_private?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description The webhook, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RepoHook"];
+                };
+            };
+            400: components["responses"]["InvalidArgument"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    removeRepoHook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                hook: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listRepoEvents: {
+        parameters: {
+            query?: {
+                after?: number;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The events, oldest first; `vm` is `repo:NAME`. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        events?: components["schemas"]["Event"][];
+                    };
+                };
+            };
         };
     };
     listNetworks: {
