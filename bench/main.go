@@ -152,7 +152,12 @@ func run(ctx context.Context, o options) (code int) {
 		logf("error: %v", err)
 		return 1
 	}
-	srv, err := startServer(ctx, bin, tmp, o.keepTemplate, 0)
+	var extra []string
+	if o.record {
+		// The flood's whole recording (~80 MiB of JSON) fits: no cut.
+		extra = append(extra, "--record-max", "1G")
+	}
+	srv, err := startServer(ctx, bin, tmp, o.keepTemplate, 0, extra...)
 	if err != nil {
 		logf("error: %v", err)
 		return 1

@@ -78,6 +78,7 @@ func TestConsole(t *testing.T) {
 	c.liveUpdates(vm)
 	c.terminal(vm)
 	c.recordings(vm)
+	c.changes(vm)
 	c.files(vm)
 	c.ports(vm)
 	c.otherTabs(vm)

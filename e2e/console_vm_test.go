@@ -206,6 +206,24 @@ func (c *consoleRun) recordings(v *api.VM) {
 	c.screenshot("recordings")
 }
 
+// changes compares the VM's disk in the changes tab (docs/diff.md) after a
+// file is written, and opens the file's diff.
+func (c *consoleRun) changes(v *api.VM) {
+	if r, err := c.s.Client.Exec(c.ctx, v.ID, api.ExecRequest{Shell: "echo from-console > /root/console-change.txt && sync"}); err != nil || r.ExitCode != 0 {
+		c.t.Fatalf("write a file: %v %+v", err, r)
+	}
+	c.tab("changes")
+	c.click(`form[aria-label="Compare the disk"] button[type="submit"]`)
+	c.waitJS("the new file listed", `!!document.querySelector('[data-change="A /root/console-change.txt"]')`, 2*time.Minute)
+	c.click(`[data-change="A /root/console-change.txt"] button`)
+	c.waitJS("its diff shown", `(() => {
+		const pre = document.querySelector('[data-change="A /root/console-change.txt"] pre');
+		return !!pre && !pre.hidden && pre.textContent.includes('+from-console');
+	})()`, time.Minute)
+	c.a11y("changes tab")
+	c.screenshot("changes")
+}
+
 func (c *consoleRun) files(v *api.VM) {
 	c.tab("files")
 	c.waitJS("the file list", `!!document.querySelector('table.files tbody tr')`, time.Minute)

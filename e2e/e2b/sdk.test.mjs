@@ -72,6 +72,20 @@ test('commands: foreground, env, cwd, user, exit codes', async () => {
   await assert.rejects(sbx.commands.run('exit 3'), (e) => e instanceof CommandExitError && e.exitCode === 3)
 })
 
+test('commands are recorded by agentvm (GET /v1/vms/{id}/recordings)', async () => {
+  const h = { Authorization: `Bearer ${process.env.AGENTVM_TOKEN}` }
+  const base = `${process.env.AGENTVM_URL}/v1/vms/${sbx.sandboxId}/recordings`
+  const list = await (await fetch(base, { headers: h })).json()
+  const rec = list.recordings.find((r) => r.kind === 'exec' && r.title.includes('echo hello; echo oops'))
+  assert.ok(rec, JSON.stringify(list))
+  const line = await (await fetch(`${base}/${rec.id}`, { headers: h })).json()
+  assert.equal(line.via, 'e2b')
+  assert.equal(line.stdout, 'hello\n')
+  assert.equal(line.stderr, 'oops\n')
+  assert.equal(line.exit_code, 0)
+  assert.equal(line.user, 'user')
+})
+
 test('commands: background, list, reattach, stdin, kill, timeout', async () => {
   // runs until the test says so (a file), however slow the steps between
   const h = await sbx.commands.run('until [ -e /tmp/go-bg ]; do sleep 0.1; done; echo bg', { background: true })

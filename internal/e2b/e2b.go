@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/store"
 	"github.com/agentvm/agentvm/internal/vm"
 )
@@ -71,6 +72,9 @@ type Config struct {
 	// to the cluster node that runs it, and reports whether it did.
 	Forward func(w http.ResponseWriter, r *http.Request, p *auth.Principal, v *store.VM) bool
 	Log     *slog.Logger
+	// Record, when set, records the processes started through envd as
+	// execs (docs/recordings.md).
+	Record *record.Store
 }
 
 type callerKey struct{}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
+	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/image"
 	"github.com/agentvm/agentvm/internal/store"
 )
@@ -272,7 +273,15 @@ func (c *envdCall) start(ctx context.Context, req *startRequest, st *stream) err
 	}
 	// Who ran what as whom, as the native exec records it.
 	c.s.cfg.VMs.Event(c.vm.ID, "exec", c.p.Actor(), "envd: %s (user %s)", strings.Join(ps.Argv, " "), c.user)
-	return c.relay(ctx, ps2, st, req.PTY != nil)
+	var rec *record.ExecTap
+	if c.s.cfg.Record != nil {
+		// What this call relays: input sent by later calls is not counted,
+		// and a process the client left running ends the record with -1.
+		rec = c.s.cfg.Record.Exec(c.vm.ID, record.Exec{Command: "envd: " + strings.Join(ps.Argv, " "), Argv: ps.Argv,
+			User: c.user, Cwd: ps.Cwd, Actor: c.p.Actor(), Via: "e2b"})
+		defer rec.Done(-1, "", false)
+	}
+	return c.relay(ctx, ps2, st, req.PTY != nil, rec)
 }
 
 // ptyReady bounds how long a terminal's start event waits for the first
@@ -292,7 +301,7 @@ func (c *envdCall) connect(ctx context.Context, req *connectRequest, st *stream)
 	if err != nil {
 		return guestRPCError(err)
 	}
-	return c.relay(ctx, ps, st, false)
+	return c.relay(ctx, ps, st, false, nil)
 }
 
 // relay forwards a managed process's events to the stream, with keepalives
@@ -305,7 +314,7 @@ func (c *envdCall) connect(ctx context.Context, req *connectRequest, st *stream)
 // login shell still starts (a few hundred ms under emulation and load) is
 // echoed by the terminal and answered only later, after a client that
 // waited 300 ms for the answer has gone.
-func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, holdStart bool) error {
+func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, holdStart bool, rec *record.ExecTap) error {
 	defer ps.Close()
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	defer stop()
@@ -361,11 +370,19 @@ func (c *envdCall) relay(ctx context.Context, ps *guest.ProcStream, st *stream, 
 				}
 			case guest.ProcEventStdout:
 				pe.Data = &dataEvent{Stdout: ev.Data}
+				rec.Output(ev.Data, false)
 			case guest.ProcEventStderr:
 				pe.Data = &dataEvent{Stderr: ev.Data}
+				rec.Output(ev.Data, true)
 			case guest.ProcEventPTY:
 				pe.Data = &dataEvent{PTY: ev.Data}
+				rec.Output(ev.Data, false)
 			case guest.ProcEventEnd:
+				sig := ""
+				if strings.HasPrefix(ev.Status, "signal: ") {
+					sig = strings.TrimPrefix(ev.Status, "signal: ")
+				}
+				rec.Done(ev.ExitCode, sig, ev.TimedOut)
 				if ev.TimedOut {
 					return rpcErr(codeDeadlineExceeded, "the process was killed at its time limit (the call's timeout)")
 				}

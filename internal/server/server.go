@@ -333,7 +333,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		ec := e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log}
+		ec := e2b.Config{VMs: s.svc, Store: s.store, Tokens: s.tokens, Key: []byte(key), Log: cfg.Log, Record: s.rec}
 		if cfg.Cluster { // a sandbox's envd token is good on every node; requests go on to its node
 			if key, err = clusterSecret(ctx, s.store, e2bKeyMeta, key); err != nil {
 				return nil, err

@@ -5,6 +5,7 @@ import { actionButtons } from './actions';
 import { renderMetrics } from './charts';
 import { subscribe } from './events';
 import { clear, fmtAge, fmtBytes, fmtTime, h, toast } from './dom';
+import { renderChanges } from './changes';
 import { renderDisplay } from './display';
 import { renderFiles } from './files';
 import { renderPorts } from './ports';
@@ -23,6 +24,7 @@ const TABS: Tab[] = [
   { id: 'ports', label: 'Ports', render: renderPorts },
   { id: 'services', label: 'Services', render: renderServices, perm: ['exec'] },
   { id: 'events', label: 'Events', render: renderEvents, perm: ['exec', 'term', 'ssh', 'files'] },
+  { id: 'changes', label: 'Changes', render: renderChanges, perm: ['files'] },
   { id: 'recordings', label: 'Recordings', render: renderRecordings, adminOnly: true },
   { id: 'log', label: 'Serial log', render: renderLog, adminOnly: true },
   { id: 'metrics', label: 'Metrics', render: renderMetrics },
