@@ -17,8 +17,8 @@ import (
 
 	"github.com/agentvm/agentvm/internal/auth"
 	"github.com/agentvm/agentvm/internal/guest"
-	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/image"
+	"github.com/agentvm/agentvm/internal/record"
 	"github.com/agentvm/agentvm/internal/store"
 )
 
