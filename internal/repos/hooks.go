@@ -30,12 +30,13 @@ const SignatureHeader = "X-Agentvm-Signature"
 
 // hookAttempts and hookBackoff: a delivery is tried up to 6 times, waiting
 // 1, 2, 4, 8 and 16 s between tries; each try has hookTimeout.
-const (
-	hookAttempts = 6
-	hookTimeout  = 10 * time.Second
-)
+const hookAttempts = 6
 
-var hookBackoff = time.Second // a variable for the tests
+// Variables for the tests.
+var (
+	hookBackoff = time.Second
+	hookTimeout = 10 * time.Second
+)
 
 // maxHooks bounds a repository's webhooks.
 const maxHooks = 20

@@ -227,8 +227,8 @@ func TestCreateFails(t *testing.T) {
 // Webhooks: signed, retried until they answer 2xx; a redirect and a
 // private address without allow_private are failures, recorded.
 func TestHooks(t *testing.T) {
-	hookBackoff = 10 * time.Millisecond
-	defer func() { hookBackoff = time.Second }()
+	hookBackoff, hookTimeout = 10*time.Millisecond, 300*time.Millisecond
+	defer func() { hookBackoff, hookTimeout = time.Second, 10*time.Second }()
 	s, ev := newService(t, 0)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, "app", "", false); err != nil {
@@ -252,6 +252,10 @@ func TestHooks(t *testing.T) {
 	defer recv.Close()
 	redirect := httptest.NewServer(http.RedirectHandler(recv.URL, http.StatusFound))
 	defer redirect.Close()
+	hang := make(chan struct{})
+	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-hang }))
+	defer hanging.Close()
+	defer close(hang)
 	ok, err := s.AddHook(ctx, "app", api.AddRepoHookRequest{URL: recv.URL, AllowPrivate: true})
 	if err != nil {
 		t.Fatal(err)
@@ -260,6 +264,9 @@ func TestHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := s.AddHook(ctx, "app", api.AddRepoHookRequest{URL: recv.URL}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddHook(ctx, "app", api.AddRepoHookRequest{URL: hanging.URL, AllowPrivate: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"", "ftp://x", "/relative", "http://"} {
@@ -272,7 +279,7 @@ func TestHooks(t *testing.T) {
 		t.Fatal(out, err)
 	}
 	deadline := time.Now().Add(time.Minute)
-	for !(ev.find("webhook", "delivered") && ev.find("webhook", "no redirects") && ev.find("webhook", "private")) {
+	for !(ev.find("webhook", "delivered") && ev.find("webhook", "no redirects") && ev.find("webhook", "private") && ev.find("webhook", "deadline exceeded")) {
 		if time.Now().After(deadline) {
 			t.Fatalf("webhook outcomes: %+v", ev.all)
 		}
