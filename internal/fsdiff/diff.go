@@ -76,7 +76,18 @@ type comparer struct {
 	opts      Options
 	res       *Result
 	diffBytes int64
-	err       error
+	lookups   int64 // cluster lookups, against maxLookups
+}
+
+// maxLookups bounds the cluster lookups of one compare: past it what is
+// left is compared by reading (which the file systems' read budget bounds).
+const maxLookups = 64 << 20
+
+func (c *comparer) ctxErr() error {
+	if c.opts.Context == nil {
+		return nil
+	}
+	return c.opts.Context.Err()
 }
 
 // Compare tells what differs from the older file system to the newer.
@@ -130,6 +141,9 @@ func (c *comparer) written(off, n int64) (bool, error) {
 	}
 	cs := c.chain.files[0].clusterSize()
 	for o := off / cs * cs; o < off+n; o += cs {
+		if c.lookups++; c.lookups > maxLookups {
+			return true, nil
+		}
 		w, err := c.chain.WrittenAbove(c.fast, o)
 		if err != nil || w {
 			return true, err
@@ -192,8 +206,8 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 			continue
 		}
 		c.res.Scanned++
-		if c.opts.Context != nil && c.res.Scanned%1024 == 0 {
-			if err := c.opts.Context.Err(); err != nil {
+		if c.res.Scanned%256 == 0 {
+			if err := c.ctxErr(); err != nil {
 				return err
 			}
 		}
@@ -396,22 +410,54 @@ func (c *comparer) sameContent(old, cur *Inode) (bool, error) {
 			return true, nil
 		}
 	}
+	// Only what either side maps can differ: holes on both read as zeros.
 	or, nr := &fileReader{c.old.fs, old, oe}, &fileReader{c.new.fs, cur, ne}
 	const chunk = 1 << 20
 	a, b := make([]byte, chunk), make([]byte, chunk)
-	for off := int64(0); off < cur.Size; off += chunk {
-		n := min(chunk, cur.Size-off)
-		if err := or.read(a[:n], off); err != nil {
-			return false, err
-		}
-		if err := nr.read(b[:n], off); err != nil {
-			return false, err
-		}
-		if !bytes.Equal(a[:n], b[:n]) {
-			return false, nil
+	bs := c.new.fs.blockSize
+	for _, rg := range mappedRanges(oe, ne, bs, cur.Size) {
+		for off := rg[0]; off < rg[1]; off += chunk {
+			if err := c.ctxErr(); err != nil {
+				return false, err
+			}
+			n := min(chunk, rg[1]-off)
+			if err := or.read(a[:n], off); err != nil {
+				return false, err
+			}
+			if err := nr.read(b[:n], off); err != nil {
+				return false, err
+			}
+			if !bytes.Equal(a[:n], b[:n]) {
+				return false, nil
+			}
 		}
 	}
 	return true, nil
+}
+
+// mappedRanges are the byte ranges of a file of size bytes that either
+// extent list maps, merged and sorted.
+func mappedRanges(a, b []Extent, bs, size int64) [][2]int64 {
+	var rs [][2]int64
+	for _, l := range [][]Extent{a, b} {
+		for _, e := range l {
+			lo := int64(e.Logical) * bs
+			hi := min(lo+int64(e.Len)*bs, size)
+			if lo < hi {
+				rs = append(rs, [2]int64{lo, hi})
+			}
+		}
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i][0] < rs[j][0] })
+	var out [][2]int64
+	for _, r := range rs {
+		if k := len(out); k > 0 && r[0] <= out[k-1][1] {
+			out[k-1][1] = max(out[k-1][1], r[1])
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 func extentsEqual(a, b []Extent) bool {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 )
 
@@ -25,7 +26,14 @@ const (
 	extentMagic      = 0xF30A
 	maxExtentDepth   = 5
 	maxExtents       = 1 << 20 // per file
+	maxGDT           = 64 << 20
 	rootInode        = 2
+	// maxTableCache bounds the inode table blocks kept, in bytes.
+	maxTableCache = 64 << 20
+	// maxReadBytes and maxNodes bound one file system's reads in one diff:
+	// a forged one cannot make it read or walk without end.
+	maxReadBytes = 16 << 30
+	maxNodes     = 4 << 20
 
 	sIFMT  = 0xF000
 	sIFDIR = 0x4000
@@ -52,6 +60,30 @@ type FS struct {
 
 	mu     sync.Mutex
 	tables map[int64][]byte // inode table blocks read, by block (a cache)
+	read   int64            // bytes read, against maxReadBytes
+	nodes  int64            // extent and indirect nodes walked, against maxNodes
+}
+
+// spend accounts n bytes read, failing past the budget.
+func (fs *FS) spend(n int64) error {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.read += n
+	if fs.read > maxReadBytes {
+		return corrupt("more than %d GiB read from one file system", maxReadBytes>>30)
+	}
+	return nil
+}
+
+// node accounts one tree node walked, failing past the budget.
+func (fs *FS) node() error {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.nodes++
+	if fs.nodes > maxNodes {
+		return corrupt("more than %d extent or indirect nodes", maxNodes)
+	}
+	return nil
 }
 
 // OpenFS reads the superblock and group descriptors of the file system on
@@ -92,6 +124,9 @@ func OpenFS(r io.ReaderAt, size int64) (*FS, error) {
 		return nil, corrupt("%d block groups", ngroups)
 	}
 	firstData := int64(le.Uint32(sb[20:]))
+	if gdtSize := int64(ngroups) * descSize; gdtSize > min(size, maxGDT) || (firstData+1)*fs.blockSize+gdtSize > size {
+		return nil, corrupt("%d group descriptors of %d bytes on a disk of %d", ngroups, descSize, size)
+	}
 	gdt := make([]byte, int64(ngroups)*descSize)
 	if _, err := r.ReadAt(gdt, (firstData+1)*fs.blockSize); err != nil {
 		return nil, fmt.Errorf("ext4 group descriptors: %w", err)
@@ -139,9 +174,12 @@ func (fs *FS) Inode(n uint32) (*Inode, error) {
 	if int(g) >= len(fs.groups) {
 		return nil, corrupt("inode %d in group %d of %d", n, g, len(fs.groups))
 	}
+	if fs.groups[g] >= uint64(fs.size/fs.blockSize) {
+		return nil, corrupt("inode %d's table past the disk", n)
+	}
 	off := int64(fs.groups[g])*fs.blockSize + idx*int64(fs.inodeSize)
 	blk := off / fs.blockSize * fs.blockSize
-	if blk < 0 || blk+fs.blockSize > fs.size {
+	if off < 0 || blk < 0 || blk+fs.blockSize > fs.size {
 		return nil, corrupt("inode %d's table past the disk", n)
 	}
 	fs.mu.Lock()
@@ -149,11 +187,11 @@ func (fs *FS) Inode(n uint32) (*Inode, error) {
 	fs.mu.Unlock()
 	if !ok {
 		b = make([]byte, fs.blockSize)
-		if _, err := fs.r.ReadAt(b, blk); err != nil {
+		if err := fs.readAt(b, blk); err != nil {
 			return nil, err
 		}
 		fs.mu.Lock()
-		if len(fs.tables) > 16384 {
+		if int64(len(fs.tables))*fs.blockSize > maxTableCache {
 			clear(fs.tables)
 		}
 		fs.tables[blk] = b
@@ -196,7 +234,7 @@ func (fs *FS) Extents(in *Inode) ([]Extent, error) {
 	}
 	var out []Extent
 	if in.flags&flagExtents != 0 {
-		if err := fs.extentNode(in.block[:], 0, &out); err != nil {
+		if err := fs.extentNode(in.block[:], -1, &out); err != nil {
 			return nil, fmt.Errorf("inode %d: %w", in.Num, err)
 		}
 		return out, nil
@@ -207,13 +245,18 @@ func (fs *FS) Extents(in *Inode) ([]Extent, error) {
 	return out, nil
 }
 
-func (fs *FS) extentNode(b []byte, depth int, out *[]Extent) error {
+// extentNode reads an extent tree node whose depth must be want (-1 for
+// the root, which says its own).
+func (fs *FS) extentNode(b []byte, want int, out *[]Extent) error {
 	if len(b) < 12 || le.Uint16(b[0:]) != extentMagic {
 		return corrupt("bad extent header")
 	}
 	n, d := int(le.Uint16(b[2:])), int(le.Uint16(b[6:]))
-	if d > maxExtentDepth || depth > maxExtentDepth || 12+12*n > len(b) {
+	if d > maxExtentDepth || (want >= 0 && d != want) || 12+12*n > len(b) {
 		return corrupt("extent node of depth %d with %d entries", d, n)
+	}
+	if err := fs.node(); err != nil {
+		return err
 	}
 	for i := 0; i < n; i++ {
 		e := b[12+12*i:]
@@ -235,7 +278,7 @@ func (fs *FS) extentNode(b []byte, depth int, out *[]Extent) error {
 		if err := fs.readBlock(nb, child); err != nil {
 			return err
 		}
-		if err := fs.extentNode(nb, depth+1, out); err != nil {
+		if err := fs.extentNode(nb, d-1, out); err != nil {
 			return err
 		}
 	}
@@ -274,6 +317,9 @@ func (fs *FS) blockMap(in *Inode, out *[]Extent) error {
 			}
 			logical += uint32(min(skip, nblocks))
 			return nil
+		}
+		if err := fs.node(); err != nil {
+			return err
 		}
 		b := make([]byte, fs.blockSize)
 		if err := fs.readBlock(b, uint64(blk)); err != nil {
@@ -314,12 +360,10 @@ func nilIfEOF(err error) error {
 }
 
 func (fs *FS) readBlock(b []byte, blk uint64) error {
-	off := int64(blk) * fs.blockSize
-	if blk > uint64(fs.size/fs.blockSize) || off+int64(len(b)) > fs.size {
+	if blk >= uint64(fs.size/fs.blockSize) {
 		return corrupt("block %d past the disk", blk)
 	}
-	_, err := fs.r.ReadAt(b, off)
-	return err
+	return fs.readAt(b, int64(blk)*fs.blockSize)
 }
 
 // ReadFile reads up to max bytes of a file (or a symlink's target).
@@ -338,6 +382,9 @@ func (fs *FS) ReadFile(in *Inode, max int64) ([]byte, error) {
 		if start >= n || e.Unwritten {
 			continue
 		}
+		if e.Physical >= uint64(fs.size/fs.blockSize) {
+			return nil, corrupt("inode %d: an extent past the disk", in.Num)
+		}
 		l := min(int64(e.Len)*fs.blockSize, n-start)
 		if err := fs.readAt(out[start:start+l], int64(e.Physical)*fs.blockSize); err != nil {
 			return nil, fmt.Errorf("inode %d: %w", in.Num, err)
@@ -347,8 +394,11 @@ func (fs *FS) ReadFile(in *Inode, max int64) ([]byte, error) {
 }
 
 func (fs *FS) readAt(b []byte, off int64) error {
-	if off < 0 || off+int64(len(b)) > fs.size {
+	if off < 0 || off+int64(len(b)) > fs.size || off+int64(len(b)) < off {
 		return corrupt("data past the disk")
+	}
+	if err := fs.spend(int64(len(b))); err != nil {
+		return err
 	}
 	_, err := fs.r.ReadAt(b, off)
 	return err
@@ -361,7 +411,7 @@ type Dirent struct {
 }
 
 // maxDirBytes bounds a directory's size (a forged one could claim terabytes).
-const maxDirBytes = 256 << 20
+const maxDirBytes = 32 << 20
 
 // ReadDir lists a directory (without . and ..).
 func (fs *FS) ReadDir(in *Inode) ([]Dirent, error) {
@@ -387,6 +437,9 @@ func (fs *FS) ReadDir(in *Inode) ([]Dirent, error) {
 			}
 			if ino != 0 && 8+nameLen <= recLen {
 				name := string(b[p+8 : p+8+nameLen])
+				if strings.ContainsAny(name, "/\x00") {
+					return nil, corrupt("directory inode %d holds a name with / or NUL", in.Num)
+				}
 				if name != "." && name != ".." && name != "" {
 					out = append(out, Dirent{Name: name, Inode: ino})
 				}

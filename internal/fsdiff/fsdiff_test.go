@@ -2,6 +2,7 @@ package fsdiff
 
 import (
 	"bytes"
+	"fmt"
 	"crypto/rand"
 	"os"
 	"os/exec"
@@ -241,13 +242,114 @@ func TestHostileFS(t *testing.T) {
 			if err != nil {
 				return
 			}
-			Compare(fs, fs, nil, -1, Options{Diffs: true, MaxEntries: 1000})
+			// Against the clean tree (size and time differ, so contents are
+			// read), and against itself.
+			cleanFS, err := OpenFS(bytes.NewReader(clean), int64(len(clean)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			Compare(cleanFS, fs, nil, -1, Options{Diffs: true, MaxEntries: 1000})
+			Compare(fs, cleanFS, nil, -1, Options{Diffs: true, MaxEntries: 1000})
 		}()
 		select {
 		case <-done:
 		case <-time.After(20 * time.Second):
 			t.Fatalf("round %d: a forged file system kept the compare going", round)
 		}
+	}
+}
+
+// Forged structures aimed at the parser's arithmetic: an inode table at
+// the end of the 64-bit block range, a descriptor table larger than the
+// disk, and an extent tree whose child claims the depth of its parent.
+func TestForgedStructures(t *testing.T) {
+	need(t, "mkfs.ext4", "qemu-img")
+	dir := t.TempDir()
+	tree := filepath.Join(dir, "t")
+	write(t, tree, "f", strings.Repeat("data", 5000))
+	img := filepath.Join(dir, "a.qcow2")
+	image(t, tree, img, "")
+	c, err := OpenChain(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	clean := make([]byte, c.Size())
+	c.ReadAt(clean, 0)
+	sb := func(b []byte) []byte { return b[1024:2048] }
+	// try compares the forged tree with the clean one and returns what
+	// Compare said (an error, or the entry of /f).
+	try := func(name string, b []byte) (string, error) {
+		t.Helper()
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("%s: panic %v", name, p)
+			}
+		}()
+		fs, err := OpenFS(bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			return "", err
+		}
+		cleanFS, _ := OpenFS(bytes.NewReader(clean), int64(len(clean)))
+		r, err := Compare(cleanFS, fs, nil, -1, Options{Diffs: true})
+		if err != nil {
+			return "", err
+		}
+		for _, e := range r.Changed {
+			if e.Path == "/f" {
+				return e.DiffNote, nil
+			}
+		}
+		return "", nil
+	}
+	// 64-bit descriptors with the first group's inode table at 2^64-1.
+	b := append([]byte(nil), clean...)
+	le.PutUint32(sb(b)[96:], le.Uint32(sb(b)[96:])|featIncomp64bit)
+	le.PutUint16(sb(b)[254:], 64)
+	gdt := b[4096:] // block 1 of a 4 KiB-block file system
+	le.PutUint32(gdt[8:], 0xFFFFFFFF)
+	le.PutUint32(gdt[0x28:], 0xFFFFFFFF)
+	if _, err := try("inode table at the end of the block range", b); err == nil || !strings.Contains(err.Error(), "past the disk") {
+		t.Errorf("an inode table at the end of the block range: %v", err)
+	}
+	// Descriptors larger than the disk.
+	b = append([]byte(nil), clean...)
+	le.PutUint32(sb(b)[96:], le.Uint32(sb(b)[96:])|featIncomp64bit)
+	le.PutUint16(sb(b)[254:], 1024)
+	le.PutUint32(sb(b)[0:], 1<<30)
+	if _, err := OpenFS(bytes.NewReader(b), int64(len(b))); err == nil {
+		t.Error("a descriptor table larger than the disk was read")
+	}
+	// The file's extent root says depth 1 and points at a node that also
+	// says depth 1 (a cycle through itself).
+	fs, _ := OpenFS(bytes.NewReader(clean), int64(len(clean)))
+	root, _ := fs.Inode(rootInode)
+	ents, _ := fs.ReadDir(root)
+	var f *Inode
+	for _, e := range ents {
+		if e.Name == "f" {
+			f, _ = fs.Inode(e.Inode)
+		}
+	}
+	if f == nil {
+		t.Fatal("no f")
+	}
+	b = append([]byte(nil), clean...)
+	last := uint32(len(b)/4096 - 1) // a block the files do not use
+	ib := b[f.Off+0x28:]
+	le.PutUint16(ib[2:], 1) // one entry
+	le.PutUint16(ib[6:], 1) // depth 1: an index
+	le.PutUint32(ib[12+4:], last)
+	le.PutUint16(ib[12+8:], 0)
+	le.PutUint32(b[f.Off+4:], 20001) // another size: the content is read
+	node := b[int64(last)*4096:]
+	le.PutUint16(node[0:], extentMagic)
+	le.PutUint16(node[2:], 1)
+	le.PutUint16(node[6:], 1) // claims depth 1 again
+	le.PutUint32(node[12+4:], last)
+	if note, err := try("an extent node of its parent's depth", b); (err == nil) == (note == "") || !strings.Contains(note+fmt.Sprint(err), "extent node of depth 1") {
+		t.Errorf("an extent node of its parent's depth: %q %v", note, err)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 
 // maxEditDistance bounds the line diff's work: two texts further apart
 // than this are shown as one hunk replacing the whole file.
-const maxEditDistance = 4000
+const maxEditDistance = 1000
 
 type edit struct {
 	op   byte // ' ', '-', '+'
@@ -25,11 +25,11 @@ func lineEdits(a, b []string) []edit {
 	limit := min(max, maxEditDistance)
 	off := limit + 1
 	v := make([]int, 2*limit+3)
+	// trace[d] keeps v[-d..d] as the step d began (what backtracking reads
+	// of it): O(D²) ints in all, not O(D·(N+M)).
 	var trace [][]int
 	for d := 0; d <= limit; d++ {
-		snap := make([]int, len(v))
-		copy(snap, v)
-		trace = append(trace, snap)
+		trace = append(trace, append([]int(nil), v[off-d:off+d+1]...))
 		for k := -d; k <= d; k += 2 {
 			var x int
 			if k == -d || (k != d && v[off+k-1] < v[off+k+1]) {
@@ -55,15 +55,16 @@ func backtrack(trace [][]int, a, b []string, off, d int, last []int) []edit {
 	x, y := len(a), len(b)
 	var out []edit
 	for ; d > 0; d-- {
-		v := trace[d]
+		v := trace[d] // v[-d..d] at index 0..2d
+		at := func(k int) int { return v[k+d] }
 		k := x - y
 		var pk int
-		if k == -d || (k != d && v[off+k-1] < v[off+k+1]) {
+		if k == -d || (k != d && at(k-1) < at(k+1)) {
 			pk = k + 1
 		} else {
 			pk = k - 1
 		}
-		px := v[off+pk]
+		px := at(pk)
 		py := px - pk
 		for x > px && y > py {
 			x--
