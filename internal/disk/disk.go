@@ -140,3 +140,28 @@ func Rebase(ctx context.Context, path, backing string) error {
 	}
 	return qemuImg(ctx, "rebase", "rebase", "-q", "-u", "-F", "qcow2", "-b", backing, path)
 }
+
+// TopEmpty reports whether the image at path holds nothing of its own yet
+// (every cluster reads through to its backing file), and names that file.
+func TopEmpty(ctx context.Context, path string) (backing string, empty bool, err error) {
+	if backing, err = Backing(ctx, path); err != nil || backing == "" {
+		return backing, false, err
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "map", "-U", "--output=json", path).Output()
+	if err != nil {
+		return "", false, fmt.Errorf("qemu-img map %s: %w", path, err)
+	}
+	var ranges []struct {
+		Depth   int  `json:"depth"`
+		Present bool `json:"present"`
+	}
+	if err := json.Unmarshal(out, &ranges); err != nil {
+		return "", false, fmt.Errorf("qemu-img map %s: %w", path, err)
+	}
+	for _, r := range ranges {
+		if r.Depth == 0 && r.Present {
+			return backing, false, nil
+		}
+	}
+	return backing, true, nil
+}

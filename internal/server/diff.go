@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +13,9 @@ import (
 	"github.com/agentvm/agentvm/internal/fsdiff"
 	"github.com/agentvm/agentvm/internal/vm"
 )
+
+// diffDeadline bounds one diff.
+const diffDeadline = 5 * time.Minute
 
 // diffVM answers GET /v1/vms/{id}/diff: what changed on the VM's disk since
 // its creation (since=create, the default) or since a snapshot
@@ -30,7 +34,11 @@ func (s *Server) diffVM(w http.ResponseWriter, r *http.Request) {
 	if since == "" {
 		since = "create"
 	}
-	opts := fsdiff.Options{Context: r.Context()}
+	// The VM's operation lock is held while its disk is read: a diff has a
+	// deadline, whatever its file system holds.
+	ctx, cancel := context.WithTimeout(r.Context(), diffDeadline)
+	defer cancel()
+	opts := fsdiff.Options{Context: ctx}
 	var err error
 	if opts.Diffs, err = boolParam(q, "diffs"); err != nil {
 		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
@@ -115,6 +123,9 @@ func (s *Server) diffVM(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := fsdiff.Compare(older, newer, chain, fast, opts)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: the diff took longer than %s (narrow it with ignore patterns)", vm.ErrUnavailable, diffDeadline)
+	}
 	if err != nil {
 		if errors.Is(err, fsdiff.ErrCorrupt) {
 			writeError(w, http.StatusUnprocessableEntity, api.CodeInvalid, "the VM's file system cannot be read: "+err.Error())

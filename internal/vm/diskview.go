@@ -44,7 +44,12 @@ func (s *Service) ViewDisk(ctx context.Context, idOrName string) (*DiskView, err
 	v := h.v
 	top := s.diskPath(v)
 	if v.State == store.StateRunning || v.State == store.StatePaused {
-		if top, err = h.freezeDisk(ctx); err != nil {
+		if base, empty, _ := disk.TopEmpty(ctx, top); empty && len(v.Layers) > 0 && base == v.Layers[len(v.Layers)-1] {
+			// Nothing written since the last freeze (an earlier diff's, a
+			// snapshot's): its layer is this instant, and a diff in a loop
+			// does not pile up layers.
+			top = base
+		} else if top, err = h.freezeDisk(ctx); err != nil {
 			h.release()
 			return nil, err
 		}
@@ -101,7 +106,8 @@ func (h *held) freezeDisk(ctx context.Context) (string, error) {
 		// QEMU switched although the answer was lost: record it.
 	}
 	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-	if err := s.store.UpdateVM(ctx, v); err != nil {
+	// Recorded whatever the caller does now: QEMU writes to newTop.
+	if err := s.store.UpdateVM(context.WithoutCancel(ctx), v); err != nil {
 		return "", err
 	}
 	s.flattenIfDeep(v) // waits for the view's release: it takes the lock
