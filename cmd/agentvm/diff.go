@@ -46,6 +46,28 @@ func diffCmd() *cobra.Command {
 	return c
 }
 
+// visible shows the control characters of what the guest wrote (names,
+// file contents) as escapes, tabs and newlines aside: a terminal must not
+// run a file's escape sequences, nor a carriage return hide a line from
+// the reviewer.
+func visible(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return (r < 0x20 && r != '\t' && r != '\n') || r == 0x7f || (r >= 0x80 && r < 0xa0) }) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\t' || r == '\n':
+			b.WriteRune(r)
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
 func printDiff(d *api.DiffResponse, patch bool) {
 	fmt.Fprintf(os.Stderr, "%s since %s (%s): %d added, %d changed, %d removed; %d entries scanned in %d ms\n",
 		d.VM, d.Since, d.Base, len(d.Added), len(d.Changed), len(d.Removed), d.Scanned, d.TookMs)
@@ -67,11 +89,11 @@ func printDiff(d *api.DiffResponse, patch bool) {
 		if e.Binary {
 			desc += "  binary"
 		}
-		fmt.Printf("%s %s%s\n", mark, e.Path, desc)
+		fmt.Printf("%s %s%s\n", mark, visible(e.Path), visible(desc))
 		if patch && e.Diff != "" {
-			fmt.Print(e.Diff)
+			fmt.Print(visible(e.Diff))
 		} else if patch && e.DiffNote != "" {
-			fmt.Printf("  (%s)\n", e.DiffNote)
+			fmt.Printf("  (%s)\n", visible(e.DiffNote))
 		}
 	}
 	for _, e := range d.Added {

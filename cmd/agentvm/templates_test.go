@@ -60,3 +60,19 @@ func TestTarContext(t *testing.T) {
 		t.Fatalf("with a Dockerfile from outside: %q", got)
 	}
 }
+
+// A diff's names and contents come from the guest: their control
+// characters are shown, not run.
+func TestVisible(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain\ttext\n": "plain\ttext\n",
+		"a\x1b[2Jb":     `a\x1b[2Jb`,
+		"hidden\rline":  `hidden\x0dline`,
+		"é ok":          "é ok",
+		"c1\u009bx":     `c1\x9bx`,
+	} {
+		if got := visible(in); got != want {
+			t.Errorf("visible(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

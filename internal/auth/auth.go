@@ -422,10 +422,10 @@ func newSecret() (secret, id string) {
 	return TokenPrefix + hex.EncodeToString(b), "tok_" + hex.EncodeToString(i)
 }
 
-// RevokeRepo revokes every token of the repository repo (its deletion):
-// their open clones and pushes end.
-func (s *Service) RevokeRepo(ctx context.Context, repo string) {
-	ids, _ := s.store.RepoTokens(ctx, repo)
+// Ended ends the open connections of tokens already deleted from the store
+// (a repository's, deleted with it: store.DeleteRepo), here and on the
+// other nodes, and keeps refusing them for the connections on their way.
+func (s *Service) Ended(ctx context.Context, ids []string) {
 	for _, id := range ids {
 		s.conns.revoke(id, s.now())
 		s.tell(ctx, "token:"+id)

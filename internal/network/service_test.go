@@ -49,8 +49,8 @@ func TestServiceAddr(t *testing.T) {
 	c.Close()
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
-	if _, err := q.dialTCP(dctx, netip.AddrPortFrom(svc, 81)); err == nil {
-		t.Fatal("a port without a handler answered")
+	if _, err := q.dialTCP(dctx, netip.AddrPortFrom(svc, 81)); err == nil || dctx.Err() != nil {
+		t.Fatalf("a port without a handler: %v (want a refusal, not a timeout)", err)
 	}
 	uc, err := q.dialUDP(netip.AddrPortFrom(n.Gateway(), 53))
 	if err != nil {
@@ -65,8 +65,8 @@ func TestServiceAddr(t *testing.T) {
 	n2, q2 := setupConfig(t, Config{Subnet: SubnetForIndex(10)})
 	dctx2, dcancel2 := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel2()
-	if _, err := q2.dialTCP(dctx2, netip.AddrPortFrom(n2.cfg.ServiceAddr(), 80)); err == nil {
-		t.Fatal("the service address answered without Serve")
+	if _, err := q2.dialTCP(dctx2, netip.AddrPortFrom(n2.cfg.ServiceAddr(), 80)); err == nil || dctx2.Err() != nil {
+		t.Fatalf("the service address without Serve: %v (want a refusal, not a timeout)", err)
 	}
 	uc2, err := q2.dialUDP(netip.AddrPortFrom(n2.Gateway(), 53))
 	if err != nil {

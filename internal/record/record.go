@@ -40,6 +40,11 @@ type Config struct {
 	MaxPerVM  int64         // bytes per VM, 0: DefaultMaxPerVM
 	Retention time.Duration // 0: DefaultRetention
 	Log       *slog.Logger
+	// Evicted, when set, is told that a VM's oldest recordings were
+	// removed to make room (n of them, the oldest begun at first): the
+	// VM's event log keeps the fact, since a guest could try to push its
+	// history out this way.
+	Evicted func(vmID string, n int, first time.Time)
 }
 
 // Store keeps the recordings of every VM.
@@ -167,6 +172,12 @@ func (s *Store) evict(vmID, keep string, used int64) int64 {
 	dir, _ := s.vmDir(vmID)
 	ents, _ := os.ReadDir(dir)
 	sort.Slice(ents, func(i, j int) bool { return stemTime(ents[i].Name()) < stemTime(ents[j].Name()) })
+	n, first := 0, time.Time{}
+	defer func() {
+		if n > 0 && s.cfg.Evicted != nil {
+			go s.cfg.Evicted(vmID, n, first) // not under the store's lock
+		}
+	}()
 	for _, e := range ents {
 		if used <= s.cfg.MaxPerVM {
 			break
@@ -177,6 +188,10 @@ func (s *Store) evict(vmID, keep string, used int64) int64 {
 		}
 		if fi, err := e.Info(); err == nil && os.Remove(filepath.Join(dir, e.Name())) == nil {
 			used -= fi.Size()
+			if n == 0 {
+				first, _ = time.Parse("20060102T150405.000000000", strings.SplitN(stemTime(e.Name()), "-", 2)[0])
+			}
+			n++
 		}
 	}
 	return used

@@ -83,7 +83,12 @@ func TestCast(t *testing.T) {
 // Past the VM's bound the oldest recordings go; one that alone exceeds it
 // is cut with a marker, and an exec's output is capped.
 func TestBounds(t *testing.T) {
-	s := New(Config{Dir: t.TempDir(), MaxPerVM: 200 << 10})
+	evicted := make(chan int, 10)
+	s := New(Config{Dir: t.TempDir(), MaxPerVM: 200 << 10, Evicted: func(vm string, n int, first time.Time) {
+		if vm == "vm1" && !first.IsZero() {
+			evicted <- n
+		}
+	}})
 	old := s.Exec("vm1", Exec{Command: "true", Actor: "admin"})
 	old.Done(0, "", false)
 	time.Sleep(2 * time.Millisecond)
@@ -99,6 +104,14 @@ func TestBounds(t *testing.T) {
 	}
 	if list[0].Bytes > 200<<10+200 {
 		t.Fatalf("the cut recording holds %d bytes, bound 200 KiB", list[0].Bytes)
+	}
+	select {
+	case n := <-evicted:
+		if n != 1 {
+			t.Fatalf("evicted %d, want 1", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the eviction was not told")
 	}
 	e := s.Exec("vm2", Exec{Command: "cat", Actor: "token:t"})
 	e.Input(make([]byte, 1000))

@@ -101,16 +101,55 @@ type hookSender struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sem    chan struct{} // bounds the deliveries under way
+
+	mu      sync.Mutex
+	closed  bool
+	perRepo map[string]int // deliveries under way per repository
 }
+
+// maxRepoDeliveries bounds one repository's deliveries under way, so that a
+// repository pushed in a loop to a hook that hangs does not take the
+// others' turns.
+const maxRepoDeliveries = 8
 
 func newHookSender(log *slog.Logger) *hookSender {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &hookSender{log: log, ctx: ctx, cancel: cancel, sem: make(chan struct{}, 64)}
+	return &hookSender{log: log, ctx: ctx, cancel: cancel, sem: make(chan struct{}, 64), perRepo: map[string]int{}}
 }
 
 func (h *hookSender) close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
 	h.cancel()
 	h.wg.Wait()
+}
+
+// take reserves a delivery's turn for repo (false: none free, or closed).
+func (h *hookSender) take(repo string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.perRepo[repo] >= maxRepoDeliveries {
+		return false
+	}
+	select {
+	case h.sem <- struct{}{}:
+	default:
+		return false
+	}
+	h.perRepo[repo]++
+	h.wg.Add(1)
+	return true
+}
+
+func (h *hookSender) give(repo string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	<-h.sem
+	if h.perRepo[repo]--; h.perRepo[repo] <= 0 {
+		delete(h.perRepo, repo)
+	}
+	h.wg.Done()
 }
 
 // send posts push to each hook; event records the outcome on the
@@ -118,16 +157,12 @@ func (h *hookSender) close() {
 func (h *hookSender) send(repo string, hooks []store.RepoHook, push api.RepoPush, event func(string, string, string, map[string]string, string, ...any)) {
 	body, _ := json.Marshal(push)
 	for _, hk := range hooks {
-		select {
-		case h.sem <- struct{}{}:
-		default:
-			event("repo:"+repo, "webhook", "system", map[string]string{"hook": hk.ID}, "webhook %s dropped: too many deliveries under way", hk.ID)
+		if !h.take(repo) {
+			event("repo:"+repo, "webhook", "system", map[string]string{"hook": hk.ID}, "webhook %s dropped: too many deliveries under way, or the daemon is stopping", hk.ID)
 			continue
 		}
-		h.wg.Add(1)
 		go func() {
-			defer h.wg.Done()
-			defer func() { <-h.sem }()
+			defer h.give(repo)
 			err := h.deliver(hk, body)
 			data := map[string]string{"hook": hk.ID, "url": hk.URL}
 			if err != nil {

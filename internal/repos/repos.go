@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agentvm/agentvm/api"
@@ -63,6 +64,9 @@ type Service struct {
 	backend string // git http-backend
 	hooks   *hookSender
 	missing error // why there are no repositories here (no git), or nil
+
+	mu   sync.Mutex
+	live map[string]map[*context.CancelFunc]struct{} // requests under way, by repository
 }
 
 // hookScripts are the hooks every repository runs (core.hooksPath points at
@@ -355,6 +359,8 @@ func (s *Service) Delete(ctx context.Context, name string) error {
 		}
 		return err
 	}
+	s.endAll(name) // the clones and pushes under way, the VMs' too
+	s.cfg.Store.DeleteEvents(ctx, "repo:"+name)
 	// Renamed first: a clone that starts now finds nothing half-removed.
 	gone := filepath.Join(s.cfg.Dir, ".gone-"+name+"-"+time.Now().Format("150405.000000000"))
 	if err := os.Rename(s.path(name), gone); err != nil && !errors.Is(err, fs.ErrNotExist) {

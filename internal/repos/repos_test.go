@@ -147,6 +147,27 @@ func TestServe(t *testing.T) {
 	if r, _ := s.Get(ctx, "app"); r.Head != "agent/x" || len(r.Branches) != 1 {
 		t.Fatalf("after the first push (HEAD moves to the pushed branch): %+v", r)
 	}
+	// Under agent/* nothing else moves: a tag, a note, a deletion of another branch.
+	git(t, src, "tag", "v1")
+	for _, refspec := range []string{"refs/tags/v1", "main:refs/notes/x", "main:refs/heads/agentx", ":refs/heads/main"} {
+		if out, err := git(t, src, "push", base+"app.git", refspec); err == nil || !strings.Contains(out, "may only push to branches matching") && !strings.Contains(out, "does not exist") && !strings.Contains(out, "unable to delete") {
+			t.Errorf("push %s under agent/*: %v %s", refspec, err, out)
+		}
+	}
+	if r, _ := s.Get(ctx, "app"); len(r.Branches) != 1 {
+		t.Fatalf("refs other than agent/* moved: %+v", r.Branches)
+	}
+	// Keep (the VMs' route): no rewrite, no deletion.
+	keep := serve(t, s, Access{Write: true, Keep: true, Actor: "vm:x"})
+	if out, err := git(t, src, "commit", "-q", "--allow-empty", "--amend", "-m", "rewritten"); err != nil {
+		t.Fatal(out, err)
+	}
+	if out, err := git(t, src, "push", "-f", keep+"app.git", "main:agent/x"); err == nil {
+		t.Fatalf("a forced push through Keep: %s", out)
+	}
+	if out, err := git(t, src, "push", keep+"app.git", ":agent/x"); err == nil {
+		t.Fatalf("a deletion through Keep: %s", out)
+	}
 	// Over the limit: incompressible data past 256 KiB.
 	f, _ := os.CreateTemp("", "rnd")
 	io.CopyN(f, randReader{}, 1<<20)

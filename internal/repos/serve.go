@@ -24,8 +24,11 @@ import (
 type Access struct {
 	Write    bool
 	Branches string // the glob pushed branches must match ("" = any ref)
-	Actor    string // who: admin, admin:<id>, token:<id> or vm:<id>
-	VM       string // the VM the request comes from, if it does
+	// Keep refuses pushes that rewrite or delete a branch (the VMs' own
+	// route: a fork cannot erase its siblings' work).
+	Keep  bool
+	Actor string // who: admin, admin:<id>, token:<id> or vm:<id>
+	VM    string // the VM the request comes from, if it does
 }
 
 // SplitPath splits the path under /git/ into the repository's name and
@@ -76,12 +79,20 @@ func (s *Service) Serve(w http.ResponseWriter, r *http.Request, name, rest strin
 		http.Error(w, fmt.Sprintf("this credential may only read repository %s: push needs write access", name), http.StatusForbidden)
 		return
 	}
+	// Only what the smart protocol reads of the query goes on, checked.
+	qs := ""
+	if rest == "/info/refs" {
+		qs = "service=" + r.URL.Query().Get("service")
+	}
+	ctx, done := s.inflight(r.Context(), name)
+	defer done()
+	r = r.WithContext(ctx)
 	env := s.env(
 		"GIT_PROJECT_ROOT="+s.cfg.Dir,
 		"GIT_HTTP_EXPORT_ALL=1",
 		"PATH_INFO=/"+name+".git"+rest,
 		"REQUEST_METHOD="+r.Method,
-		"QUERY_STRING="+r.URL.RawQuery,
+		"QUERY_STRING="+qs,
 		"CONTENT_TYPE="+r.Header.Get("Content-Type"),
 		"REMOTE_USER="+acc.Actor,
 		"REMOTE_ADDR="+r.RemoteAddr,
@@ -102,6 +113,8 @@ func (s *Service) Serve(w http.ResponseWriter, r *http.Request, name, rest strin
 		{"receive.maxInputSize", strconv.FormatInt(s.cfg.MaxPush, 10)},
 		{"receive.denyDeleteCurrent", "true"},
 		{"uploadpack.allowFilter", "true"},
+		{"receive.denyNonFastForwards", strconv.FormatBool(acc.Keep)},
+		{"receive.denyDeletes", strconv.FormatBool(acc.Keep)},
 	}
 	env = append(env, "GIT_CONFIG_COUNT="+strconv.Itoa(len(cfg)))
 	for i, kv := range cfg {
@@ -211,6 +224,9 @@ func (t *tail) Write(p []byte) (int, error) {
 
 func (t *tail) String() string { return strings.TrimSpace(string(t.b)) }
 
+// maxRefsInEvent is how many of a push's refs its event names.
+const maxRefsInEvent = 10
+
 // maxPushLog bounds what a push's log may hold (each ref is one line of
 // two hashes and a name).
 const maxPushLog = 1 << 20
@@ -239,13 +255,21 @@ func (s *Service) pushed(name, logPath string, acc Access) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s.fixHead(ctx, name, refs)
-	for _, u := range refs {
-		data := map[string]string{"repo": name, "ref": u.Ref, "before": u.Before, "after": u.After}
-		msg := fmt.Sprintf("push to %s: %s %s -> %s", name, u.Ref, short(u.Before), short(u.After))
-		s.cfg.Event("repo:"+name, "push", acc.Actor, data, "%s", msg)
-		if acc.VM != "" {
-			s.cfg.Event(acc.VM, "push", acc.Actor, data, "%s", msg)
+	// One event per push, whatever its number of refs (a push of
+	// thousands must not flush the VM's event log): the first few named.
+	data := map[string]string{"repo": name, "refs": strconv.Itoa(len(refs)), "ref": refs[0].Ref, "before": refs[0].Before, "after": refs[0].After}
+	var parts []string
+	for i, u := range refs {
+		if i == maxRefsInEvent {
+			parts = append(parts, fmt.Sprintf("and %d more", len(refs)-i))
+			break
 		}
+		parts = append(parts, fmt.Sprintf("%s %s -> %s", u.Ref, short(u.Before), short(u.After)))
+	}
+	msg := fmt.Sprintf("push to %s: %s", name, strings.Join(parts, ", "))
+	s.cfg.Event("repo:"+name, "push", acc.Actor, data, "%s", msg)
+	if acc.VM != "" {
+		s.cfg.Event(acc.VM, "push", acc.Actor, data, "%s", msg)
 	}
 	rec, err := s.cfg.Store.GetRepo(ctx, name)
 	if err != nil || len(rec.Hooks) == 0 {
@@ -278,6 +302,38 @@ func (s *Service) fixHead(ctx context.Context, name string, refs []api.RefUpdate
 			return
 		}
 	}
+}
+
+// inflight registers a request to repository name: Delete ends it.
+func (s *Service) inflight(ctx context.Context, name string) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	if s.live == nil {
+		s.live = map[string]map[*context.CancelFunc]struct{}{}
+	}
+	if s.live[name] == nil {
+		s.live[name] = map[*context.CancelFunc]struct{}{}
+	}
+	s.live[name][&cancel] = struct{}{}
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		delete(s.live[name], &cancel)
+		if len(s.live[name]) == 0 {
+			delete(s.live, name)
+		}
+		s.mu.Unlock()
+		cancel()
+	}
+}
+
+// endAll ends the requests to repository name under way.
+func (s *Service) endAll(name string) {
+	s.mu.Lock()
+	for c := range s.live[name] {
+		(*c)()
+	}
+	s.mu.Unlock()
 }
 
 // HasBranch reports whether the repository has the branch ("" = its

@@ -98,11 +98,18 @@ func (s *Server) deleteRepo(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	s.tokens.RevokeRepo(r.Context(), name)
+	// The tokens go with the record first, then what they hold open ends:
+	// a request authenticated in between is ended too (auth remembers).
+	ids, err := s.store.RepoTokens(r.Context(), name)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	if err := s.repos.Delete(r.Context(), name); err != nil {
 		writeErr(w, err)
 		return
 	}
+	s.tokens.Ended(r.Context(), ids)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -254,8 +261,41 @@ func (s *Server) serveGuestGit(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, msg, http.StatusForbidden)
 		return
 	}
+	if !s.guestGit.take(vmID) {
+		http.Error(w, fmt.Sprintf("agentvm: this VM already has %d git requests under way", maxGuestGit), http.StatusTooManyRequests)
+		return
+	}
+	defer s.guestGit.give(vmID)
 	defer s.svc.Hold(vmID)()
-	s.repos.Serve(w, r, name, rest, repos.Access{Write: true, Actor: "vm:" + vmID, VM: vmID})
+	// No branch is rewritten or deleted through it: forks push beside
+	// each other, none erases another's work.
+	s.repos.Serve(w, r, name, rest, repos.Access{Write: true, Keep: true, Actor: "vm:" + vmID, VM: vmID})
+}
+
+// maxGuestGit bounds one VM's git requests under way (each is a git
+// process on the host).
+const maxGuestGit = 4
+
+// take reserves one of the VM's git request turns.
+func (l *guestListener) take(vmID string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.busy == nil {
+		l.busy = map[string]int{}
+	}
+	if l.busy[vmID] >= maxGuestGit {
+		return false
+	}
+	l.busy[vmID]++
+	return true
+}
+
+func (l *guestListener) give(vmID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.busy[vmID]--; l.busy[vmID] <= 0 {
+		delete(l.busy, vmID)
+	}
 }
 
 // cloneRepo clones the repository spec (NAME or NAME@BRANCH) into dir in
@@ -346,6 +386,9 @@ type guestListener struct {
 	conns chan net.Conn
 	done  chan struct{}
 	once  sync.Once
+
+	mu   sync.Mutex
+	busy map[string]int // git requests under way per VM
 }
 
 func newGuestListener(h http.Handler) *guestListener {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -275,7 +276,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.New("--keep-running cannot go with --cluster: a node that stops gives up its lease, and its VMs must not run on without one")
 	}
 	s.tokens = auth.New(s.store, s.token)
-	s.rec = record.New(record.Config{Dir: filepath.Join(cfg.DataDir, "recordings"), MaxPerVM: cfg.RecordMax, Retention: cfg.RecordRetention, Log: cfg.Log})
+	s.rec = record.New(record.Config{Dir: filepath.Join(cfg.DataDir, "recordings"), MaxPerVM: cfg.RecordMax, Retention: cfg.RecordRetention, Log: cfg.Log,
+		Evicted: func(vmID string, n int, first time.Time) {
+			s.svc.EventData(vmID, "recording", "system", map[string]string{"evicted": strconv.Itoa(n)},
+				"%d oldest recordings removed to keep the VM's recordings within their bound (the oldest begun %s)", n, first.Format(time.RFC3339))
+		}})
 	if cfg.Cluster { // a revoke here ends the token's connections on every node
 		s.tokens.SetBroadcast(s.broadcast)
 	}

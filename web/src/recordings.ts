@@ -54,7 +54,8 @@ export function renderRecordings(el: HTMLElement, vm: VM): () => void {
       const x = Number((speed as HTMLSelectElement).value) || 1;
       while (i < cast.events.length) {
         const [t, type, data] = cast.events[i];
-        const wait = Math.min(t - clock, 2) / x; // long idle stretches shortened to 2 s
+        if (t - clock > 2) clock = t - 2; // long idle stretches shortened to 2 s
+        const wait = (t - clock) / x;
         if (wait > 0.01) {
           clock += wait * x;
           timer = window.setTimeout(step, wait * 1000);
