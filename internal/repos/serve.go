@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -151,8 +152,8 @@ func (s *Service) cgi(w http.ResponseWriter, r *http.Request, body io.Reader, en
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	var stderr tail
-	cmd.Stderr = &stderr
+	stderr := &Tail{Max: 2048}
+	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return err
@@ -211,18 +212,29 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// tail keeps the last 2 KiB written to it (git's stderr).
-type tail struct{ b []byte }
+// Tail keeps the last Max bytes written to it (a git's stderr, a clone's
+// output), from several writers at once.
+type Tail struct {
+	Max int
+	mu  sync.Mutex
+	b   []byte
+}
 
-func (t *tail) Write(p []byte) (int, error) {
+func (t *Tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.b = append(t.b, p...)
-	if len(t.b) > 2048 {
-		t.b = t.b[len(t.b)-2048:]
+	if len(t.b) > t.Max {
+		t.b = t.b[len(t.b)-t.Max:]
 	}
 	return len(p), nil
 }
 
-func (t *tail) String() string { return strings.TrimSpace(string(t.b)) }
+func (t *Tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
 
 // maxRefsInEvent is how many of a push's refs its event names.
 const maxRefsInEvent = 10

@@ -318,14 +318,14 @@ git config --system --add safe.directory "$dir"
 git config --system user.name >/dev/null || git config --system user.name agentvm
 git config --system user.email >/dev/null || git config --system user.email agent@agentvm.internal
 `
-	var out tailBuffer
+	out := &repos.Tail{Max: 4096}
 	st, err := gc.Run(ctx, guest.ExecRequest{Argv: []string{"/bin/sh", "-c", script, "clone", dir, "http://" + network.GitName + "/" + name + ".git", branch},
-		TimeoutMS: 30 * 60 * 1000}, nil, &out, &out)
+		TimeoutMS: 30 * 60 * 1000}, nil, out, out)
 	if err != nil {
 		return err
 	}
 	if st.ExitCode != 0 {
-		return fmt.Errorf("%w: cloning repository %s into %s failed (exit %d): %s", repos.ErrInvalid, name, dir, st.ExitCode, strings.TrimSpace(out.String()))
+		return fmt.Errorf("%w: cloning repository %s into %s failed (exit %d): %s", repos.ErrInvalid, name, dir, st.ExitCode, out.String())
 	}
 	at := name
 	if branch != "" {
@@ -352,28 +352,6 @@ func repoSpec(spec, dir string) (name, branch, into string, err error) {
 		return "", "", "", fmt.Errorf("%w: repo_dir %q: an absolute, clean path such as /home/agent/work", repos.ErrInvalid, dir)
 	}
 	return name, branch, dir, nil
-}
-
-// tailBuffer keeps the last 4 KiB written to it.
-type tailBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 4096 {
-		t.b = t.b[len(t.b)-4096:]
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }
 
 // guestVMKey carries, in a guest request's context, the VM it came from.

@@ -91,12 +91,9 @@ func (h *held) freezeDisk(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
-	s.pendingLayers.Store(newTop, struct{}{})
-	defer s.pendingLayers.Delete(newTop)
-	commit, abort, err := in.machine.PrepareFreeze(ctx, newTop)
+	frozen, newTop, commit, abort, err := h.prepareFreeze(ctx, in)
 	if err != nil {
-		return "", s.noSpace(fmt.Errorf("prepare the disk's new top: %w", err))
+		return "", err
 	}
 	defer abort()
 	if err := commit(ctx); err != nil {
@@ -105,9 +102,7 @@ func (h *held) freezeDisk(ctx context.Context) (string, error) {
 		}
 		// QEMU switched although the answer was lost: record it.
 	}
-	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-	// Recorded whatever the caller does now: QEMU writes to newTop.
-	if err := s.store.UpdateVM(context.WithoutCancel(ctx), v); err != nil {
+	if err := h.recordFreeze(ctx, frozen, newTop); err != nil {
 		return "", err
 	}
 	s.flattenIfDeep(v) // waits for the view's release: it takes the lock

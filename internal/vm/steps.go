@@ -207,14 +207,9 @@ func (h *held) capture(ctx context.Context, statePath string) (frozen string, re
 	if err != nil {
 		return "", res, err
 	}
-	frozen, newTop := s.diskPath(v), s.newLayerPath(v.ID)
-	// No record names newTop until the capture is recorded: a long save
-	// must not see it collected as a stray.
-	s.pendingLayers.Store(newTop, struct{}{})
-	defer s.pendingLayers.Delete(newTop)
-	commit, abort, err := in.machine.PrepareFreeze(ctx, newTop)
+	frozen, newTop, commit, abort, err := h.prepareFreeze(ctx, in)
 	if err != nil {
-		return "", res, s.noSpace(crashedDuring(in, v, fmt.Errorf("prepare the disk's new top: %w", err)))
+		return "", res, err
 	}
 	defer abort() // a no-op once committed
 	freeze := func() error { return commit(ctx) }
@@ -237,17 +232,41 @@ func (h *held) capture(ctx context.Context, statePath string) (frozen string, re
 		// If the freeze happened before a later step failed, QEMU writes to
 		// newTop now; if not, abort (deferred) removes it.
 		if top, qerr := in.machine.DiskTop(context.Background()); qerr == nil && top == newTop {
-			v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-			s.store.UpdateVM(context.Background(), v)
+			h.recordFreeze(ctx, frozen, newTop)
 		}
 		return "", res, s.noSpace(crashedDuring(in, v, err))
 	}
-	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
-	if err := s.store.UpdateVM(ctx, v); err != nil {
+	if err := h.recordFreeze(ctx, frozen, newTop); err != nil {
 		return "", res, err
 	}
 	s.flattenIfDeep(v)
 	return frozen, res, nil
+}
+
+// prepareFreeze makes ready a freeze of the VM's disk top under a new
+// layer (qemu.Machine.PrepareFreeze) and returns the top to be frozen and
+// the new one. No record names newTop until the freeze is recorded: the
+// layer collector leaves it alone until abort, which the caller defers (a
+// no-op for the file once committed).
+func (h *held) prepareFreeze(ctx context.Context, in *instance) (frozen, newTop string, commit func(context.Context) error, abort func(), err error) {
+	s, v := h.s, h.v
+	frozen, newTop = s.diskPath(v), s.newLayerPath(v.ID)
+	s.pendingLayers.Store(newTop, struct{}{})
+	commit, qabort, err := in.machine.PrepareFreeze(ctx, newTop)
+	if err != nil {
+		s.pendingLayers.Delete(newTop)
+		return "", "", nil, nil, s.noSpace(crashedDuring(in, v, fmt.Errorf("prepare the disk's new top: %w", err)))
+	}
+	return frozen, newTop, commit, func() { qabort(); s.pendingLayers.Delete(newTop) }, nil
+}
+
+// recordFreeze records that the VM's disk writes go to newTop over the
+// frozen layer, whatever the caller's context does now (QEMU writes
+// there already).
+func (h *held) recordFreeze(ctx context.Context, frozen, newTop string) error {
+	v := h.v
+	v.Layers, v.Disk = append(append([]string{}, v.Layers...), frozen), newTop
+	return h.s.store.UpdateVM(context.WithoutCancel(ctx), v)
 }
 
 // restoreState starts the VM from a saved memory state on a new overlay over frozen.
