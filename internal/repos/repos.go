@@ -204,8 +204,10 @@ func (s *Service) Create(ctx context.Context, name, fromURL string, allowPrivate
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
+	var pin string
 	if fromURL != "" {
-		if err := checkURL(ctx, fromURL, allowPrivate); err != nil {
+		var err error
+		if pin, err = checkURL(ctx, fromURL, allowPrivate); err != nil {
 			return nil, err
 		}
 	}
@@ -216,7 +218,7 @@ func (s *Service) Create(ctx context.Context, name, fromURL string, allowPrivate
 		}
 		return nil, err
 	}
-	if err := s.initDir(ctx, name, fromURL); err != nil {
+	if err := s.initDir(ctx, name, fromURL, pin); err != nil {
 		s.cfg.Store.DeleteRepo(context.WithoutCancel(ctx), name)
 		return nil, err
 	}
@@ -225,7 +227,7 @@ func (s *Service) Create(ctx context.Context, name, fromURL string, allowPrivate
 
 // initDir makes the repository's directory in a temporary place, then
 // renames it into place, so that a failed create leaves nothing.
-func (s *Service) initDir(ctx context.Context, name, fromURL string) error {
+func (s *Service) initDir(ctx context.Context, name, fromURL, pin string) error {
 	final := s.path(name)
 	os.RemoveAll(final) // a directory left by a crash between a rename and its record
 	tmp, err := os.MkdirTemp(s.cfg.Dir, ".new-"+name+"-")
@@ -239,9 +241,14 @@ func (s *Service) initDir(ctx context.Context, name, fromURL string) error {
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 		defer cancel()
-		_, err = s.run(ctx, tmp, "-c", "protocol.allow=never", "-c", "protocol.http.allow=always", "-c", "protocol.https.allow=always",
-			"-c", "http.followRedirects=false", "-c", "credential.helper=",
-			"clone", "--quiet", "--bare", "--no-local", "--", fromURL, dir)
+		args := []string{"-c", "protocol.allow=never", "-c", "protocol.http.allow=always", "-c", "protocol.https.allow=always",
+			"-c", "http.followRedirects=false", "-c", "credential.helper="}
+		if pin != "" {
+			// git connects to the address checked, whatever the name
+			// resolves to by then.
+			args = append(args, "-c", "http.curloptResolve="+pin)
+		}
+		_, err = s.run(ctx, tmp, append(args, "clone", "--quiet", "--bare", "--no-local", "--", fromURL, dir)...)
 		if err == nil {
 			// Keep no trace of where it came from (a URL may hold a login).
 			_, err = s.run(ctx, dir, "remote", "remove", "origin")
@@ -254,25 +261,36 @@ func (s *Service) initDir(ctx context.Context, name, fromURL string) error {
 }
 
 // checkURL admits http and https URLs whose host does not resolve to an
-// address the daemon must not fetch from (checked once, before the fetch).
-func checkURL(ctx context.Context, raw string, allowPrivate bool) error {
+// address the daemon must not fetch from, and returns the pin that makes
+// git connect to the address checked (curl's HOST:PORT:ADDRESS; "" for
+// an allowed private URL).
+func checkURL(ctx context.Context, raw string, allowPrivate bool) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%w: from_url %q: an http:// or https:// URL", ErrInvalid, raw)
+		return "", fmt.Errorf("%w: from_url %q: an http:// or https:// URL", ErrInvalid, raw)
 	}
 	if allowPrivate {
-		return nil
+		return "", nil
 	}
 	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())
-	if err != nil {
-		return fmt.Errorf("%w: from_url: %v", ErrInvalid, err)
+	if err != nil || len(addrs) == 0 {
+		return "", fmt.Errorf("%w: from_url: %v", ErrInvalid, err)
 	}
 	for _, a := range addrs {
 		if network.IsForbidden(a, network.Policy{}) {
-			return fmt.Errorf("%w: from_url: %s resolves to %s, a loopback, private or link-local address (allow it with allow_private)", ErrInvalid, u.Hostname(), a)
+			return "", fmt.Errorf("%w: from_url: %s resolves to %s, a loopback, private or link-local address (allow it with allow_private)", ErrInvalid, u.Hostname(), a)
 		}
 	}
-	return nil
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	a := addrs[0].Unmap()
+	addr := a.String()
+	if a.Is6() {
+		addr = "[" + addr + "]"
+	}
+	return u.Hostname() + ":" + port + ":" + addr, nil
 }
 
 // forbidden reports whether a is an address a hook or a fetch may not
