@@ -100,8 +100,12 @@ func (s *Store) SetEnabled(vmID string, on bool) error {
 	return os.WriteFile(filepath.Join(dir, offFile), nil, 0o600)
 }
 
-// Enabled reports whether the VM's sessions are recorded.
+// Enabled reports whether the VM's sessions are recorded (never by a nil
+// Store: a daemon without recordings).
 func (s *Store) Enabled(vmID string) bool {
+	if s == nil {
+		return false
+	}
 	dir, err := s.vmDir(vmID)
 	if err != nil {
 		return false
@@ -112,6 +116,9 @@ func (s *Store) Enabled(vmID string) bool {
 
 // Forget removes a deleted VM's recordings.
 func (s *Store) Forget(vmID string) {
+	if s == nil {
+		return
+	}
 	dir, err := s.vmDir(vmID)
 	if err != nil {
 		return
