@@ -2,8 +2,8 @@ package fsdiff
 
 import (
 	"bytes"
-	"fmt"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
