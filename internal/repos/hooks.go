@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -54,10 +53,7 @@ func (s *Service) AddHook(ctx context.Context, name string, req api.AddRepoHookR
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(req.URL) > 2000 {
 		return nil, fmt.Errorf("%w: hook url %q: an http:// or https:// URL", ErrInvalid, req.URL)
 	}
-	rec, err := s.cfg.Store.GetRepo(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: no repository %q", ErrNotFound, name)
-	}
+	rec, err := s.record(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -78,10 +74,7 @@ func (s *Service) AddHook(ctx context.Context, name string, req api.AddRepoHookR
 
 // RemoveHook removes a webhook; deliveries under way finish.
 func (s *Service) RemoveHook(ctx context.Context, name, id string) error {
-	rec, err := s.cfg.Store.GetRepo(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: no repository %q", ErrNotFound, name)
-	}
+	rec, err := s.record(ctx, name)
 	if err != nil {
 		return err
 	}

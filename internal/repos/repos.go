@@ -277,7 +277,7 @@ func checkURL(ctx context.Context, raw string, allowPrivate bool) (string, error
 		return "", fmt.Errorf("%w: from_url: %v", ErrInvalid, err)
 	}
 	for _, a := range addrs {
-		if network.IsForbidden(a, network.Policy{}) {
+		if forbidden(a) {
 			return "", fmt.Errorf("%w: from_url: %s resolves to %s, a loopback, private or link-local address (allow it with allow_private)", ErrInvalid, u.Hostname(), a)
 		}
 	}
@@ -297,19 +297,35 @@ func checkURL(ctx context.Context, raw string, allowPrivate bool) (string, error
 // reach without allow_private.
 func forbidden(a netip.Addr) bool { return network.IsForbidden(a, network.Policy{}) }
 
-// Get describes a repository.
+// Get describes a repository (its branches and size are read from git).
 func (s *Service) Get(ctx context.Context, name string) (*api.Repo, error) {
-	if s.missing != nil {
-		return nil, s.missing
+	if err := s.Check(ctx, name); err != nil {
+		return nil, err
 	}
-	rec, err := s.cfg.Store.GetRepo(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: no repository %q", ErrNotFound, name)
-	}
+	rec, err := s.record(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	return s.describe(ctx, rec)
+}
+
+// Check answers whether the repository exists (and the host can serve
+// it), from its record alone: no git runs.
+func (s *Service) Check(ctx context.Context, name string) error {
+	if s.missing != nil {
+		return s.missing
+	}
+	_, err := s.record(ctx, name)
+	return err
+}
+
+// record is the repository's record, ErrNotFound naming it when there is none.
+func (s *Service) record(ctx context.Context, name string) (*store.Repo, error) {
+	rec, err := s.cfg.Store.GetRepo(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: no repository %q", ErrNotFound, name)
+	}
+	return rec, err
 }
 
 func (s *Service) describe(ctx context.Context, rec *store.Repo) (*api.Repo, error) {

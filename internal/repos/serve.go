@@ -3,7 +3,6 @@ package repos
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/agentvm/agentvm/api"
-	"github.com/agentvm/agentvm/internal/store"
 )
 
 // Access is what one request may do to a repository.
@@ -371,10 +369,7 @@ func (s *Service) HasBranch(ctx context.Context, name, branch string) error {
 // AttachVM lets the VM vmID reach the repository from inside (see
 // GuestAccess), e.g. a VM made with --repo or the fork of one.
 func (s *Service) AttachVM(ctx context.Context, vmID, name string) error {
-	if _, err := s.cfg.Store.GetRepo(ctx, name); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("%w: no repository %q", ErrNotFound, name)
-		}
+	if _, err := s.record(ctx, name); err != nil {
 		return err
 	}
 	return s.cfg.Store.AttachRepo(ctx, vmID, name)
