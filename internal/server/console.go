@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -156,14 +155,10 @@ func (s *Server) listAllEvents(w http.ResponseWriter, r *http.Request) {
 		vmID = p.VMID
 	}
 	q := r.URL.Query()
-	limit := 1000
-	if q.Get("limit") != "" {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 10000 {
-			writeError(w, http.StatusBadRequest, api.CodeInvalid, "limit must be between 1 and 10000")
-			return
-		}
-		limit = n
+	limit, err := eventLimit(q)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
 	}
 	follow := q.Get("follow") == "1" || q.Get("follow") == "true"
 	sse := follow && strings.Contains(r.Header.Get("Accept"), "text/event-stream")
@@ -173,12 +168,10 @@ func (s *Server) listAllEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	var after int64
 	if afterText != "" {
-		n, err := strconv.ParseInt(afterText, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, api.CodeInvalid, "after must be an event sequence number")
+		if after, err = eventAfter(afterText); err != nil {
+			writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 			return
 		}
-		after = n
 	} else if follow {
 		last, err := s.store.LastEventSeq(r.Context())
 		if err != nil {

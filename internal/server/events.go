@@ -2,7 +2,9 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +18,31 @@ func actor(r *http.Request) string { return principal(r).Actor() }
 
 func eventToAPI(e *store.Event) api.Event {
 	return api.Event{Seq: e.Seq, VM: e.VMID, Time: e.Time, Type: e.Type, Actor: e.Actor, Message: e.Message, Data: e.Data}
+}
+
+// eventAfter reads an event sequence number (after=, Last-Event-ID); ""
+// is 0, the start.
+func eventAfter(text string) (int64, error) {
+	if text == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(text, 10, 64)
+	if err != nil || n < 0 {
+		return 0, errors.New("after must be an event sequence number")
+	}
+	return n, nil
+}
+
+// eventLimit reads a list of events' limit= (default 1000).
+func eventLimit(q url.Values) (int, error) {
+	if q.Get("limit") == "" {
+		return 1000, nil
+	}
+	n, err := strconv.Atoi(q.Get("limit"))
+	if err != nil || n < 1 || n > 10000 {
+		return 0, errors.New("limit must be between 1 and 10000")
+	}
+	return n, nil
 }
 
 // listEvents serves GET /v1/vms/{id}/events[?after=SEQ][&limit=N][&follow=1]:
@@ -42,17 +69,15 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) {
 		id = v.ID
 	}
 	q := r.URL.Query()
-	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
-	if q.Get("after") != "" && (err != nil || after < 0) {
-		writeError(w, http.StatusBadRequest, api.CodeInvalid, "after must be an event sequence number")
+	after, err := eventAfter(q.Get("after"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
 		return
 	}
-	limit := 1000
-	if q.Get("limit") != "" {
-		if limit, err = strconv.Atoi(q.Get("limit")); err != nil || limit < 1 || limit > 10000 {
-			writeError(w, http.StatusBadRequest, api.CodeInvalid, "limit must be between 1 and 10000")
-			return
-		}
+	limit, err := eventLimit(q)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
 	}
 	if f := q.Get("follow"); f == "1" || f == "true" {
 		w.Header().Set("Content-Type", "application/x-ndjson")

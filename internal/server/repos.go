@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,7 +93,7 @@ func (s *Server) getRepo(w http.ResponseWriter, r *http.Request) {
 // first.
 func (s *Server) deleteRepo(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if _, err := s.repos.Get(r.Context(), name); err != nil {
+	if err := s.repos.Check(r.Context(), name); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -119,7 +118,7 @@ func (s *Server) createRepoToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	if _, err := s.repos.Get(r.Context(), name); err != nil {
+	if err := s.repos.Check(r.Context(), name); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -156,26 +155,19 @@ func (s *Server) removeRepoHook(w http.ResponseWriter, r *http.Request) {
 // first (after=SEQ and limit=N as a VM's events).
 func (s *Server) repoEvents(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if _, err := s.repos.Get(r.Context(), name); err != nil {
+	if err := s.repos.Check(r.Context(), name); err != nil {
 		writeErr(w, err)
 		return
 	}
-	after, limit := int64(0), 1000
-	if v := r.URL.Query().Get("after"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, api.CodeInvalid, "after: a non-negative event number")
-			return
-		}
-		after = n
+	after, err := eventAfter(r.URL.Query().Get("after"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
 	}
-	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 10000 {
-			writeError(w, http.StatusBadRequest, api.CodeInvalid, "limit: 1 to 10000")
-			return
-		}
-		limit = n
+	limit, err := eventLimit(r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, api.CodeInvalid, err.Error())
+		return
 	}
 	evs, err := s.svc.Events(r.Context(), "repo:"+name, after, limit)
 	if err != nil {
