@@ -64,13 +64,8 @@ const (
 	maxScanned = 5_000_000
 )
 
-// side is one tree of the comparison.
-type side struct {
-	fs *FS
-}
-
 type comparer struct {
-	old, new  side
+	old, new  *FS    // the older and the newer tree
 	chain     *Chain // the newer chain (fast path)
 	fast      int    // the older tree's top in chain, or -1
 	opts      Options
@@ -104,7 +99,7 @@ func Compare(older, newer *FS, chain *Chain, fast int, opts Options) (*Result, e
 	if opts.MaxDiffTotal <= 0 {
 		opts.MaxDiffTotal = 8 << 20
 	}
-	c := &comparer{old: side{older}, new: side{newer}, chain: chain, fast: fast, opts: opts,
+	c := &comparer{old: older, new: newer, chain: chain, fast: fast, opts: opts,
 		res: &Result{Added: []Entry{}, Changed: []Entry{}, Removed: []Entry{}}}
 	ro, err := older.Inode(rootInode)
 	if err != nil {
@@ -158,11 +153,11 @@ func (c *comparer) sameInode(in *Inode) (bool, error) {
 	if w, err := c.written(in.Off, 1); err != nil || w {
 		return false, err
 	}
-	exts, err := c.new.fs.Extents(in)
+	exts, err := c.new.Extents(in)
 	if err != nil {
 		return false, nil
 	}
-	bs := c.new.fs.blockSize
+	bs := c.new.blockSize
 	for _, e := range exts {
 		if w, err := c.written(int64(e.Physical)*bs, int64(e.Len)*bs); err != nil || w {
 			return false, err
@@ -175,7 +170,7 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 	if depth > maxDepth {
 		return corrupt("directories nested deeper than %d at %s", maxDepth, p)
 	}
-	entries, err := c.new.fs.ReadDir(cur)
+	entries, err := c.new.ReadDir(cur)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p, err)
 	}
@@ -189,7 +184,7 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 		}
 	}
 	if !same && old != nil {
-		list, err := c.old.fs.ReadDir(old)
+		list, err := c.old.ReadDir(old)
 		if err != nil {
 			return fmt.Errorf("%s (older): %w", p, err)
 		}
@@ -214,7 +209,7 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 		if c.res.Scanned > maxScanned {
 			return corrupt("more than %d entries", maxScanned)
 		}
-		ni, err := c.new.fs.Inode(e.Inode)
+		ni, err := c.new.Inode(e.Inode)
 		if err != nil {
 			return fmt.Errorf("%s: %w", cp, err)
 		}
@@ -226,13 +221,13 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 			} else if ok && !ni.IsDir() {
 				continue // the same inode, slot and data untouched
 			}
-			if oi, err = c.old.fs.Inode(e.Inode); err != nil {
+			if oi, err = c.old.Inode(e.Inode); err != nil {
 				return fmt.Errorf("%s (older): %w", cp, err)
 			}
 		case olds != nil:
 			if on, ok := olds[e.Name]; ok {
 				delete(olds, e.Name)
-				if oi, err = c.old.fs.Inode(on); err != nil {
+				if oi, err = c.old.Inode(on); err != nil {
 					return fmt.Errorf("%s (older): %w", cp, err)
 				}
 			}
@@ -252,7 +247,7 @@ func (c *comparer) dir(p string, old, cur *Inode, depth int) error {
 		if c.ignored(cp) {
 			continue
 		}
-		oi, err := c.old.fs.Inode(olds[n])
+		oi, err := c.old.Inode(olds[n])
 		if err != nil {
 			return fmt.Errorf("%s (older): %w", cp, err)
 		}
@@ -297,7 +292,7 @@ func (c *comparer) entry(p string, old, cur *Inode, depth int) error {
 				return err
 			}
 		}
-		e := c.base(p, cur, c.new.fs)
+		e := c.base(p, cur, c.new)
 		if cur.IsReg() {
 			c.textDiff(&e, nil, cur)
 		}
@@ -307,7 +302,7 @@ func (c *comparer) entry(p string, old, cur *Inode, depth int) error {
 		}
 		return nil
 	}
-	e := c.base(p, cur, c.new.fs)
+	e := c.base(p, cur, c.new)
 	var what []string
 	if old.Mode != cur.Mode {
 		what = append(what, "mode")
@@ -318,7 +313,7 @@ func (c *comparer) entry(p string, old, cur *Inode, depth int) error {
 	}
 	switch {
 	case cur.IsLink():
-		if t, _ := c.old.fs.ReadFile(old, 4096); string(t) != e.Target {
+		if t, _ := c.old.ReadFile(old, 4096); string(t) != e.Target {
 			what = append(what, "target")
 		}
 	case cur.IsReg():
@@ -346,7 +341,7 @@ func (c *comparer) removed(p string, old *Inode, depth int) error {
 	if c.full() {
 		return errFull
 	}
-	e := c.base(p, old, c.old.fs)
+	e := c.base(p, old, c.old)
 	c.res.Removed = append(c.res.Removed, e)
 	if !old.IsDir() {
 		return nil
@@ -354,7 +349,7 @@ func (c *comparer) removed(p string, old *Inode, depth int) error {
 	if depth > maxDepth {
 		return corrupt("directories nested deeper than %d at %s", maxDepth, p)
 	}
-	list, err := c.old.fs.ReadDir(old)
+	list, err := c.old.ReadDir(old)
 	if err != nil {
 		return fmt.Errorf("%s (older): %w", p, err)
 	}
@@ -363,7 +358,7 @@ func (c *comparer) removed(p string, old *Inode, depth int) error {
 		if c.ignored(cp) {
 			continue
 		}
-		oi, err := c.old.fs.Inode(d.Inode)
+		oi, err := c.old.Inode(d.Inode)
 		if err != nil {
 			return fmt.Errorf("%s (older): %w", cp, err)
 		}
@@ -387,16 +382,16 @@ func (c *comparer) sameContent(old, cur *Inode) (bool, error) {
 		// disks would be the only alternative).
 		return true, nil
 	}
-	oe, err := c.old.fs.Extents(old)
+	oe, err := c.old.Extents(old)
 	if err != nil {
 		return false, nil
 	}
-	ne, err := c.new.fs.Extents(cur)
+	ne, err := c.new.Extents(cur)
 	if err != nil {
 		return false, nil
 	}
 	if c.fast >= 0 && extentsEqual(oe, ne) {
-		bs := c.new.fs.blockSize
+		bs := c.new.blockSize
 		written := false
 		for _, e := range ne {
 			if w, err := c.written(int64(e.Physical)*bs, int64(e.Len)*bs); err != nil {
@@ -411,10 +406,10 @@ func (c *comparer) sameContent(old, cur *Inode) (bool, error) {
 		}
 	}
 	// Only what either side maps can differ: holes on both read as zeros.
-	or, nr := &fileReader{c.old.fs, old, oe}, &fileReader{c.new.fs, cur, ne}
+	or, nr := &fileReader{c.old, old, oe}, &fileReader{c.new, cur, ne}
 	const chunk = 1 << 20
 	a, b := make([]byte, chunk), make([]byte, chunk)
-	bs := c.new.fs.blockSize
+	bs := c.new.blockSize
 	for _, rg := range mappedRanges(oe, ne, bs, cur.Size) {
 		for off := rg[0]; off < rg[1]; off += chunk {
 			if err := c.ctxErr(); err != nil {
@@ -506,14 +501,14 @@ func (c *comparer) textDiff(e *Entry, old, cur *Inode) {
 		e.DiffNote = fmt.Sprintf("larger than %d bytes: sizes only", c.opts.MaxDiffFile)
 		return
 	}
-	nb, err := c.new.fs.ReadFile(cur, cur.Size)
+	nb, err := c.new.ReadFile(cur, cur.Size)
 	if err != nil {
 		e.DiffNote = err.Error()
 		return
 	}
 	var ob []byte
 	if old != nil {
-		if ob, err = c.old.fs.ReadFile(old, old.Size); err != nil {
+		if ob, err = c.old.ReadFile(old, old.Size); err != nil {
 			e.DiffNote = err.Error()
 			return
 		}

@@ -44,14 +44,14 @@ func lineEdits(a, b []string) []edit {
 			}
 			v[off+k] = x
 			if x >= n && y >= m {
-				return backtrack(trace, a, b, off, d, v)
+				return backtrack(trace, a, b, d)
 			}
 		}
 	}
 	return nil
 }
 
-func backtrack(trace [][]int, a, b []string, off, d int, last []int) []edit {
+func backtrack(trace [][]int, a, b []string, d int) []edit {
 	x, y := len(a), len(b)
 	var out []edit
 	for ; d > 0; d-- {
@@ -87,7 +87,6 @@ func backtrack(trace [][]int, a, b []string, off, d int, last []int) []edit {
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
 		out[i], out[j] = out[j], out[i]
 	}
-	_ = last
 	return out
 }
 
