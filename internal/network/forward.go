@@ -78,10 +78,6 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
-	if rt.serve != nil {
-		n.serveLocal(r, rt.serve, dst)
-		return
-	}
 	// The slot is held for the connection's life: this handler returns
 	// only when the proxied connection ends.
 	if !n.acquire(n.lim.tcp) {
@@ -90,68 +86,58 @@ func (n *Network) forwardTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	defer n.lim.tcp.release()
-	ctx, cancel := context.WithTimeout(n.ctx, tcpDialTimeout)
+	// The other end: a dial, or none for a daemon service for this VM
+	// (Config.Serve), which takes the guest's connection itself.
 	var out net.Conn
-	var err error
-	if rt.peer != nil {
-		out, err = rt.peer.DialGuest(ctx, int(dst.Port()))
-	} else {
-		out, err = n.dialerTo(rt.dial.Addr(), tcpDialTimeout).DialContext(ctx, "tcp", rt.dial.String())
-	}
-	cancel()
-	if err != nil {
-		if errors.Is(err, errForbidden) {
-			n.log.Info("egress denied", "proto", "tcp", "dst", dst.String(), "src", src.String())
+	if rt.serve == nil {
+		ctx, cancel := context.WithTimeout(n.ctx, tcpDialTimeout)
+		var err error
+		if rt.peer != nil {
+			out, err = rt.peer.DialGuest(ctx, int(dst.Port()))
 		} else {
-			n.log.Debug("egress dial failed", "proto", "tcp", "dst", dst.String(), "err", err)
+			out, err = n.dialerTo(rt.dial.Addr(), tcpDialTimeout).DialContext(ctx, "tcp", rt.dial.String())
 		}
-		r.Complete(true)
-		return
+		cancel()
+		if err != nil {
+			if errors.Is(err, errForbidden) {
+				n.log.Info("egress denied", "proto", "tcp", "dst", dst.String(), "src", src.String())
+			} else {
+				n.log.Debug("egress dial failed", "proto", "tcp", "dst", dst.String(), "err", err)
+			}
+			r.Complete(true)
+			return
+		}
 	}
 
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	r.Complete(false)
 	if terr != nil {
-		_ = out.Close()
+		if out != nil {
+			_ = out.Close()
+		}
 		n.log.Debug("guest handshake failed", "proto", "tcp", "dst", dst.String(), "err", terr.String())
 		return
 	}
 	in := gonet.NewTCPConn(&wq, ep)
-	if !n.track(in, out) {
-		_ = in.Close()
-		_ = out.Close()
+	conns := []io.Closer{in}
+	if out != nil {
+		conns = append(conns, out)
+	}
+	if !n.track(conns...) {
+		for _, c := range conns {
+			_ = c.Close()
+		}
 		return
 	}
-	defer n.untrack(in, out)
+	defer n.untrack(conns...)
+	if rt.serve != nil {
+		defer in.Close()
+		rt.serve(in)
+		return
+	}
 	n.log.Debug("egress", "proto", "tcp", "dst", dst.String(), "src", src.String())
 	n.proxyTCP(in, out)
-}
-
-// serveLocal completes the guest's handshake and hands the connection to
-// one of the daemon's services for this VM, under the same connection cap
-// as its egress.
-func (n *Network) serveLocal(r *tcp.ForwarderRequest, h func(net.Conn), dst netip.AddrPort) {
-	if !n.acquire(n.lim.tcp) {
-		r.Complete(true)
-		return
-	}
-	defer n.lim.tcp.release()
-	var wq waiter.Queue
-	ep, terr := r.CreateEndpoint(&wq)
-	r.Complete(false)
-	if terr != nil {
-		n.log.Debug("guest handshake failed", "proto", "tcp", "dst", dst.String(), "err", terr.String())
-		return
-	}
-	in := gonet.NewTCPConn(&wq, ep)
-	if !n.track(in) {
-		_ = in.Close()
-		return
-	}
-	defer n.untrack(in)
-	defer in.Close()
-	h(in)
 }
 
 // proxyTCP copies both ways, propagating half-closes; an error in either
